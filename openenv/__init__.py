@@ -1,0 +1,72 @@
+"""openenv: a typed, async client framework for agentic and RL environments.
+
+One `EnvClient` talks to an environment server over any `Transport`
+(WebSocket, HTTP long-polling or in-process) and behaves the same over each.
+"""
+
+from ._client import USE_CLIENT_DEFAULT, EnvClient
+from ._environment import Environment, EnvironmentMetadata
+from ._exceptions import (
+    CapacityReachedError,
+    ClientStateError,
+    ConnectError,
+    ConnectionClosed,
+    EncodingError,
+    ExecutionError,
+    FactoryError,
+    InvalidJSONError,
+    OpenEnvError,
+    ProtocolError,
+    ReplyValidationError,
+    ServerError,
+    SessionError,
+    TimeoutError,
+    TransportError,
+    UnknownTypeError,
+    UnsupportedSchemeError,
+    ValidationError,
+)
+from ._messages import Dialect
+from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
+from ._sync import SyncEnvClient
+from ._transport import Transport
+from ._types import Action, Observation, State, StepResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "USE_CLIENT_DEFAULT",
+    "Action",
+    "CapacityReachedError",
+    "ClientStateError",
+    "ConnectError",
+    "ConnectionClosed",
+    "Dialect",
+    "EncodingError",
+    "EnvClient",
+    "Environment",
+    "EnvironmentMetadata",
+    "ExecutionError",
+    "FactoryError",
+    "InvalidJSONError",
+    "Observation",
+    "OpenEnvError",
+    "ProtocolError",
+    "ReplyValidationError",
+    "ServerError",
+    "SessionError",
+    "State",
+    "StepResult",
+    "SyncEnvClient",
+    "TimeoutError",
+    "Transport",
+    "TransportError",
+    "UnknownTypeError",
+    "UnsupportedSchemeError",
+    "ValidationError",
+    "__version__",
+    "create_transport",
+    "register_transport",
+    "registered_schemes",
+]

@@ -1,0 +1,449 @@
+"""`EnvClient`: the typed async client of an environment server, over any transport."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn
+
+import anyio
+import msgspec
+
+from ._codec import ClientCodec
+from ._exceptions import (
+    ClientStateError,
+    ConnectError,
+    ConnectionClosed,
+    EncodingError,
+    OpenEnvError,
+    ProtocolError,
+    TimeoutError,
+    server_error_from_frame,
+)
+from ._generics import resolve_type_arguments
+from ._messages import ErrorReply, ObservationReply, StateReply
+from ._registry import create_transport
+from ._transport import Transport
+from ._types import ActT, ObsT, StateT, StepResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from ._sync import SyncEnvClient
+
+__all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
+
+
+# How long to look for an error frame a server sent just before closing the channel.
+_PARTING_FRAME_WAIT = 0.5
+
+
+class _UseClientDefault(enum.Enum):
+    USE_CLIENT_DEFAULT = enum.auto()
+
+    def __repr__(self) -> str:
+        return "USE_CLIENT_DEFAULT"
+
+
+USE_CLIENT_DEFAULT = _UseClientDefault.USE_CLIENT_DEFAULT
+"""The default of a per-call ``timeout``: use the client's own timeout."""
+
+
+class _ClientState(enum.Enum):
+    UNOPENED = 1
+    OPENED = 2
+    CLOSED = 3
+
+
+class EnvClient(Generic[ActT, ObsT, StateT]):
+    """A typed async client of one environment session.
+
+    The type parameters drive decoding: a subclass that names concrete types needs
+    no parsing code, and every reply is decoded and validated straight into them.
+    A client without types gets plain dicts.
+
+    Example:
+        ```python
+        class EchoEnv(EnvClient[CallToolAction, EchoObservation, EchoState]):
+            pass
+
+        async with EchoEnv("ws://127.0.0.1:8000") as env:
+            result = await env.reset()
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+            print(result.observation.echoed_message, result.reward)
+        ```
+
+    One session serves one request at a time: concurrent callers of one client
+    are served in turn, never interleaved. A call that times out or is cancelled
+    may still complete on the server; its late reply is recognised and dropped,
+    never handed to the next call.
+
+    Args:
+        base_url: The server's URL; its scheme picks the transport (``ws://``,
+            ``wss://``, ``http://``, ``https://``, ``http+poll://``,
+            ``https+poll://``, ``inproc://module:Factory``, or any registered one).
+        transport: A transport to use instead of the one the URL would pick.
+        timeout: Seconds to wait for each reply (``None``: no limit). A call can
+            override it with its own ``timeout=``.
+        action_type: Overrides the action type given as a type parameter.
+        observation_type: Overrides the observation type (``dict`` for untyped).
+        state_type: Overrides the state type (``dict`` for untyped).
+        **transport_options: Passed to the transport the URL picks (for example
+            ``connect_timeout``, ``headers``); see each transport.
+
+    Raises:
+        ValueError: Neither ``base_url`` nor ``transport`` was given.
+    """
+
+    action_type: ClassVar[Any] = dict
+    observation_type: ClassVar[Any] = dict
+    state_type: ClassVar[Any] = dict
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        args = resolve_type_arguments(cls, EnvClient, 3)
+        if args is not None:
+            for name, arg in zip(("action_type", "observation_type", "state_type"), args):
+                if arg is not None and name not in cls.__dict__:
+                    setattr(cls, name, arg)
+        # Keep the aliases zero-cost (the same function) and true to any override.
+        if "reset" in cls.__dict__ and "reset_async" not in cls.__dict__:
+            cls.reset_async = cls.reset  # type: ignore[method-assign]
+        if "step" in cls.__dict__ and "step_async" not in cls.__dict__:
+            cls.step_async = cls.step  # type: ignore[method-assign]
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        transport: Transport | None = None,
+        timeout: float | None = 60.0,
+        action_type: Any = None,
+        observation_type: Any = None,
+        state_type: Any = None,
+        **transport_options: Any,
+    ) -> None:
+        if base_url is None and transport is None:
+            raise ValueError("EnvClient needs a base_url or a transport")
+        self.base_url = base_url
+        self.timeout = timeout
+        if action_type is not None:
+            self.action_type = action_type
+        if observation_type is not None:
+            self.observation_type = observation_type
+        if state_type is not None:
+            self.state_type = state_type
+        self._transport = transport
+        self._transport_options = transport_options
+        self._state = _ClientState.UNOPENED
+        self._entered_by_connect = False
+        self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
+        self._lock: anyio.Lock | None = None
+        self._next_id = 0
+        # Ids of requests sent whose replies have not been read yet, oldest first.
+        # Replies come in order, so the oldest is always the next one to arrive.
+        self._unanswered: deque[int] = deque()
+        obs_config = getattr(self.observation_type, "__struct_config__", None)
+        self._observation_is_struct = obs_config is not None
+        self._observation_is_frozen = bool(obs_config and obs_config.frozen)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
+
+    @property
+    def transport(self) -> Transport | None:
+        """The transport in use, once there is one."""
+        return self._transport
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the client is connected and not closed."""
+        return self._state is _ClientState.OPENED
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        """Connect (see `connect`); the block's end closes the client."""
+        if self._state is not _ClientState.UNOPENED:
+            raise ClientStateError(
+                "an EnvClient can be connected only once"
+                if self._state is _ClientState.OPENED
+                else "this EnvClient was closed; create a new one"
+            )
+        if self._transport is None:
+            assert self.base_url is not None
+            self._transport = create_transport(self.base_url, **self._transport_options)
+        try:
+            await self._transport.__aenter__()
+        except OpenEnvError:
+            raise
+        except Exception as exc:
+            # The contract forbids it, but a third-party transport may still leak one.
+            raise ConnectError(f"could not connect to {self.base_url}: {exc}") from exc
+        self._codec = ClientCodec(
+            self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
+        )
+        self._lock = anyio.Lock()
+        self._state = _ClientState.OPENED
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self._close()
+        await self._exit_transport()
+
+    async def connect(self) -> Self:
+        """Connect to the server without a ``with`` block; pair it with `close`.
+
+        Prefer ``async with client:``. A transport may run background tasks, so
+        `connect` and `close` must be called from the same task.
+
+        Returns:
+            The client itself.
+
+        Raises:
+            ConnectError: The transport could not connect.
+            ClientStateError: The client was already connected or closed.
+            UnsupportedSchemeError: No transport handles the URL's scheme.
+        """
+        await self.__aenter__()
+        self._entered_by_connect = True
+        return self
+
+    async def close(self) -> None:
+        """End the session: tell the server, then close the transport. Idempotent.
+
+        Never raises for a connection that is already broken.
+        """
+        await self._close()
+        if self._entered_by_connect:
+            self._entered_by_connect = False
+            await self._exit_transport()
+
+    async def aclose(self) -> None:
+        """The same as `close`, by the name anyio and httpx use."""
+        await self.close()
+
+    async def _close(self) -> None:
+        if self._state is not _ClientState.OPENED:
+            self._state = _ClientState.CLOSED
+            return
+        self._state = _ClientState.CLOSED
+        assert self._transport is not None and self._codec is not None
+        with anyio.CancelScope(shield=True):
+            # Best effort, bounded: the server may be gone already.
+            with anyio.move_on_after(1.0):
+                try:
+                    await self._transport.send(self._codec.close())
+                except OpenEnvError:
+                    pass
+            await self._transport.aclose()
+
+    async def _exit_transport(self) -> None:
+        # Not inside a scope of our own: a transport may close a task group here,
+        # which must be exited under the same scope it was entered in.
+        if self._transport is not None and self._codec is not None:
+            await self._transport.__aexit__(None, None, None)
+
+    def sync(self, *, backend: str = "asyncio") -> SyncEnvClient[ActT, ObsT, StateT]:
+        """Return a blocking facade of this client, for code without an event loop.
+
+        Args:
+            backend: The event loop to run the client on, in a background thread:
+                ``"asyncio"`` or ``"trio"``.
+
+        Returns:
+            A `SyncEnvClient` with the same methods, blocking; use it as a context
+            manager (``with EchoEnv(url).sync() as env: ...``).
+        """
+        from ._sync import SyncEnvClient
+
+        return SyncEnvClient(self, backend=backend)
+
+    # -- requests --------------------------------------------------------------
+
+    async def reset(
+        self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT, **kwargs: Any
+    ) -> StepResult[ObsT]:
+        """Start a new episode.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's.
+            **kwargs: Passed to the environment's ``reset`` (``seed``, ``episode_id``,
+                ...); the server drops those the environment does not accept.
+
+        Returns:
+            The first observation, with its reward and done flag.
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection failed or was closed.
+            ClientStateError: The client is not connected.
+        """
+        codec = self._codec_or_raise()
+        reply = await self._request(lambda request_id: codec.reset(kwargs, request_id), timeout)
+        return self._step_result(reply)
+
+    async def step(
+        self, action: ActT, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT
+    ) -> StepResult[ObsT]:
+        """Take one step.
+
+        Args:
+            action: The action to apply.
+            timeout: Seconds to wait for the reply, instead of the client's.
+
+        Returns:
+            The observation that followed, with its reward and done flag.
+
+        Raises:
+            ValidationError: The server rejected the action.
+            ExecutionError: The environment raised while stepping.
+            ServerError: Any other error frame (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection failed or was closed.
+            ClientStateError: The client is not connected.
+        """
+        codec = self._codec_or_raise()
+        reply = await self._request(lambda request_id: codec.step(action, request_id), timeout)
+        return self._step_result(reply)
+
+    async def state(self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT) -> StateT:
+        """Ask for the environment's current state.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's.
+
+        Returns:
+            The state, of the client's state type (a dict for an untyped client).
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection failed or was closed.
+            ClientStateError: The client is not connected.
+        """
+        reply = await self._request(self._codec_or_raise().state, timeout)
+        if not isinstance(reply, StateReply):
+            raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
+        return reply.data  # type: ignore[no-any-return]
+
+    # Zero-cost coroutine aliases (the very same functions), as OpenEnv names them.
+    # They await the reply like the methods above; this is not Gymnasium's
+    # send-now-wait-later.
+    reset_async = reset
+    step_async = step
+
+    def _codec_or_raise(self) -> ClientCodec[ActT, ObsT, StateT]:
+        if self._state is not _ClientState.OPENED:
+            if self._state is _ClientState.UNOPENED:
+                raise ClientStateError("the client is not connected: use `async with` or `await client.connect()`")
+            raise ClientStateError("the client is closed")
+        assert self._codec is not None
+        return self._codec
+
+    def _step_result(self, reply: Any) -> StepResult[ObsT]:
+        if not isinstance(reply, ObservationReply):
+            raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
+        data = reply.data
+        observation = data.observation
+        if self._observation_is_struct:
+            if self._observation_is_frozen:
+                observation = msgspec.structs.replace(observation, reward=data.reward, done=data.done)
+            else:
+                observation.reward = data.reward
+                observation.done = data.done
+        return StepResult(observation, data.reward, data.done)
+
+    async def _request(
+        self, encode: Callable[[int], bytes], timeout: float | None | _UseClientDefault
+    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+        if timeout is USE_CLIENT_DEFAULT:
+            timeout = self.timeout
+        assert self._lock is not None
+        async with self._lock:
+            codec = self._codec_or_raise()
+            transport = self._transport
+            assert transport is not None
+            self._next_id += 1
+            request_id = self._next_id
+            try:
+                frame = encode(request_id)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise EncodingError(f"cannot encode the request: {exc}") from exc
+            deadline = math.inf if timeout is None else anyio.current_time() + timeout
+            # Shielded, so that a cancellation never leaves half a frame on the
+            # channel or an unknown count of replies owed; the timeout still applies.
+            with anyio.CancelScope(shield=True, deadline=deadline) as send_scope:
+                try:
+                    await transport.send(frame)
+                except ConnectionClosed as exc:
+                    await self._raise_parting_error(codec, transport, exc)
+                self._unanswered.append(request_id)
+            if send_scope.cancelled_caught:
+                # Whether the frame went out is unknown, so the replies can no longer be
+                # matched to requests: the channel is unusable.
+                self._state = _ClientState.CLOSED
+                with anyio.CancelScope(shield=True):
+                    await transport.aclose()
+                raise TimeoutError(f"timed out after {timeout} s sending the request; the client is closed")
+            with anyio.CancelScope(deadline=deadline) as receive_scope:
+                reply = await self._receive_reply(codec, transport, request_id)
+            if receive_scope.cancelled_caught:
+                raise TimeoutError(f"no reply within {timeout} s")
+            return reply
+
+    async def _receive_reply(
+        self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
+    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+        while True:
+            frame = await transport.receive()
+            if not self._unanswered:
+                raise ProtocolError("the server sent a reply to no request")
+            owner = self._unanswered.popleft()
+            if owner != request_id:
+                self._drop_late_reply(codec, frame)
+                continue
+            reply = codec.decode_reply(frame)
+            if codec.dialect.request_ids and reply.id is not None and reply.id != request_id:
+                raise ProtocolError(f"reply carries id {reply.id}, expected {request_id}")
+            if isinstance(reply, ErrorReply):
+                raise server_error_from_frame(reply.data)
+            return reply
+
+    @staticmethod
+    async def _raise_parting_error(
+        codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed
+    ) -> NoReturn:
+        """Raise the reason a server gave before closing (``CAPACITY_REACHED``, ...), if it gave one."""
+        # Transports hand out frames that arrived before the close; read what is left.
+        with anyio.move_on_after(_PARTING_FRAME_WAIT):
+            while True:
+                try:
+                    frame = await transport.receive()
+                    reply = codec.decode_reply(frame)
+                except OpenEnvError:
+                    break
+                if isinstance(reply, ErrorReply):
+                    raise server_error_from_frame(reply.data) from closed
+        raise closed
+
+    @staticmethod
+    def _drop_late_reply(codec: ClientCodec[ActT, ObsT, StateT], frame: bytes) -> None:
+        """Drop the reply of a call that timed out or was cancelled; unless it is fatal."""
+        try:
+            reply = codec.decode_reply(frame)
+        except OpenEnvError:
+            return
+        if isinstance(reply, ErrorReply):
+            error = server_error_from_frame(reply.data)
+            if error.fatal:
+                raise error

@@ -1,0 +1,273 @@
+"""Encoding and decoding frames, for the client and for the server session.
+
+Encoders and typed decoders are built once, per client or per session, and
+reused for every frame: building a msgspec decoder is far costlier than using one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Generic, Union
+
+import msgspec
+
+from ._exceptions import ProtocolError, ReplyValidationError
+from ._messages import (
+    CloseRequest,
+    Dialect,
+    ErrorReply,
+    IncomingRequest,
+    ObservationData,
+    ObservationReply,
+    ResetRequest,
+    StateReply,
+    StateRequest,
+    StepRequest,
+)
+from ._types import ActT, ObsT, StateT
+
+__all__ = ["ClientCodec", "RequestError", "ServerCodec", "validation_errors"]
+
+# Observation fields that travel beside the observation on the wire, or not at all.
+_LIFTED_FIELDS = ("done", "reward", "metadata")
+
+
+def _encoder(dialect: Dialect) -> msgspec.json.Encoder | msgspec.msgpack.Encoder:
+    if dialect.encoding == "msgpack":
+        return msgspec.msgpack.Encoder()
+    return msgspec.json.Encoder()
+
+
+def _decoder(dialect: Dialect, type_: Any) -> Any:
+    if dialect.encoding == "msgpack":
+        return msgspec.msgpack.Decoder(type_)
+    return msgspec.json.Decoder(type_)
+
+
+Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply]
+
+
+class ClientCodec(Generic[ActT, ObsT, StateT]):
+    """Writes a client's requests and reads the server's replies into its types.
+
+    Args:
+        dialect: The dialect the transport negotiated.
+        observation_type: The type observations are decoded into (``dict`` for none).
+        state_type: The type states are decoded into (``dict`` for none).
+    """
+
+    def __init__(self, dialect: Dialect, *, observation_type: Any, state_type: Any) -> None:
+        self.dialect = dialect
+        self._request_ids = dialect.request_ids
+        self._encode = _encoder(dialect).encode
+        reply_type = Union[
+            ObservationReply[observation_type], StateReply[state_type], ErrorReply  # type: ignore[valid-type]
+        ]
+        self._decode = _decoder(dialect, reply_type).decode
+        # A reply that fails to validate is decoded again, loosely, to tell a
+        # malformed frame (a protocol error) from one that does not fit our types.
+        self._decode_loose = _decoder(dialect, Reply).decode
+
+    def _id(self, request_id: int) -> int | None:
+        return request_id if self._request_ids else None
+
+    def reset(self, kwargs: dict[str, Any], request_id: int) -> bytes:
+        """Encode a reset request carrying ``kwargs``."""
+        return self._encode(ResetRequest(data=kwargs, id=self._id(request_id)))
+
+    def step(self, action: Any, request_id: int) -> bytes:
+        """Encode a step request carrying ``action``."""
+        return self._encode(StepRequest(data=action, id=self._id(request_id)))
+
+    def state(self, request_id: int) -> bytes:
+        """Encode a state request."""
+        return self._encode(StateRequest(id=self._id(request_id)))
+
+    def close(self) -> bytes:
+        """Encode a close request (it gets no reply)."""
+        return self._encode(CloseRequest())
+
+    def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply:
+        """Decode one reply frame.
+
+        Raises:
+            ProtocolError: The frame is not a reply of the protocol at all.
+            ReplyValidationError: It is one, but its data does not fit the client's types.
+        """
+        try:
+            return self._decode(frame)  # type: ignore[no-any-return]
+        except msgspec.ValidationError as exc:
+            try:
+                self._decode_loose(frame)
+            except msgspec.DecodeError:
+                raise ProtocolError(f"malformed reply frame: {exc}") from exc
+            raise ReplyValidationError(f"reply does not match the client's types: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"malformed reply frame: {exc}") from exc
+
+    def reply_id(self, frame: bytes) -> int | None:
+        """Read just the request id of a reply that failed to decode, if it has one."""
+        try:
+            return self._decode_loose(frame).id  # type: ignore[no-any-return]
+        except msgspec.DecodeError:
+            return None
+
+
+class RequestError(Exception):
+    """A request frame the server session cannot take; becomes an error reply.
+
+    Attributes:
+        code: The OpenEnv error code.
+        message: The human-readable message.
+        extra: More fields for the error frame's ``data`` (``errors``, ...).
+        request_id: The request's id, when it could be read.
+    """
+
+    def __init__(
+        self, code: str, message: str, *, extra: dict[str, Any] | None = None, request_id: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra or {}
+        self.request_id = request_id
+
+
+_PATH_RE = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_PATH_PART_RE = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_FIELD_RE = re.compile(r"field `([^`]+)`")
+
+
+def validation_errors(exc: msgspec.ValidationError, value: Any = None) -> list[dict[str, Any]]:
+    """Describe a msgspec validation error as OpenEnv's (pydantic-shaped) ``errors`` list.
+
+    msgspec reports the first problem it finds; this turns it into one entry with
+    ``type``, ``loc`` and ``msg`` like the reference server's.
+
+    Args:
+        exc: The validation error.
+        value: The input that was being validated, echoed as ``input``.
+
+    Returns:
+        A list with one dict per problem.
+    """
+    text = str(exc)
+    loc: list[str | int] = []
+    match = _PATH_RE.search(text)
+    message = text[: match.start()] if match else text
+    if match:
+        for name, index in _PATH_PART_RE.findall(match.group("path")):
+            loc.append(int(index) if index else name)
+    kind = "value_error"
+    if message.startswith("Object missing required field"):
+        kind = "missing"
+    elif message.startswith("Object contains unknown field"):
+        kind = "extra_forbidden"
+    elif message.startswith("Expected"):
+        kind = "type_error"
+    field = _FIELD_RE.search(message)
+    if field and kind in ("missing", "extra_forbidden"):
+        loc.append(field.group(1))
+    entry: dict[str, Any] = {"type": kind, "loc": loc, "msg": message}
+    if value is not None:
+        entry["input"] = value
+    return [entry]
+
+
+class ServerCodec(Generic[ActT]):
+    """Reads requests and writes replies for one server session.
+
+    Args:
+        dialect: The dialect the transport negotiated.
+        action_type: The type step data is decoded into (``dict`` for none).
+    """
+
+    def __init__(self, dialect: Dialect, *, action_type: Any) -> None:
+        self.dialect = dialect
+        self._request_ids = dialect.request_ids
+        self._encode = _encoder(dialect).encode
+        self._decode_request = _decoder(dialect, IncomingRequest).decode
+        self._decode_action = _decoder(dialect, action_type).decode
+        self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
+        self._decode_any = _decoder(dialect, Any).decode
+
+    def decode_request(self, frame: bytes) -> tuple[str, Any, int | None]:
+        """Decode one request frame.
+
+        Returns:
+            ``(type, data, id)``: ``data`` is the action for a step, the keyword
+            arguments for a reset, ``None`` otherwise; ``id`` is ``None`` unless the
+            dialect carries request ids.
+
+        Raises:
+            RequestError: With the code OpenEnv gives: ``INVALID_JSON`` for a frame
+                that does not parse, ``UNKNOWN_TYPE``, or ``VALIDATION_ERROR`` for
+                bad data.
+        """
+        try:
+            request = self._decode_request(frame)
+        except msgspec.ValidationError as exc:
+            raise RequestError(
+                "VALIDATION_ERROR", "Invalid message", extra={"errors": validation_errors(exc)}
+            ) from exc
+        except msgspec.DecodeError as exc:
+            raise RequestError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+        request_id = request.id if self._request_ids else None
+        kind = request.type
+        raw = request.data
+        if kind == "step":
+            if not raw:
+                raise RequestError("VALIDATION_ERROR", "Invalid message: step has no data", request_id=request_id)
+            try:
+                return kind, self._decode_action(raw), request_id
+            except msgspec.ValidationError as exc:
+                raise RequestError(
+                    "VALIDATION_ERROR",
+                    "Invalid message",
+                    extra={"errors": validation_errors(exc, self._decode_any(raw))},
+                    request_id=request_id,
+                ) from exc
+        if kind == "reset":
+            if not raw:
+                return kind, {}, request_id
+            try:
+                return kind, self._decode_kwargs(raw), request_id
+            except msgspec.ValidationError as exc:
+                raise RequestError(
+                    "VALIDATION_ERROR",
+                    "Invalid message",
+                    extra={"errors": validation_errors(exc)},
+                    request_id=request_id,
+                ) from exc
+        if kind in ("state", "close"):
+            return kind, None, request_id
+        raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
+
+    def observation(self, observation: Any, request_id: int | None) -> bytes:
+        """Encode an observation reply, lifting ``done`` and ``reward`` beside it."""
+        if isinstance(observation, msgspec.Struct):
+            fields = msgspec.structs.asdict(observation)
+        elif isinstance(observation, dict):
+            fields = dict(observation)
+        else:
+            fields = msgspec.to_builtins(observation)
+            if not isinstance(fields, dict):
+                raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
+        done = bool(fields.pop("done", False))
+        reward = fields.pop("reward", None)
+        fields.pop("metadata", None)
+        reply = ObservationReply(data=ObservationData(fields, reward, done), id=request_id)
+        return self._encode(reply)
+
+    def state(self, state: Any, request_id: int | None) -> bytes:
+        """Encode a state reply."""
+        return self._encode(StateReply(data=state, id=request_id))
+
+    def error(
+        self, code: str, message: str, *, extra: dict[str, Any] | None = None, request_id: int | None = None
+    ) -> bytes:
+        """Encode an error reply with ``message``, ``code`` and any ``extra`` fields."""
+        data: dict[str, Any] = {"message": message, "code": code}
+        if extra:
+            data.update(extra)
+        return self._encode(ErrorReply(data=data, id=request_id))

@@ -1,0 +1,110 @@
+"""The wire messages, as msgspec Structs.
+
+Every frame is a tagged union on ``type``, exactly as OpenEnv speaks it::
+
+    client -> server   {"type": "reset", "data": {...reset kwargs}}
+                       {"type": "step",  "data": {...action fields}}
+                       {"type": "state"}
+                       {"type": "close"}
+    server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}
+                       {"type": "state", "data": {...state fields}}
+                       {"type": "error", "data": {"message": "...", "code": "...", ...}}
+
+A dialect that negotiated request ids adds ``"id": n`` to each request and
+echoes it in the reply; plain OpenEnv frames never carry it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, Literal
+
+import msgspec
+
+from ._types import ObsT, StateT
+
+__all__ = [
+    "CloseRequest",
+    "Dialect",
+    "ErrorReply",
+    "IncomingRequest",
+    "ObservationData",
+    "ObservationReply",
+    "ResetRequest",
+    "StateReply",
+    "StateRequest",
+    "StepRequest",
+]
+
+
+class Dialect(msgspec.Struct, frozen=True):
+    """How the frames of one session are written, as negotiated by its transport.
+
+    Attributes:
+        encoding: ``"json"`` (text frames, OpenEnv's) or ``"msgpack"`` (binary frames).
+        request_ids: Whether each request carries an ``id`` that its reply echoes.
+
+    The default, ``Dialect()``, is plain OpenEnv: JSON and no request ids.
+    """
+
+    encoding: Literal["json", "msgpack"] = "json"
+    request_ids: bool = False
+
+
+class _Frame(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    """Common base: the tag lives in ``type``; ``id`` is written only when set."""
+
+    id: int | None = None
+
+
+class ResetRequest(_Frame, tag="reset"):
+    """Start a new episode; ``data`` holds the keyword arguments of ``reset``."""
+
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class StepRequest(_Frame, tag="step"):
+    """Take one step; ``data`` is the action (its fields, on the wire)."""
+
+    data: Any
+
+
+class StateRequest(_Frame, tag="state"):
+    """Ask for the environment's state."""
+
+
+class CloseRequest(_Frame, tag="close"):
+    """End the session; the server sends no reply."""
+
+
+class ObservationData(msgspec.Struct, Generic[ObsT]):
+    """The ``data`` of an observation reply: done and reward sit beside the observation."""
+
+    observation: ObsT
+    reward: float | None = None
+    done: bool = False
+
+
+class ObservationReply(_Frame, Generic[ObsT], tag="observation"):
+    """The reply to a reset or a step."""
+
+    data: ObservationData[ObsT]
+
+
+class StateReply(_Frame, Generic[StateT], tag="state"):
+    """The reply to a state request."""
+
+    data: StateT
+
+
+class ErrorReply(_Frame, tag="error"):
+    """An error reply: ``data`` has ``message`` and ``code``, and may have more."""
+
+    data: dict[str, Any]
+
+
+class IncomingRequest(msgspec.Struct):
+    """A request as the server first reads it: the ``data`` is decoded later, by type."""
+
+    type: str
+    data: msgspec.Raw = msgspec.Raw(b"")
+    id: int | None = None

@@ -1,0 +1,236 @@
+"""The server side of one session, without any I/O: a request frame in, a reply frame out.
+
+Every transport's server endpoint feeds frames to a `ServerSession` (through
+`serve_frames`), so OpenEnv's behaviour lives here once: which error code a bad
+frame gets, which reset keywords reach the environment, how a raising
+environment is reported. The session survives every per-message error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from ._codec import RequestError, ServerCodec
+from ._exceptions import ConnectionClosed
+from ._messages import Dialect
+
+__all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
+
+logger = logging.getLogger("openenv.server")
+
+
+def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword names ``method`` accepts, or ``None`` if it takes ``**kwargs``."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = set()
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.add(parameter.name)
+    return frozenset(names)
+
+
+class ServerSession:
+    """Runs one environment for one client session, frame by frame.
+
+    Sync methods of the environment run in a worker thread, one call at a time
+    (a per-session limiter), so a slow step never blocks the event loop and the
+    environment is never entered from two threads at once. Async methods are
+    awaited directly.
+
+    Args:
+        env: The environment instance this session owns.
+        dialect: The dialect its transport negotiated.
+    """
+
+    def __init__(self, env: Any, *, dialect: Dialect = Dialect()) -> None:
+        self.env = env
+        self.dialect = dialect
+        self.codec: ServerCodec[Any] = ServerCodec(dialect, action_type=getattr(env, "action_type", dict))
+        self._limiter = anyio.CapacityLimiter(1)
+        self._reset_keywords = _accepted_keywords(env.reset)
+        self._reset = self._runner(env.reset)
+        self._step = self._runner(env.step)
+        # An async environment lives on the event loop: read its state there too.
+        async_env = inspect.iscoroutinefunction(env.step)
+        self._state = self._read_state_inline if async_env else self._runner(self._read_state)
+        close = getattr(env, "close", None)
+        self._close = self._runner(close) if close is not None else None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session has ended (a close request, or `aclose`)."""
+        return self._closed
+
+    def _runner(self, function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        """Wrap one environment method, once, into a coroutine function that runs it right."""
+        if inspect.iscoroutinefunction(function):
+            return function  # type: ignore[no-any-return]
+        limiter = self._limiter
+
+        async def run_in_worker_thread(*args: Any, **kwargs: Any) -> Any:
+            if kwargs:
+                result = await anyio.to_thread.run_sync(lambda: function(*args, **kwargs), limiter=limiter)
+            else:
+                result = await anyio.to_thread.run_sync(function, *args, limiter=limiter)
+            # A sync method may still hand back an awaitable (an async property, say).
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        return run_in_worker_thread
+
+    def _read_state(self) -> Any:
+        return self.env.state
+
+    async def _read_state_inline(self) -> Any:
+        state = self.env.state
+        return (await state) if inspect.isawaitable(state) else state
+
+    async def handle(self, frame: bytes) -> bytes | None:
+        """Handle one request frame.
+
+        Args:
+            frame: The request, as the client encoded it.
+
+        Returns:
+            The reply frame, or ``None`` for a close request (which ends the
+            session, and gets no reply). A bad frame or a raising environment gets
+            an error reply; the session goes on.
+        """
+        request_id: int | None = None
+        try:
+            kind, data, request_id = self.codec.decode_request(frame)
+            if kind == "step":
+                observation = await self._step(data)
+                return self.codec.observation(observation, request_id)
+            if kind == "reset":
+                if self._reset_keywords is not None:
+                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
+                observation = await self._reset(**data)
+                return self.codec.observation(observation, request_id)
+            if kind == "state":
+                return self.codec.state(await self._state(), request_id)
+            await self.aclose()
+            return None
+        except RequestError as exc:
+            return self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=exc.request_id)
+        except Exception as exc:
+            # The environment raised, or returned something that cannot be encoded.
+            logger.exception("environment error in session")
+            return self.codec.error("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}", request_id=request_id)
+
+    async def aclose(self) -> None:
+        """End the session and close its environment, once; never raises for the environment."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._close is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._close()
+            except Exception:
+                logger.exception("environment close() raised")
+
+
+async def serve_frames(
+    session: ServerSession,
+    receive: Callable[[], Awaitable[bytes]],
+    send: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Feed one session from a channel until the client closes it or goes away.
+
+    Args:
+        session: The session to feed.
+        receive: Returns the next request frame; raises `ConnectionClosed` when
+            the client has gone.
+        send: Sends one reply frame; may raise `ConnectionClosed`.
+
+    The environment is closed on the way out, however the loop ends.
+    """
+    try:
+        while not session.closed:
+            try:
+                frame = await receive()
+            except ConnectionClosed:
+                return
+            reply = await session.handle(frame)
+            if reply is not None:
+                try:
+                    await send(reply)
+                except ConnectionClosed:
+                    return
+    finally:
+        await session.aclose()
+
+
+def encode_fatal_error(dialect: Dialect, code: str, message: str, **extra: Any) -> bytes:
+    """Encode the error frame a server sends once before ending a session it cannot serve.
+
+    Args:
+        dialect: The dialect of the channel.
+        code: ``CAPACITY_REACHED``, ``FACTORY_ERROR`` or ``SESSION_ERROR``.
+        message: The human-readable message.
+        **extra: More fields (``active_sessions``, ``max_sessions``, ``factory_name``).
+
+    Returns:
+        The encoded frame.
+    """
+    return ServerCodec(dialect, action_type=msgspec.Raw).error(code, message, extra=extra)
+
+
+def factory_name(factory: Callable[[], Any]) -> str:
+    """A readable name of an environment factory, for logs and ``FACTORY_ERROR`` frames."""
+    module = getattr(factory, "__module__", None)
+    name = getattr(factory, "__qualname__", None) or repr(factory)
+    return f"{module}:{name}" if module else name
+
+
+async def host_session(
+    factory: Callable[[], Any],
+    receive: Callable[[], Awaitable[bytes]],
+    send: Callable[[bytes], Awaitable[None]],
+    *,
+    dialect: Dialect = Dialect(),
+) -> None:
+    """Run one whole server session over a channel: build the environment, then serve it.
+
+    This is what every transport's server endpoint runs per connection, once the
+    connection is accepted and any capacity check passed.
+
+    Args:
+        factory: Builds the session's environment; called once, on the event loop.
+        receive: Returns the next request frame; raises `ConnectionClosed` when
+            the client has gone.
+        send: Sends one reply frame; may raise `ConnectionClosed`.
+        dialect: The dialect the channel negotiated.
+
+    If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
+    session ends. The environment is closed however the session ends.
+    """
+    try:
+        env = factory()
+    except Exception as exc:
+        logger.exception("environment factory failed")
+        name = factory_name(factory)
+        frame = encode_fatal_error(
+            dialect, "FACTORY_ERROR", f"Failed to create environment: {type(exc).__name__}: {exc}", factory_name=name
+        )
+        with contextlib.suppress(ConnectionClosed):
+            await send(frame)
+        return
+    await serve_frames(ServerSession(env, dialect=dialect), receive, send)

@@ -1,0 +1,152 @@
+"""`SyncEnvClient`: the blocking facade of an `EnvClient`, on anyio's blocking portal."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic
+
+import anyio.lowlevel
+from anyio.from_thread import BlockingPortal, BlockingPortalProvider
+
+from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
+from ._exceptions import ClientStateError
+from ._types import ActT, ObsT, StateT, StepResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["SyncEnvClient"]
+
+# One event-loop thread per backend, shared by every sync client that is open and
+# started on demand; it stops when the last of them closes.
+_providers: dict[str, BlockingPortalProvider] = {}
+_providers_lock = threading.Lock()
+
+
+def _provider(backend: str) -> BlockingPortalProvider:
+    with _providers_lock:
+        provider = _providers.get(backend)
+        if provider is None:
+            provider = _providers[backend] = BlockingPortalProvider(backend=backend)
+        return provider
+
+
+def _refuse_inside_event_loop(name: str) -> None:
+    try:
+        anyio.lowlevel.current_token()
+    except RuntimeError:
+        return  # no event loop in this thread: blocking is fine
+    raise ClientStateError(
+        f"SyncEnvClient.{name}() blocks, so it cannot run inside an event loop; "
+        "await the EnvClient's own methods instead"
+    )
+
+
+class SyncEnvClient(Generic[ActT, ObsT, StateT]):
+    """The same client, blocking: for scripts, notebooks and training loops without async.
+
+    Get one from `EnvClient.sync`. It runs the async client on an event loop in a
+    background thread (anyio's blocking portal, shared by all sync clients of a
+    backend), so it behaves exactly as the async client does, under asyncio or
+    trio.
+
+    Example:
+        ```python
+        with EchoEnv("ws://127.0.0.1:8000").sync() as env:
+            result = env.reset()
+            result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+        ```
+
+    Args:
+        client: The async client to drive; it must not be connected yet.
+        backend: The event loop to run it on: ``"asyncio"`` or ``"trio"``.
+
+    Every method raises `ClientStateError` when called from inside a running
+    event loop, where blocking would stall it.
+    """
+
+    def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
+        self.client = client
+        self.backend = backend
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._client_cm: AbstractContextManager[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"<SyncEnvClient of {self.client!r}>"
+
+    def __enter__(self) -> Self:
+        """Connect (see `connect`)."""
+        return self.connect()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def connect(self) -> Self:
+        """Connect the client; pair with `close` (or use ``with``).
+
+        Returns:
+            This facade.
+
+        Raises:
+            ConnectError: The transport could not connect.
+            ClientStateError: Already connected or closed, or called inside an event loop.
+        """
+        _refuse_inside_event_loop("connect")
+        if self._portal is not None:
+            raise ClientStateError("this SyncEnvClient is already connected")
+        portal_cm = _provider(self.backend)
+        portal = portal_cm.__enter__()
+        try:
+            # Entered and left in one task of the portal, as the transport needs.
+            client_cm = portal.wrap_async_context_manager(self.client)
+            client_cm.__enter__()
+        except BaseException:
+            portal_cm.__exit__(None, None, None)
+            raise
+        self._portal_cm, self._portal, self._client_cm = portal_cm, portal, client_cm
+        return self
+
+    def close(self) -> None:
+        """Close the client and release the event-loop thread. Idempotent."""
+        _refuse_inside_event_loop("close")
+        client_cm, portal_cm = self._client_cm, self._portal_cm
+        self._client_cm = self._portal_cm = self._portal = None
+        try:
+            if client_cm is not None:
+                client_cm.__exit__(None, None, None)
+        finally:
+            if portal_cm is not None:
+                portal_cm.__exit__(None, None, None)
+
+    def _portal_or_raise(self, name: str) -> BlockingPortal:
+        _refuse_inside_event_loop(name)
+        if self._portal is None:
+            raise ClientStateError("the SyncEnvClient is not connected: use `with` or call connect()")
+        return self._portal
+
+    def reset(
+        self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT, **kwargs: Any
+    ) -> StepResult[ObsT]:
+        """Start a new episode; see `EnvClient.reset`."""
+        portal = self._portal_or_raise("reset")
+        return portal.call(lambda: self.client.reset(timeout=timeout, **kwargs))
+
+    def step(
+        self, action: ActT, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT
+    ) -> StepResult[ObsT]:
+        """Take one step; see `EnvClient.step`."""
+        portal = self._portal_or_raise("step")
+        return portal.call(lambda: self.client.step(action, timeout=timeout))
+
+    def state(self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT) -> StateT:
+        """Ask for the environment's state; see `EnvClient.state`."""
+        portal = self._portal_or_raise("state")
+        return portal.call(lambda: self.client.state(timeout=timeout))

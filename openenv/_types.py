@@ -1,0 +1,74 @@
+"""The base types of an environment's actions, observations and states."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+__all__ = ["Action", "ActT", "ObsT", "Observation", "State", "StateT", "StepResult"]
+
+
+class Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base class of an environment's actions.
+
+    Subclass it with the action's fields. On the wire a step's ``data`` is the
+    action's fields themselves; unknown fields are rejected, as OpenEnv does.
+
+    Example:
+        ```python
+        class MoveAction(openenv.Action):
+            direction: str
+            distance: int = 1
+        ```
+    """
+
+
+class Observation(msgspec.Struct, kw_only=True):
+    """Base class of an environment's observations.
+
+    Attributes:
+        done: Whether the episode has ended.
+        reward: The reward of the last step, if any.
+        metadata: Free-form data kept on the server side; as in OpenEnv it is not
+            sent over the wire.
+
+    On the wire ``done`` and ``reward`` travel at the top of the reply's ``data``,
+    beside the other fields, which travel under ``observation``.
+    """
+
+    done: bool = False
+    reward: float | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class State(msgspec.Struct, kw_only=True):
+    """Base class of an environment's state.
+
+    Attributes:
+        episode_id: The id of the current episode, if one was given or made.
+        step_count: The number of steps taken in the current episode.
+    """
+
+    episode_id: str | None = None
+    step_count: int = 0
+
+
+ActT = TypeVar("ActT")
+ObsT = TypeVar("ObsT")
+StateT = TypeVar("StateT")
+
+
+class StepResult(msgspec.Struct, Generic[ObsT], frozen=True):
+    """What `EnvClient.reset` and `EnvClient.step` return.
+
+    Attributes:
+        observation: The observation, of the client's observation type (a dict for
+            an untyped client).
+        reward: The reward the server reported, or ``None``.
+        done: Whether the episode has ended.
+    """
+
+    observation: ObsT
+    reward: float | None = None
+    done: bool = False

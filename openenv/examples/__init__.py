@@ -1,0 +1,1 @@
+"""Example environments shipped with openenv, with their typed clients."""

@@ -1,0 +1,21 @@
+"""The I/O-free server side, for the authors of transports and servers.
+
+A transport's server endpoint accepts a connection, then runs `host_session`
+with two callables (receive a frame, send a frame); everything OpenEnv-specific
+happens in `ServerSession`.
+"""
+
+from ._environment import Environment, EnvironmentMetadata
+from ._loading import load_factory
+from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
+
+__all__ = [
+    "Environment",
+    "EnvironmentMetadata",
+    "ServerSession",
+    "encode_fatal_error",
+    "factory_name",
+    "host_session",
+    "load_factory",
+    "serve_frames",
+]

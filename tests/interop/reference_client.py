@@ -1,0 +1,151 @@
+"""Drive a server with the *reference* openenv-core 0.3.0 ``GenericEnvClient``.
+
+Run with the reference venv's python (see reference_venv.py), never ours:
+
+    python reference_client.py URL [--sync] [--timeout S] [--ops JSON]
+
+URL is what a user passes as ``base_url`` (http://host:port; the client itself
+turns it into ws://host:port/ws). Prints one JSON object per line on stdout:
+
+    {"op": "reset", "args": {...}, "ok": true, "observation": {...}, "reward": 0.0, "done": false}
+    {"op": "step", "action": {...}, "ok": true, "observation": {...}, "reward": 5.0, "done": false}
+    {"op": "state", "ok": true, "state": {...}}
+    {"op": "step", "action": {...}, "ok": false, "error_type": "RuntimeError", "error": "Server error: ..."}
+    {"op": "close", "ok": true}
+
+Default ops: reset(seed=42, episode_id="ep-1"), step {"message": "hello"},
+state, step {"messag": "typo"} (expected to fail), step {"message": "again"},
+state, close. ``--ops`` takes a JSON list replacing that, each item one of
+``{"op": "reset", "args": {...}}``, ``{"op": "step", "action": {...}}``,
+``{"op": "state"}``, ``{"op": "close"}``. A failing op is reported and the
+script goes on; exit status is 0 unless the script itself breaks.
+
+``--sync`` uses the reference's ``.sync()`` wrapper (SyncEnvClient) instead of
+the native async API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import openenv
+
+if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
+    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
+
+from openenv.core import GenericEnvClient  # noqa: E402
+
+DEFAULT_OPS: list[dict[str, Any]] = [
+    {"op": "reset", "args": {"seed": 42, "episode_id": "ep-1"}},
+    {"op": "step", "action": {"message": "hello"}},
+    {"op": "state"},
+    {"op": "step", "action": {"messag": "typo"}},
+    {"op": "step", "action": {"message": "again"}},
+    {"op": "state"},
+    {"op": "close"},
+]
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record, sort_keys=True, default=repr), flush=True)
+
+
+def result_fields(result: Any) -> dict[str, Any]:
+    # StepResult is a dataclass: observation (dict for GenericEnvClient), reward, done
+    return {
+        "observation": result.observation,
+        "reward": result.reward,
+        "done": result.done,
+        "result_type": type(result).__name__,
+    }
+
+
+def describe(op: dict[str, Any]) -> dict[str, Any]:
+    rec = {"op": op["op"]}
+    if op["op"] == "reset":
+        rec["args"] = op.get("args", {})
+    elif op["op"] == "step":
+        rec["action"] = op["action"]
+    return rec
+
+
+async def run_async(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
+    client = GenericEnvClient(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout)
+    emit({"op": "init", "ok": True, "ws_url": client._ws_url, "client": type(client).__name__})
+    closed = False
+    try:
+        for op in ops:
+            rec = describe(op)
+            try:
+                kind = op["op"]
+                if kind == "reset":
+                    rec.update(result_fields(await client.reset(**op.get("args", {}))))
+                elif kind == "step":
+                    rec.update(result_fields(await client.step(op["action"])))
+                elif kind == "state":
+                    rec["state"] = await client.state()
+                elif kind == "close":
+                    await client.close()
+                    closed = True
+                else:
+                    raise ValueError(f"unknown op {kind!r}")
+                rec["ok"] = True
+            except Exception as exc:  # the reference raises bare RuntimeError for error frames
+                rec.update(ok=False, error_type=type(exc).__name__, error=str(exc))
+            emit(rec)
+    finally:
+        if not closed:
+            await asyncio.wait_for(client.close(), timeout)
+
+
+def run_sync(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
+    client = GenericEnvClient(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout).sync()
+    emit({"op": "init", "ok": True, "ws_url": client.async_client._ws_url, "client": type(client).__name__})
+    closed = False
+    try:
+        for op in ops:
+            rec = describe(op)
+            try:
+                kind = op["op"]
+                if kind == "reset":
+                    rec.update(result_fields(client.reset(**op.get("args", {}))))
+                elif kind == "step":
+                    rec.update(result_fields(client.step(op["action"])))
+                elif kind == "state":
+                    rec["state"] = client.state()
+                elif kind == "close":
+                    client.close()
+                    closed = True
+                else:
+                    raise ValueError(f"unknown op {kind!r}")
+                rec["ok"] = True
+            except Exception as exc:
+                rec.update(ok=False, error_type=type(exc).__name__, error=str(exc))
+            emit(rec)
+    finally:
+        if not closed:
+            client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--sync", action="store_true", help="use the SyncEnvClient wrapper")
+    p.add_argument("--timeout", type=float, default=10.0, help="connect and per-message timeout (s)")
+    p.add_argument("--ops", default=None, help="JSON list of ops (see module doc) instead of the default sequence")
+    args = p.parse_args(argv)
+    ops = json.loads(args.ops) if args.ops else DEFAULT_OPS
+    if args.sync:
+        run_sync(args.url, ops, args.timeout)
+    else:
+        asyncio.run(run_async(args.url, ops, args.timeout))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

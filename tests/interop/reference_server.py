@@ -1,0 +1,158 @@
+"""Echo environment served by the *reference* openenv-core 0.3.0 (create_app + uvicorn).
+
+Run with the reference venv's python (see reference_venv.py), never ours:
+
+    python reference_server.py --port PORT [--host 127.0.0.1] [--max-sessions N]
+
+Readiness: once uvicorn has started, one line ``READY <port>`` is printed to
+stdout (flushed); nothing else goes to stdout (uvicorn logs go to stderr).
+``--port 0`` is supported: the script binds the socket itself and reports the
+ephemeral port on the READY line. ``GET /health`` also works as a probe.
+
+The environment (matches shared/reference/openenv-wire.md):
+  action       {message: str}  (+ the base Action's optional ``metadata``;
+               extra fields forbidden, as for every reference Action)
+  observation  {echoed_message: str} + base fields done/reward/metadata
+  reward       float(len(message)); reset gives echoed_message "" and reward 0.0
+  state        {episode_id, step_count}
+  reset        accepts ``seed`` and ``episode_id`` only (no **kwargs), so the
+               reference server drops any other reset keys.
+Triggers:
+  message == "raise"  -> step raises RuntimeError  -> EXECUTION_ERROR frame
+  message == "done"   -> observation done=True
+  message == "sleep:<seconds>" -> step sleeps that long first (for timeout tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Optional
+
+# The web UI (gradio) must stay off: create_app switches on this variable.
+os.environ.pop("ENABLE_WEB_INTERFACE", None)
+
+import openenv  # noqa: E402
+
+if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
+    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
+
+import uvicorn  # noqa: E402
+from openenv.core.env_server.http_server import create_app  # noqa: E402
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+
+class EchoAction(Action):
+    message: str = Field(..., description="Message to echo back")
+
+
+class EchoObservation(Observation):
+    echoed_message: str = Field(default="", description="The echoed message")
+
+
+class EchoEnvironment(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True  # required by the reference for max_sessions > 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(episode_id=str(uuid.uuid4()), step_count=0)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None) -> EchoObservation:
+        self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+        return EchoObservation(echoed_message="", reward=0.0, done=False)
+
+    def step(self, action: EchoAction, timeout_s: Optional[float] = None, **kwargs) -> EchoObservation:  # type: ignore[override]
+        message = action.message
+        if message == "raise":
+            raise RuntimeError("echo env: step raised on request")
+        if message.startswith("sleep:"):
+            time.sleep(float(message.split(":", 1)[1]))
+        self._state.step_count += 1
+        return EchoObservation(echoed_message=message, reward=float(len(message)), done=message == "done")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+def build_app(max_sessions: int):
+    return create_app(
+        EchoEnvironment,
+        EchoAction,
+        EchoObservation,
+        env_name="echo_env",
+        max_concurrent_envs=max_sessions,
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True, help="0 = ephemeral, reported on the READY line")
+    p.add_argument("--max-sessions", type=int, default=4, help="max concurrent WebSocket sessions (default 4)")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--ws", default="auto", help="uvicorn ws implementation (default auto = websockets-sansio)")
+    p.add_argument("--stdin-watchdog", action="store_true", help="exit when stdin reaches EOF (parent died)")
+    p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
+    args = p.parse_args(argv)
+
+    app = build_app(args.max_sessions)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    port = sock.getsockname()[1]
+
+    config = uvicorn.Config(
+        app,
+        log_level=args.log_level,
+        ws=args.ws,
+        timeout_graceful_shutdown=2,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+
+    def request_exit(reason: str) -> None:
+        print(f"reference_server: exiting ({reason})", file=sys.stderr, flush=True)
+        server.should_exit = True
+
+    if args.stdin_watchdog:
+        def watch_stdin() -> None:
+            try:
+                while sys.stdin.buffer.read(4096):
+                    pass
+            except Exception:
+                pass
+            request_exit("stdin closed")
+
+        threading.Thread(target=watch_stdin, name="stdin-watchdog", daemon=True).start()
+
+    if args.max_lifetime > 0:
+        timer = threading.Timer(args.max_lifetime, request_exit, args=("max lifetime reached",))
+        timer.daemon = True
+        timer.start()
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                await task  # re-raise startup failure
+                return
+            await asyncio.sleep(0.02)
+        print(f"READY {port}", flush=True)
+        await task
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

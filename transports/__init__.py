@@ -1,0 +1,6 @@
+"""The transports that carry openenv's frames: each module holds both ends of one.
+
+- `transports.inprocess`: ``inproc://`` (same event loop; tests and local runs).
+
+They join the ``openenv.transports`` entry-point group, as a third party's would.
+"""

@@ -1,0 +1,148 @@
+"""The in-process transport: an environment served in the caller's own event loop.
+
+For unit tests and local runs. Nothing crosses a process, but every message is
+still encoded and decoded as it would be on a network, so a test that passes
+in-process also proves the messages serialise. The server side runs as a task of
+its own, exactly as a network server's session would, so timeouts, late replies
+and cancellation behave as they do over a socket.
+
+URL form: ``inproc://package.module:Factory`` (the ``module:attribute`` form
+uvicorn uses); or pass ``factory=`` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from openenv import ConnectError, ConnectionClosed, Dialect, Transport
+from openenv.server import host_session, load_factory
+
+__all__ = ["InProcessTransport"]
+
+SCHEME = "inproc://"
+
+# Requests the client may queue ahead of a busy session (it sends one at a time,
+# plus the close request and any abandoned by a timeout).
+_BUFFER = 64
+
+
+class InProcessTransport(Transport):
+    """Serves a fresh environment in this event loop, as a session of its own.
+
+    Args:
+        url: ``inproc://package.module:Factory``; unused when ``factory`` is given.
+        factory: Builds the environment (usually its class); overrides the URL.
+        dialect: The dialect to speak. The default, JSON with request ids, is what
+            our WebSocket server negotiates; ``Dialect()`` speaks plain OpenEnv.
+        close_grace: Seconds to let the session finish its current request and
+            close its environment before it is cancelled.
+
+    Raises:
+        ValueError: Neither ``url`` nor ``factory`` was given.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        factory: Callable[[], Any] | None = None,
+        dialect: Dialect = Dialect(request_ids=True),
+        close_grace: float = 5.0,
+    ) -> None:
+        if url is None and factory is None:
+            raise ValueError("InProcessTransport needs an inproc:// URL or a factory")
+        self.url = url
+        self.dialect = dialect
+        self.close_grace = close_grace
+        self._factory = factory
+        self._task_group: TaskGroup | None = None
+        self._to_server: MemoryObjectSendStream[bytes] | None = None
+        self._from_server: MemoryObjectReceiveStream[bytes] | None = None
+        self._session_done = anyio.Event()
+
+    def _load_factory(self) -> Callable[[], Any]:
+        if self._factory is not None:
+            return self._factory
+        assert self.url is not None
+        if not self.url.lower().startswith(SCHEME):
+            raise ConnectError(f"{self.url!r} is not an {SCHEME} URL")
+        try:
+            return load_factory(self.url[len(SCHEME) :])
+        except (ImportError, ValueError, TypeError) as exc:
+            raise ConnectError(f"cannot load the environment factory of {self.url!r}: {exc}") from exc
+
+    async def __aenter__(self) -> InProcessTransport:
+        """Start the session task; raises `ConnectError` if the factory cannot be loaded."""
+        factory = self._load_factory()
+        to_server, server_inbox = anyio.create_memory_object_stream[bytes](_BUFFER)
+        server_outbox, from_server = anyio.create_memory_object_stream[bytes](_BUFFER)
+        self._to_server, self._from_server = to_server, from_server
+        self._session_done = anyio.Event()
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._run_session, factory, server_inbox, server_outbox)
+        return self
+
+    async def _run_session(
+        self,
+        factory: Callable[[], Any],
+        inbox: MemoryObjectReceiveStream[bytes],
+        outbox: MemoryObjectSendStream[bytes],
+    ) -> None:
+        async def receive() -> bytes:
+            try:
+                return await inbox.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                raise ConnectionClosed("the client closed the session") from None
+
+        async def send(frame: bytes) -> None:
+            try:
+                await outbox.send(frame)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise ConnectionClosed("the client went away") from None
+
+        try:
+            with inbox, outbox:
+                await host_session(factory, receive, send, dialect=self.dialect)
+        finally:
+            self._session_done.set()
+
+    async def send(self, frame: bytes) -> None:
+        """Queue one frame for the session; `ConnectionClosed` once it has ended."""
+        if self._to_server is None:
+            raise ConnectionClosed("the transport is not connected")
+        try:
+            await self._to_server.send(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise ConnectionClosed("the in-process session has ended") from None
+
+    async def receive(self) -> bytes:
+        """Return the session's next frame; `ConnectionClosed` once it has ended."""
+        if self._from_server is None:
+            raise ConnectionClosed("the transport is not connected")
+        try:
+            return await self._from_server.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise ConnectionClosed("the in-process session has ended") from None
+
+    async def aclose(self) -> None:
+        """End the channel: the session sees end-of-stream after its current request."""
+        for stream in (self._to_server, self._from_server):
+            if stream is not None:
+                await stream.aclose()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close, give the session `close_grace` seconds to finish, then cancel it."""
+        await self.aclose()
+        task_group, self._task_group = self._task_group, None
+        if task_group is None:
+            return
+        with anyio.move_on_after(self.close_grace):
+            await self._session_done.wait()
+        task_group.cancel_scope.cancel()
+        await task_group.__aexit__(None, None, None)

@@ -1,0 +1,48 @@
+"""The WebSocket subprotocols that negotiate openenv's extensions of OpenEnv's frames.
+
+A client offers them in ``Sec-WebSocket-Protocol``; a server that selects one
+speaks its dialect; a server that selects none (OpenEnv's reference) is spoken
+to in plain OpenEnv frames: JSON text, no request ids.
+
+| subprotocol          | frames                 | request ids |
+|----------------------|------------------------|-------------|
+| (none selected)      | JSON, text             | no          |
+| ``openenv.v1.json``    | JSON, text             | yes         |
+| ``openenv.v1.msgpack`` | MessagePack, binary    | yes         |
+"""
+
+from __future__ import annotations
+
+from openenv import Dialect
+
+__all__ = ["JSON_SUBPROTOCOL", "MSGPACK_SUBPROTOCOL", "PLAIN", "SUBPROTOCOLS", "offered_subprotocols"]
+
+JSON_SUBPROTOCOL = "openenv.v1.json"
+MSGPACK_SUBPROTOCOL = "openenv.v1.msgpack"
+
+PLAIN = Dialect()
+SUBPROTOCOLS: dict[str, Dialect] = {
+    JSON_SUBPROTOCOL: Dialect(encoding="json", request_ids=True),
+    MSGPACK_SUBPROTOCOL: Dialect(encoding="msgpack", request_ids=True),
+}
+
+
+def offered_subprotocols(encoding: str = "json") -> list[str]:
+    """The subprotocols a client offers, most preferred first.
+
+    Args:
+        encoding: ``"json"`` (the default: the same values an OpenEnv server
+            gives) or ``"msgpack"`` (binary frames; JSON stays on offer as a
+            fallback).
+
+    Returns:
+        The list for the ``Sec-WebSocket-Protocol`` header.
+
+    Raises:
+        ValueError: An unknown encoding.
+    """
+    if encoding == "json":
+        return [JSON_SUBPROTOCOL]
+    if encoding == "msgpack":
+        return [MSGPACK_SUBPROTOCOL, JSON_SUBPROTOCOL]
+    raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")
