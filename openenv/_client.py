@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn
 
 import anyio
 import msgspec
@@ -98,22 +99,22 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         ValueError: Neither ``base_url`` nor ``transport`` was given.
     """
 
-    action_type: ClassVar[Any] = dict
-    observation_type: ClassVar[Any] = dict
-    state_type: ClassVar[Any] = dict
+    action_type: Any = dict
+    observation_type: Any = dict
+    state_type: Any = dict
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         args = resolve_type_arguments(cls, EnvClient, 3)
         if args is not None:
-            for name, arg in zip(("action_type", "observation_type", "state_type"), args):
+            for name, arg in zip(("action_type", "observation_type", "state_type"), args, strict=True):
                 if arg is not None and name not in cls.__dict__:
                     setattr(cls, name, arg)
         # Keep the aliases zero-cost (the same function) and true to any override.
         if "reset" in cls.__dict__ and "reset_async" not in cls.__dict__:
-            cls.reset_async = cls.reset  # type: ignore[method-assign]
+            cls.reset_async = cls.reset
         if "step" in cls.__dict__ and "step_async" not in cls.__dict__:
-            cls.step_async = cls.step  # type: ignore[method-assign]
+            cls.step_async = cls.step
 
     def __init__(
         self,
@@ -236,14 +237,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._state = _ClientState.CLOSED
             return
         self._state = _ClientState.CLOSED
-        assert self._transport is not None and self._codec is not None
+        assert self._transport is not None
+        assert self._codec is not None
         with anyio.CancelScope(shield=True):
             # Best effort, bounded: the server may be gone already.
             with anyio.move_on_after(1.0):
-                try:
+                with contextlib.suppress(OpenEnvError):
                     await self._transport.send(self._codec.close())
-                except OpenEnvError:
-                    pass
             await self._transport.aclose()
 
     async def _exit_transport(self) -> None:
@@ -270,7 +270,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     # -- requests --------------------------------------------------------------
 
     async def reset(
-        self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT, **kwargs: Any
+        self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> StepResult[ObsT]:
         """Start a new episode.
 
@@ -293,7 +293,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return self._step_result(reply)
 
     async def step(
-        self, action: ActT, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT
+        self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT
     ) -> StepResult[ObsT]:
         """Take one step.
 
@@ -316,7 +316,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         reply = await self._request(lambda request_id: codec.step(action, request_id), timeout)
         return self._step_result(reply)
 
-    async def state(self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT) -> StateT:
+    async def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
         """Ask for the environment's current state.
 
         Args:
@@ -334,7 +334,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         reply = await self._request(self._codec_or_raise().state, timeout)
         if not isinstance(reply, StateReply):
             raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
-        return reply.data  # type: ignore[no-any-return]
+        return reply.data
 
     # Zero-cost coroutine aliases (the very same functions), as OpenEnv names them.
     # They await the reply like the methods above; this is not Gymnasium's
@@ -364,7 +364,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return StepResult(observation, data.reward, data.done)
 
     async def _request(
-        self, encode: Callable[[int], bytes], timeout: float | None | _UseClientDefault
+        self, encode: Callable[[int], bytes], timeout: float | _UseClientDefault | None
     ) -> ObservationReply[ObsT] | StateReply[StateT]:
         if timeout is USE_CLIENT_DEFAULT:
             timeout = self.timeout

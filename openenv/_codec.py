@@ -44,7 +44,7 @@ def _decoder(dialect: Dialect, type_: Any) -> Any:
     return msgspec.json.Decoder(type_)
 
 
-Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply]
+Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply]  # noqa: UP007 - a runtime type for msgspec
 
 
 class ClientCodec(Generic[ActT, ObsT, StateT]):
@@ -60,9 +60,7 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         self.dialect = dialect
         self._request_ids = dialect.request_ids
         self._encode = _encoder(dialect).encode
-        reply_type = Union[
-            ObservationReply[observation_type], StateReply[state_type], ErrorReply  # type: ignore[valid-type]
-        ]
+        reply_type = Union[ObservationReply[observation_type], StateReply[state_type], ErrorReply]  # noqa: UP007
         self._decode = _decoder(dialect, reply_type).decode
         # A reply that fails to validate is decoded again, loosely, to tell a
         # malformed frame (a protocol error) from one that does not fit our types.
@@ -207,9 +205,7 @@ class ServerCodec(Generic[ActT]):
         try:
             request = self._decode_request(frame)
         except msgspec.ValidationError as exc:
-            raise RequestError(
-                "VALIDATION_ERROR", "Invalid message", extra={"errors": validation_errors(exc)}
-            ) from exc
+            raise RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": validation_errors(exc)}) from exc
         except msgspec.DecodeError as exc:
             raise RequestError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
         request_id = request.id if self._request_ids else None

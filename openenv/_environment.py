@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, ClassVar, Generic
+from typing import Any, Generic
 
 import msgspec
 
@@ -66,24 +66,26 @@ class Environment(Generic[ActT, ObsT, StateT]):
         ```
     """
 
-    action_type: ClassVar[Any] = dict
-    observation_type: ClassVar[Any] = dict
-    state_type: ClassVar[Any] = dict
+    action_type: Any = dict
+    observation_type: Any = dict
+    state_type: Any = dict
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         args = resolve_type_arguments(cls, Environment, 3)
         if args is None:
             return
-        for name, arg in zip(("action_type", "observation_type", "state_type"), args):
+        for name, arg in zip(("action_type", "observation_type", "state_type"), args, strict=True):
             # A class attribute written in the subclass body wins over its type arguments.
             if arg is not None and name not in cls.__dict__:
                 setattr(cls, name, arg)
 
-    def reset(self, **kwargs: Any) -> ObsT | Awaitable[ObsT]:
+    def reset(self, *args: Any, **kwargs: Any) -> ObsT | Awaitable[ObsT]:
         """Start a new episode and return its first observation.
 
         Args:
+            *args: Unused: the server passes keywords only. (Declared so that an
+                override may name the keywords it takes.)
             **kwargs: What the client passed to ``reset`` (``seed``, ``episode_id``,
                 ...). The server passes only the keywords this method accepts,
                 unless it takes ``**kwargs``.
@@ -110,7 +112,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
         """The environment's current state (a property; it may return an awaitable)."""
         raise NotImplementedError
 
-    def close(self) -> None | Awaitable[None]:
+    def close(self) -> Awaitable[None] | None:
         """Release what the environment holds; called once, when its session ends."""
         return None
 

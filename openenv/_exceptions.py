@@ -77,7 +77,7 @@ class ProtocolError(TransportError):
     """The peer sent something that is not a valid frame of the protocol."""
 
 
-class TimeoutError(OpenEnvError, builtins.TimeoutError):  # noqa: A001 - mirrors the builtin on purpose
+class TimeoutError(OpenEnvError, builtins.TimeoutError):
     """No reply arrived within the timeout.
 
     The request may still run on the server. Its late reply is recognised and

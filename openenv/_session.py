@@ -78,7 +78,7 @@ class ServerSession:
     def _runner(self, function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         """Wrap one environment method, once, into a coroutine function that runs it right."""
         if inspect.iscoroutinefunction(function):
-            return function  # type: ignore[no-any-return]
+            return function
         limiter = self._limiter
 
         async def run_in_worker_thread(*args: Any, **kwargs: Any) -> Any:

@@ -133,20 +133,18 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         return self._portal
 
     def reset(
-        self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT, **kwargs: Any
+        self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> StepResult[ObsT]:
         """Start a new episode; see `EnvClient.reset`."""
         portal = self._portal_or_raise("reset")
         return portal.call(lambda: self.client.reset(timeout=timeout, **kwargs))
 
-    def step(
-        self, action: ActT, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT
-    ) -> StepResult[ObsT]:
+    def step(self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
         """Take one step; see `EnvClient.step`."""
         portal = self._portal_or_raise("step")
         return portal.call(lambda: self.client.step(action, timeout=timeout))
 
-    def state(self, *, timeout: float | None | _UseClientDefault = USE_CLIENT_DEFAULT) -> StateT:
+    def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
         """Ask for the environment's state; see `EnvClient.state`."""
         portal = self._portal_or_raise("state")
         return portal.call(lambda: self.client.state(timeout=timeout))

@@ -1,0 +1,147 @@
+"""Small environments for the tests: typed, untyped, slow, raising, sync and async."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, ClassVar
+
+import anyio
+import msgspec
+
+from openenv import Action, Observation, State
+from openenv.server import Environment
+
+
+class CountAction(Action):
+    by: int = 1
+    delay: float = 0.0
+    fail: bool = False
+
+
+class CountObservation(Observation):
+    count: int = 0
+    note: str = ""
+
+
+class CountState(State):
+    count: int = 0
+
+
+class AsyncCounterEnv(Environment[CountAction, CountObservation, CountState]):
+    """Counts; sleeps ``delay`` seconds on the event loop; raises on ``fail``."""
+
+    closed: ClassVar[list[AsyncCounterEnv]] = []
+
+    def __init__(self) -> None:
+        self._state = CountState()
+
+    async def reset(self, episode_id: str | None = None, start: int = 0) -> CountObservation:
+        self._state = CountState(episode_id=episode_id, count=start)
+        return CountObservation(count=start, reward=0.0)
+
+    async def step(self, action: CountAction) -> CountObservation:
+        if action.delay:
+            await anyio.sleep(action.delay)
+        if action.fail:
+            raise RuntimeError("asked to fail")
+        self._state.count += action.by
+        self._state.step_count += 1
+        return CountObservation(count=self._state.count, reward=float(action.by), done=self._state.count >= 10)
+
+    @property
+    def state(self) -> CountState:
+        return self._state
+
+    async def close(self) -> None:
+        AsyncCounterEnv.closed.append(self)
+
+
+class SyncCounterEnv(Environment[CountAction, CountObservation, CountState]):
+    """The same counter with plain methods: they run in a worker thread."""
+
+    threads: ClassVar[set[int]] = set()
+
+    def __init__(self) -> None:
+        self._state = CountState()
+        self._busy = threading.Lock()
+
+    def reset(self, **kwargs: Any) -> CountObservation:
+        self._state = CountState(episode_id=kwargs.get("episode_id"), count=kwargs.get("start", 0))
+        return CountObservation(count=self._state.count, note=",".join(sorted(kwargs)))
+
+    def step(self, action: CountAction) -> CountObservation:
+        # Proves the session never enters the environment from two threads at once.
+        if not self._busy.acquire(blocking=False):
+            raise AssertionError("step entered concurrently")
+        try:
+            SyncCounterEnv.threads.add(threading.get_ident())
+            if action.delay:
+                threading.Event().wait(action.delay)
+            if action.fail:
+                raise ValueError("asked to fail")
+            self._state.count += action.by
+            self._state.step_count += 1
+            return CountObservation(count=self._state.count, reward=float(action.by))
+        finally:
+            self._busy.release()
+
+    @property
+    def state(self) -> CountState:
+        return self._state
+
+
+class DictEnv(Environment):  # type: ignore[type-arg]
+    """Untyped: takes and gives plain dicts."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    async def reset(self, **kwargs: Any) -> dict[str, Any]:
+        self.steps = 0
+        return {"hello": "world", "kwargs": kwargs, "done": False, "reward": None}
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        self.steps += 1
+        return {"echo": action, "done": self.steps >= 3, "reward": 1.5}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+
+class FrozenObservation(Observation, frozen=True):
+    value: int = 0
+
+
+class FrozenEnv(Environment[CountAction, FrozenObservation, State]):
+    async def reset(self, **kwargs: Any) -> FrozenObservation:
+        return FrozenObservation(value=1, reward=2.0, done=True)
+
+    async def step(self, action: CountAction) -> FrozenObservation:
+        return FrozenObservation(value=action.by)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class BadObservationEnv(Environment[CountAction, CountObservation, CountState]):
+    """Returns observations the client's types do not accept, or cannot be encoded."""
+
+    async def reset(self, **kwargs: Any) -> Any:
+        return {"count": "not a number"}
+
+    async def step(self, action: CountAction) -> Any:
+        return {"count": object()}
+
+    @property
+    def state(self) -> CountState:
+        return CountState()
+
+
+def failing_factory() -> Environment[Any, Any, Any]:
+    raise OSError("no GPU left")
+
+
+class Unencodable(msgspec.Struct):
+    pass

@@ -1,0 +1,203 @@
+"""EnvClient's own logic: types, aliases, lifecycle and reply matching, on scripted transports."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+import anyio
+import pytest
+
+import openenv
+from openenv import Dialect, EnvClient, Transport
+from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment, EchoObservation, EchoState
+from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
+from transports.inprocess import InProcessTransport
+
+pytestmark = pytest.mark.anyio
+
+
+class ScriptedTransport(Transport):
+    """Answers each sent frame with the next scripted reply (bytes), or raises what is scripted."""
+
+    def __init__(self, replies: list[Any], *, dialect: Dialect = Dialect(), connect_error: Exception | None = None):
+        self.dialect = dialect
+        self.replies: deque[Any] = deque(replies)
+        self.sent: list[dict[str, Any]] = []
+        self.inbox: deque[bytes] = deque()
+        self.connect_error = connect_error
+        self.closed = False
+
+    async def __aenter__(self) -> ScriptedTransport:
+        if self.connect_error is not None:
+            raise self.connect_error
+        return self
+
+    async def send(self, frame: bytes) -> None:
+        if self.closed:
+            raise openenv.ConnectionClosed("closed")
+        self.sent.append(json.loads(frame))
+        if self.sent[-1]["type"] == "close":
+            return
+        reply = self.replies.popleft()
+        if isinstance(reply, Exception):
+            raise reply
+        self.inbox.append(reply)
+
+    async def receive(self) -> bytes:
+        if not self.inbox:
+            raise openenv.ConnectionClosed("no more frames")
+        return self.inbox.popleft()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def observation(count: int, **extra: Any) -> bytes:
+    return json.dumps(
+        {"type": "observation", "data": {"observation": {"count": count}, "reward": 1.0, "done": False}, **extra}
+    ).encode()
+
+
+class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
+    pass
+
+
+def test_type_parameters_drive_decoding() -> None:
+    assert CounterClient.observation_type is CountObservation
+    assert CounterClient.state_type is CountState
+    assert EchoEnv.action_type is CallToolAction
+    assert EnvClient.observation_type is dict
+
+    class Deeper(CounterClient):
+        pass
+
+    assert Deeper.observation_type is CountObservation
+    client = EnvClient("inproc://x:y", observation_type=EchoObservation, state_type=EchoState)
+    assert client.observation_type is EchoObservation
+
+
+def test_aliases_are_the_native_methods() -> None:
+    assert EnvClient.reset_async is EnvClient.reset
+    assert EnvClient.step_async is EnvClient.step
+
+    class Logged(CounterClient):
+        async def step(self, action: CountAction, **kwargs: Any) -> Any:
+            return "overridden"
+
+    assert Logged.step_async is Logged.step
+
+
+def test_a_url_or_a_transport_is_needed() -> None:
+    with pytest.raises(ValueError, match="base_url or a transport"):
+        EnvClient()
+
+
+async def test_explicit_transport_overrides_the_url() -> None:
+    transport = InProcessTransport(factory=AsyncCounterEnv)
+    with anyio.fail_after(5):
+        async with CounterClient("ws://127.0.0.1:9/never", transport=transport) as env:
+            assert env.transport is transport
+            assert (await env.step(CountAction(by=2))).observation.count == 2
+
+
+@pytest.mark.parametrize("dialect", [Dialect(), Dialect(request_ids=True), Dialect("msgpack", True)])
+async def test_every_dialect_matches_late_replies(dialect: Dialect) -> None:
+    transport = InProcessTransport(factory=AsyncCounterEnv, dialect=dialect)
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport) as env:
+            with pytest.raises(openenv.TimeoutError):
+                await env.step(CountAction(by=10, delay=0.2), timeout=0.02)
+            with anyio.move_on_after(0.02):
+                await env.step(CountAction(by=100, delay=0.2))
+            result = await env.step(CountAction(by=1))
+            assert (result.observation.count, result.reward) == (111, 1.0)
+
+
+async def test_plain_dialect_sends_no_ids_and_ids_are_checked() -> None:
+    transport = ScriptedTransport([observation(1)])
+    async with CounterClient(transport=transport) as env:
+        await env.step(CountAction())
+    assert "id" not in transport.sent[0]
+    assert transport.sent[-1] == {"type": "close"}
+
+    transport = ScriptedTransport([observation(1, id=99)], dialect=Dialect(request_ids=True))
+    async with CounterClient(transport=transport) as env:
+        with pytest.raises(openenv.ProtocolError, match="id 99"):
+            await env.step(CountAction())
+
+
+async def test_malformed_reply_is_a_protocol_error() -> None:
+    transport = ScriptedTransport([b"\x00garbage", b'{"type": "error", "data": {"code": "WHAT", "message": "m"}}'])
+    async with CounterClient(transport=transport) as env:
+        with pytest.raises(openenv.ProtocolError):
+            await env.step(CountAction())
+        with pytest.raises(openenv.ServerError) as info:
+            await env.step(CountAction())
+        assert type(info.value) is openenv.ServerError
+        assert info.value.code == "WHAT"
+
+
+async def test_wrong_reply_kind_is_a_protocol_error() -> None:
+    state = json.dumps({"type": "state", "data": {"count": 1}}).encode()
+    transport = ScriptedTransport([state, observation(1)])
+    async with CounterClient(transport=transport) as env:
+        with pytest.raises(openenv.ProtocolError, match="observation"):
+            await env.step(CountAction())
+        with pytest.raises(openenv.ProtocolError, match="state"):
+            await env.state()
+
+
+async def test_the_reason_a_server_gave_before_closing_is_raised() -> None:
+    capacity = json.dumps(
+        {
+            "type": "error",
+            "data": {"message": "full", "code": "CAPACITY_REACHED", "active_sessions": 1, "max_sessions": 1},
+        }
+    ).encode()
+    transport = ScriptedTransport([openenv.ConnectionClosed("closed by peer")])
+    transport.inbox.append(capacity)
+    async with CounterClient(transport=transport) as env:
+        with pytest.raises(openenv.CapacityReachedError) as info:
+            await env.reset()
+    assert info.value.data["max_sessions"] == 1
+    assert isinstance(info.value.__cause__, openenv.ConnectionClosed)
+
+
+async def test_connection_closed_without_a_reason() -> None:
+    transport = ScriptedTransport([openenv.ConnectionClosed("closed by peer")])
+    async with CounterClient(transport=transport) as env:
+        with pytest.raises(openenv.ConnectionClosed, match="closed by peer"):
+            await env.reset()
+
+
+async def test_foreign_connect_errors_are_translated() -> None:
+    transport = ScriptedTransport([], connect_error=OSError("refused"))
+    with pytest.raises(openenv.ConnectError, match="refused") as info:
+        async with CounterClient(transport=transport):
+            pass
+    assert isinstance(info.value, ConnectionError)
+
+
+async def test_unloadable_inproc_factory_is_a_connect_error() -> None:
+    for url in ("inproc://no.such.module:Env", "inproc://tests.envs:Nothing", "inproc://missing-colon"):
+        with pytest.raises(openenv.ConnectError):
+            async with EnvClient(url):
+                pass
+
+
+async def test_repr_names_the_state() -> None:
+    env = EchoEnv("inproc://openenv.examples.echo:EchoEnvironment")
+    assert "unopened" in repr(env)
+    async with env:
+        assert "opened" in repr(env)
+    assert "closed" in repr(env)
+
+
+async def test_echo_environment_rejects_unknown_tools() -> None:
+    async with EchoEnv(transport=InProcessTransport(factory=EchoEnvironment)) as env:
+        with pytest.raises(openenv.ExecutionError, match="unknown tool"):
+            await env.step(CallToolAction(tool_name="shout"))
+        with pytest.raises(openenv.ExecutionError, match="string"):
+            await env.step(CallToolAction(tool_name="echo_message", arguments={"message": 3}))

@@ -1,0 +1,190 @@
+"""The codec and messages on bytes alone: no transport, no event loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from openenv import Dialect, ProtocolError, ReplyValidationError, State
+from openenv._codec import ClientCodec, RequestError, ServerCodec, validation_errors
+from openenv._messages import ErrorReply, ObservationReply, StateReply
+from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
+from tests.envs import CountAction, CountObservation, CountState
+
+PLAIN = Dialect()
+WITH_IDS = Dialect(request_ids=True)
+MSGPACK = Dialect(encoding="msgpack", request_ids=True)
+
+
+def client_codec(dialect: Dialect = PLAIN) -> ClientCodec[Any, Any, Any]:
+    return ClientCodec(dialect, observation_type=EchoObservation, state_type=EchoState)
+
+
+def test_requests_are_openenv_frames() -> None:
+    codec = client_codec()
+    assert json.loads(codec.reset({"seed": 42, "episode_id": "ep-1"}, 1)) == {
+        "type": "reset",
+        "data": {"seed": 42, "episode_id": "ep-1"},
+    }
+    action = CallToolAction(tool_name="echo_message", arguments={"message": "hi"})
+    assert json.loads(codec.step(action, 2)) == {
+        "type": "step",
+        "data": {"tool_name": "echo_message", "arguments": {"message": "hi"}},
+    }
+    assert json.loads(codec.state(3)) == {"type": "state"}
+    assert json.loads(codec.close()) == {"type": "close"}
+
+
+def test_request_ids_only_when_negotiated() -> None:
+    assert json.loads(client_codec(WITH_IDS).state(7)) == {"type": "state", "id": 7}
+    assert "id" not in json.loads(client_codec(PLAIN).state(7))
+
+
+def test_reference_replies_decode_into_types() -> None:
+    codec = ClientCodec(PLAIN, observation_type=CountObservation, state_type=CountState)
+    reply = codec.decode_reply(
+        b'{"type":"observation","data":{"observation":{"count":3,"note":"x"},"reward":5.0,"done":false}}'
+    )
+    assert isinstance(reply, ObservationReply)
+    assert reply.data.observation == CountObservation(count=3, note="x")
+    assert (reply.data.reward, reply.data.done) == (5.0, False)
+    state = codec.decode_reply(b'{"type":"state","data":{"episode_id":"ep-1","step_count":1,"count":3}}')
+    assert isinstance(state, StateReply)
+    assert state.data == CountState(episode_id="ep-1", step_count=1, count=3)
+    error = codec.decode_reply(
+        b'{"type":"error","data":{"message":"Unknown message type: bogus","code":"UNKNOWN_TYPE"}}'
+    )
+    assert isinstance(error, ErrorReply)
+    assert error.data["code"] == "UNKNOWN_TYPE"
+
+
+def test_untyped_client_gets_dicts() -> None:
+    codec = ClientCodec(PLAIN, observation_type=dict, state_type=dict)
+    reply = codec.decode_reply(b'{"type":"observation","data":{"observation":{"a":[1,2]},"reward":null,"done":true}}')
+    assert isinstance(reply, ObservationReply)
+    assert reply.data.observation == {"a": [1, 2]}
+    assert reply.data.done is True
+
+
+def test_reply_of_wrong_shape_is_a_typed_error() -> None:
+    codec = ClientCodec(PLAIN, observation_type=CountObservation, state_type=CountState)
+    with pytest.raises(ReplyValidationError, match="count"):
+        codec.decode_reply(b'{"type":"observation","data":{"observation":{"count":"x"},"done":false}}')
+    with pytest.raises(ProtocolError):
+        codec.decode_reply(b"not json")
+    with pytest.raises(ProtocolError):
+        codec.decode_reply(b'{"type":"surprise","data":{}}')
+
+
+def server_codec(dialect: Dialect = PLAIN) -> ServerCodec[Any]:
+    return ServerCodec(dialect, action_type=CountAction)
+
+
+def test_server_reads_requests() -> None:
+    codec = server_codec()
+    assert codec.decode_request(b'{"type": "step", "data": {"by": 2}}') == ("step", CountAction(by=2), None)
+    assert codec.decode_request(b'{"type": "reset", "data": {"seed": 1}}') == ("reset", {"seed": 1}, None)
+    assert codec.decode_request(b'{"type": "reset"}') == ("reset", {}, None)
+    assert codec.decode_request(b'{"type": "state"}') == ("state", None, None)
+    assert codec.decode_request(b'{"type": "close"}') == ("close", None, None)
+
+
+def test_server_ignores_ids_unless_negotiated() -> None:
+    assert server_codec(PLAIN).decode_request(b'{"type":"state","id":4}')[2] is None
+    assert server_codec(WITH_IDS).decode_request(b'{"type":"state","id":4}')[2] == 4
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (b"not json", "INVALID_JSON"),
+        (b'{"type": "bogus"}', "UNKNOWN_TYPE"),
+        (b'{"type": "step", "data": {"by": "two"}}', "VALIDATION_ERROR"),
+        (b'{"type": "step", "data": {"bye": 2}}', "VALIDATION_ERROR"),
+        (b'{"type": "step"}', "VALIDATION_ERROR"),
+        (b'{"type": "reset", "data": [1]}', "VALIDATION_ERROR"),
+        (b'{"data": {}}', "VALIDATION_ERROR"),
+        (b"[1, 2]", "VALIDATION_ERROR"),
+    ],
+)
+def test_bad_requests_get_reference_codes(frame: bytes, code: str) -> None:
+    with pytest.raises(RequestError) as info:
+        server_codec().decode_request(frame)
+    assert info.value.code == code
+
+
+def test_validation_errors_are_pydantic_shaped() -> None:
+    with pytest.raises(RequestError) as info:
+        server_codec().decode_request(b'{"type": "step", "data": {"bye": 2}}')
+    [entry] = info.value.extra["errors"]
+    assert entry["type"] == "extra_forbidden"
+    assert entry["loc"] == ["bye"]
+    assert entry["input"] == {"bye": 2}
+
+    class Needs(msgspec.Struct):
+        message: str
+
+    with pytest.raises(msgspec.ValidationError) as info:
+        msgspec.json.decode(b"{}", type=Needs)
+    [entry] = validation_errors(info.value)
+    assert entry["type"] == "missing"
+    assert entry["loc"] == ["message"]
+
+
+def test_server_writes_reference_replies() -> None:
+    codec = server_codec()
+    frame = codec.observation(CountObservation(count=3, reward=5.0, metadata={"secret": 1}), None)
+    assert json.loads(frame) == {
+        "type": "observation",
+        "data": {"observation": {"count": 3, "note": ""}, "reward": 5.0, "done": False},
+    }
+    assert json.loads(codec.state(State(episode_id="ep-1", step_count=1), None)) == {
+        "type": "state",
+        "data": {"episode_id": "ep-1", "step_count": 1},
+    }
+    assert json.loads(codec.error("UNKNOWN_TYPE", "Unknown message type: bogus")) == {
+        "type": "error",
+        "data": {"message": "Unknown message type: bogus", "code": "UNKNOWN_TYPE"},
+    }
+    assert json.loads(codec.observation({"x": 1, "done": True}, 9)) == {
+        "type": "observation",
+        "id": 9,
+        "data": {"observation": {"x": 1}, "reward": None, "done": True},
+    }
+
+
+def test_msgpack_dialect_round_trip() -> None:
+    client = ClientCodec(MSGPACK, observation_type=CountObservation, state_type=CountState)
+    server = server_codec(MSGPACK)
+    kind, action, request_id = server.decode_request(client.step(CountAction(by=4), 11))
+    assert (kind, action, request_id) == ("step", CountAction(by=4), 11)
+    reply = client.decode_reply(server.observation(CountObservation(count=4, done=True), request_id))
+    assert isinstance(reply, ObservationReply)
+    assert reply.id == 11
+    assert reply.data.observation.count == 4
+    assert reply.data.done is True
+
+
+@given(by=st.integers(-(2**53), 2**53), delay=st.floats(0, 1e6, allow_nan=False), fail=st.booleans())
+def test_any_action_survives_the_wire(by: int, delay: float, fail: bool) -> None:
+    action = CountAction(by=by, delay=delay, fail=fail)
+    for dialect in (PLAIN, WITH_IDS, MSGPACK):
+        client = ClientCodec(dialect, observation_type=CountObservation, state_type=CountState)
+        assert server_codec(dialect).decode_request(client.step(action, 1))[1] == action
+
+
+@given(st.binary(max_size=64))
+def test_garbage_never_escapes_as_a_foreign_exception(frame: bytes) -> None:
+    try:
+        server_codec().decode_request(frame)
+    except RequestError as exc:
+        assert exc.code in {"INVALID_JSON", "UNKNOWN_TYPE", "VALIDATION_ERROR"}  # noqa: PT017 - garbage may or may not raise
+    client = ClientCodec(PLAIN, observation_type=CountObservation, state_type=CountState)
+    with contextlib.suppress(ProtocolError, ReplyValidationError):
+        client.decode_reply(frame)

@@ -1,0 +1,231 @@
+"""What every transport must do alike: the same client behaviour over each, on both backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import openenv
+from openenv import EnvClient, StepResult
+from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment, EchoObservation, EchoState
+from tests.envs import (
+    AsyncCounterEnv,
+    BadObservationEnv,
+    CountAction,
+    CountObservation,
+    CountState,
+    DictEnv,
+    FrozenEnv,
+    FrozenObservation,
+    SyncCounterEnv,
+    failing_factory,
+)
+from tests.serving import TRANSPORTS, serving
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 10  # seconds: the bound of every wait in these tests
+
+
+class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
+    pass
+
+
+@pytest.fixture(params=TRANSPORTS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def test_echo_reset_step_and_aliases(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, EchoEnvironment) as url, EchoEnv(url) as env:
+            result = await env.reset(episode_id="ep-1")
+            assert isinstance(result, StepResult)
+            assert isinstance(result.observation, EchoObservation)
+            assert result.observation.echoed_message == ""
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello!"}))
+            assert result.observation.echoed_message == "Hello!"
+            assert result.observation.result == "Hello!"
+            assert result.reward == pytest.approx(0.6)
+            assert result.observation.reward == result.reward
+            result = await env.reset_async()
+            assert result.observation.echoed_message == ""
+            result = await env.step_async(CallToolAction(tool_name="echo_with_length", arguments={"message": "four"}))
+            assert result.observation.result == {"message": "four", "length": 4}
+            state = await env.state()
+            assert isinstance(state, EchoState)
+            assert state.step_count == 1
+
+
+@pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])
+async def test_typed_replies_and_state(kind: str, factory: Any) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, factory) as url, CounterClient(url) as env:
+            result = await env.reset(episode_id="ep-7", start=8)
+            assert isinstance(result.observation, CountObservation)
+            assert result.observation.count == 8
+            result = await env.step(CountAction(by=2))
+            assert (result.observation.count, result.reward) == (10, 2.0)
+            state = await env.state()
+            assert state == CountState(episode_id="ep-7", step_count=1, count=10)
+
+
+async def test_untyped_client_gets_dicts(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, DictEnv) as url, EnvClient(url) as env:
+            result = await env.reset(a=1)
+            assert result.observation == {"hello": "world", "kwargs": {"a": 1}}
+            result = await env.step({"anything": [1, 2]})
+            assert result.observation == {"echo": {"anything": [1, 2]}}
+            assert (result.reward, result.done) == (1.5, False)
+            assert await env.state() == {"steps": 1}
+
+
+async def test_frozen_observations(kind: str) -> None:
+    class FrozenClient(EnvClient[CountAction, FrozenObservation, openenv.State]):
+        pass
+
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, FrozenEnv) as url, FrozenClient(url) as env:
+            result = await env.reset()
+            assert result.observation == FrozenObservation(value=1, reward=2.0, done=True)
+
+
+@pytest.mark.parametrize(
+    ("action", "error"),
+    [
+        ({"by": "two"}, openenv.ValidationError),
+        ({"unknown_field": 1}, openenv.ValidationError),
+        (CountAction(fail=True), openenv.ExecutionError),
+    ],
+)
+async def test_errors_are_typed_and_the_session_survives(kind: str, action: Any, error: type[Exception]) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url) as env:
+            await env.reset()
+            with pytest.raises(error) as info:
+                await env.step(action)
+            assert isinstance(info.value, openenv.ServerError)
+            assert info.value.code in ("VALIDATION_ERROR", "EXECUTION_ERROR")
+            result = await env.step(CountAction(by=1))
+            assert result.observation.count == 1
+
+
+async def test_reply_that_does_not_fit_the_types(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, BadObservationEnv) as url, CounterClient(url) as env:
+            with pytest.raises(openenv.ReplyValidationError):
+                await env.reset()
+            with pytest.raises(openenv.ExecutionError):
+                await env.step(CountAction())
+            assert await env.state() == CountState()
+
+
+async def test_timeout_never_hands_the_late_reply_to_the_next_call(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=5) as env:
+            await env.reset()
+            with pytest.raises(openenv.TimeoutError) as info:
+                await env.step(CountAction(by=100, delay=0.3), timeout=0.05)
+            assert isinstance(info.value, TimeoutError)
+            # The slow step still completes on the server; its reply must be dropped.
+            result = await env.step(CountAction(by=1))
+            assert (result.observation.count, result.reward) == (101, 1.0)
+            assert (await env.state()).count == 101
+
+
+async def test_client_timeout_applies_to_every_call(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=0.05) as env:
+            with pytest.raises(openenv.TimeoutError):
+                await env.step(CountAction(by=5, delay=0.3))
+            result = await env.step(CountAction(by=1), timeout=None)
+            assert result.observation.count == 6
+
+
+async def test_cancellation_passes_through_and_drops_the_late_reply(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url) as env:
+            await env.reset()
+            with anyio.move_on_after(0.05) as scope:
+                await env.step(CountAction(by=100, delay=0.3))
+            assert scope.cancelled_caught
+            result = await env.step(CountAction(by=1))
+            assert (result.observation.count, result.reward) == (101, 1.0)
+
+
+@pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])
+async def test_concurrent_callers_are_served_in_turn(kind: str, factory: Any) -> None:
+    results: list[StepResult[CountObservation]] = []
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, factory) as url, CounterClient(url) as env:
+            await env.reset()
+
+            async def one_step() -> None:
+                results.append(await env.step(CountAction(by=1, delay=0.01)))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(one_step)
+            assert sorted(r.observation.count for r in results) == list(range(1, 9))
+            assert all(r.reward == 1.0 for r in results)
+
+
+async def test_failing_factory_is_a_typed_fatal_error(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, failing_factory) as url, CounterClient(url) as env:
+            with pytest.raises(openenv.FactoryError, match="no GPU left") as info:
+                await env.reset()
+            assert info.value.fatal
+            with pytest.raises(openenv.ConnectionClosed):
+                await env.step(CountAction())
+
+
+async def test_closed_client_refuses_calls(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            env = CounterClient(url)
+            with pytest.raises(openenv.ClientStateError, match="not connected"):
+                await env.reset()
+            async with env:
+                await env.reset()
+                await env.close()
+                await env.close()  # idempotent
+                with pytest.raises(openenv.ClientStateError, match="closed"):
+                    await env.step(CountAction())
+            with pytest.raises(openenv.ClientStateError):
+                await env.__aenter__()
+
+
+async def test_connect_and_close_without_a_block(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            env = await CounterClient(url).connect()
+            assert env.is_connected
+            assert (await env.step(CountAction(by=3))).observation.count == 3
+            await env.close()
+            assert not env.is_connected
+
+
+async def test_close_mid_step_releases_the_environment(kind: str) -> None:
+    AsyncCounterEnv.closed.clear()
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            async with CounterClient(url) as env:
+                with anyio.move_on_after(0.05):
+                    await env.step(CountAction(delay=0.5))
+            # The server lets the step finish, then closes the environment.
+            while not AsyncCounterEnv.closed:  # noqa: ASYNC110 - the env has no event to wait on
+                await anyio.sleep(0.01)
+
+
+async def test_unencodable_request_is_a_typed_error(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, DictEnv) as url, EnvClient(url) as env:
+            with pytest.raises(openenv.EncodingError):
+                await env.step({"value": object()})
+            with pytest.raises(openenv.EncodingError):
+                await env.reset(value={1, 2j})
+            assert (await env.reset()).observation["hello"] == "world"

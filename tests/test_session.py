@@ -1,0 +1,131 @@
+"""The I/O-free server session: a request frame in, a reply frame out."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import anyio
+import pytest
+
+from openenv import ConnectionClosed, Dialect
+from openenv.server import ServerSession, host_session
+from tests.envs import AsyncCounterEnv, DictEnv, SyncCounterEnv, failing_factory
+
+pytestmark = pytest.mark.anyio
+
+
+async def ask(session: ServerSession, message: Any) -> Any:
+    frame = message if isinstance(message, bytes) else json.dumps(message).encode()
+    with anyio.fail_after(5):
+        reply = await session.handle(frame)
+    return None if reply is None else json.loads(reply)
+
+
+@pytest.mark.parametrize("env_class", [AsyncCounterEnv, SyncCounterEnv])
+async def test_reset_step_state_close(env_class: type[Any]) -> None:
+    session = ServerSession(env_class())
+    reply = await ask(session, {"type": "reset", "data": {"episode_id": "ep-1", "start": 2}})
+    assert reply["type"] == "observation"
+    assert reply["data"]["observation"]["count"] == 2
+    reply = await ask(session, {"type": "step", "data": {"by": 3}})
+    assert reply["data"] == {"observation": {"count": 5, "note": ""}, "reward": 3.0, "done": False}
+    reply = await ask(session, {"type": "state"})
+    assert reply == {"type": "state", "data": {"episode_id": "ep-1", "step_count": 1, "count": 5}}
+    assert await ask(session, {"type": "close"}) is None
+    assert session.closed
+
+
+async def test_reset_gets_only_the_keywords_it_accepts() -> None:
+    session = ServerSession(AsyncCounterEnv())
+    reply = await ask(session, {"type": "reset", "data": {"episode_id": "e", "seed": 1, "junk": True}})
+    assert reply["type"] == "observation"
+    # An environment that takes **kwargs gets them all.
+    session = ServerSession(SyncCounterEnv())
+    reply = await ask(session, {"type": "reset", "data": {"seed": 1, "junk": True}})
+    assert reply["data"]["observation"]["note"] == "junk,seed"
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (b"not json", "INVALID_JSON"),
+        ({"type": "bogus"}, "UNKNOWN_TYPE"),
+        ({"type": "step", "data": {"by": "x"}}, "VALIDATION_ERROR"),
+        ({"type": "step", "data": {"fail": True}}, "EXECUTION_ERROR"),
+    ],
+)
+@pytest.mark.parametrize("env_class", [AsyncCounterEnv, SyncCounterEnv])
+async def test_errors_leave_the_session_alive(env_class: type[Any], message: Any, code: str) -> None:
+    session = ServerSession(env_class())
+    await ask(session, {"type": "reset"})
+    reply = await ask(session, message)
+    assert reply["type"] == "error"
+    assert reply["data"]["code"] == code
+    assert reply["data"]["message"]
+    reply = await ask(session, {"type": "step", "data": {"by": 1}})
+    assert reply["data"]["observation"]["count"] == 1
+
+
+async def test_error_replies_carry_the_request_id() -> None:
+    session = ServerSession(AsyncCounterEnv(), dialect=Dialect(request_ids=True))
+    reply = await ask(session, {"type": "step", "id": 5, "data": {"fail": True}})
+    assert reply["id"] == 5
+    reply = await ask(session, {"type": "bogus", "id": 6})
+    assert reply["id"] == 6
+
+
+async def test_unencodable_observation_is_an_execution_error() -> None:
+    class Weird(DictEnv):
+        async def step(self, action: Any) -> dict[str, Any]:
+            return {"value": object()}
+
+    session = ServerSession(Weird())
+    reply = await ask(session, {"type": "step", "data": {}})
+    assert reply["data"]["code"] == "EXECUTION_ERROR"
+
+
+async def test_sync_environment_runs_off_the_event_loop() -> None:
+    SyncCounterEnv.threads.clear()
+    session = ServerSession(SyncCounterEnv())
+    await ask(session, {"type": "step", "data": {"by": 1}})
+    assert SyncCounterEnv.threads
+    assert threading.get_ident() not in SyncCounterEnv.threads
+
+
+async def test_host_session_reports_a_failing_factory() -> None:
+    sent: list[bytes] = []
+
+    async def receive() -> bytes:
+        raise AssertionError("nothing should be read")
+
+    async def send(frame: bytes) -> None:
+        sent.append(frame)
+
+    with anyio.fail_after(5):
+        await host_session(failing_factory, receive, send)
+    [frame] = sent
+    data = json.loads(frame)["data"]
+    assert data["code"] == "FACTORY_ERROR"
+    assert "no GPU left" in data["message"]
+    assert data["factory_name"].endswith("failing_factory")
+
+
+async def test_host_session_closes_the_env_when_the_client_goes() -> None:
+    AsyncCounterEnv.closed.clear()
+    frames = [json.dumps({"type": "step", "data": {"by": 1}}).encode()]
+    sent: list[bytes] = []
+
+    async def receive() -> bytes:
+        if frames:
+            return frames.pop()
+        raise ConnectionClosed("gone")
+
+    async def send(frame: bytes) -> None:
+        sent.append(frame)
+
+    with anyio.fail_after(5):
+        await host_session(AsyncCounterEnv, receive, send)
+    assert len(sent) == 1
+    assert len(AsyncCounterEnv.closed) == 1

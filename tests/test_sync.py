@@ -1,0 +1,78 @@
+"""The blocking facade, on both backends, and its refusal inside an event loop."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+import openenv
+from openenv.examples.echo import CallToolAction, EchoEnv, EchoObservation, EchoState
+
+URL = "inproc://openenv.examples.echo:EchoEnvironment"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sync_facade(backend: str) -> None:
+    with EchoEnv(URL).sync(backend=backend) as env:
+        result = env.reset(episode_id="ep-s")
+        assert isinstance(result.observation, EchoObservation)
+        result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "sync"}))
+        assert result.observation.echoed_message == "sync"
+        state = env.state()
+        assert state == EchoState(episode_id="ep-s", step_count=1)
+
+
+def test_sync_timeout_and_errors() -> None:
+    with EchoEnv(URL).sync() as env:
+        with pytest.raises(openenv.ExecutionError):
+            env.step(CallToolAction(tool_name="nope"))
+        assert env.reset(timeout=5).observation.echoed_message == ""
+
+
+def test_sync_connect_and_close_without_a_block() -> None:
+    env = EchoEnv(URL).sync()
+    with pytest.raises(openenv.ClientStateError, match="not connected"):
+        env.reset()
+    env.connect()
+    with pytest.raises(openenv.ClientStateError, match="already connected"):
+        env.connect()
+    assert env.step(CallToolAction(tool_name="echo_message", arguments={"message": "x"})).reward == pytest.approx(0.1)
+    env.close()
+    env.close()
+    with pytest.raises(openenv.ClientStateError):
+        env.state()
+
+
+def test_sync_clients_in_many_threads() -> None:
+    counts: list[int] = []
+
+    def worker() -> None:
+        with EchoEnv(URL).sync() as env:
+            for _ in range(5):
+                env.step(CallToolAction(tool_name="echo_message", arguments={"message": "t"}))
+            counts.append(env.state().step_count)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert counts == [5, 5, 5, 5]
+
+
+@pytest.mark.anyio
+async def test_sync_facade_refuses_to_block_an_event_loop() -> None:
+    env = EchoEnv(URL).sync()
+    with pytest.raises(openenv.ClientStateError, match="event loop"):
+        env.connect()
+    with pytest.raises(openenv.ClientStateError, match="event loop"):
+        env.reset()
+    with anyio.fail_after(5):
+        # From a worker thread, where no loop runs, it works.
+        def use() -> float | None:
+            with EchoEnv(URL).sync() as inner:
+                return inner.reset().reward
+
+        assert await anyio.to_thread.run_sync(use) == 0.0
