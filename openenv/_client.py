@@ -21,6 +21,7 @@ from ._exceptions import (
     EncodingError,
     OpenEnvError,
     ProtocolError,
+    ReplyValidationError,
     TimeoutError,
     server_error_from_frame,
 )
@@ -187,7 +188,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._codec = ClientCodec(
             self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
         )
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)
         self._state = _ClientState.OPENED
         return self
 
@@ -379,42 +380,76 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 frame = encode(request_id)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise EncodingError(f"cannot encode the request: {exc}") from exc
-            deadline = math.inf if timeout is None else anyio.current_time() + timeout
-            # Shielded, so that a cancellation never leaves half a frame on the
-            # channel or an unknown count of replies owed; the timeout still applies.
-            with anyio.CancelScope(shield=True, deadline=deadline) as send_scope:
-                try:
-                    await transport.send(frame)
-                except ConnectionClosed as exc:
-                    await self._raise_parting_error(codec, transport, exc)
+            if timeout is None:
+                return await self._exchange(codec, transport, frame, request_id, math.inf)
+            deadline = anyio.current_time() + timeout
+            with anyio.CancelScope(deadline=deadline):
+                return await self._exchange(codec, transport, frame, request_id, deadline)
+            # Reached only when the deadline cancelled the exchange.
+            raise TimeoutError(f"no reply within {timeout} s")
+
+    async def _exchange(
+        self,
+        codec: ClientCodec[ActT, ObsT, StateT],
+        transport: Transport,
+        frame: bytes,
+        request_id: int,
+        deadline: float,
+    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+        """Send one request and return its reply; late replies of earlier calls are dropped."""
+        try:
+            if codec.dialect.request_ids:
+                # Replies name their request, so a send cut short by a cancellation
+                # does no harm: a request that never went out gets no reply, and is
+                # skipped when a later one's reply arrives.
                 self._unanswered.append(request_id)
-            if send_scope.cancelled_caught:
-                # Whether the frame went out is unknown, so the replies can no longer be
-                # matched to requests: the channel is unusable.
-                self._state = _ClientState.CLOSED
-                with anyio.CancelScope(shield=True):
-                    await transport.aclose()
-                raise TimeoutError(f"timed out after {timeout} s sending the request; the client is closed")
-            with anyio.CancelScope(deadline=deadline) as receive_scope:
-                reply = await self._receive_reply(codec, transport, request_id)
-            if receive_scope.cancelled_caught:
-                raise TimeoutError(f"no reply within {timeout} s")
-            return reply
+                await transport.send(frame)
+            else:
+                # Replies are matched by order alone, so a cancellation must not leave
+                # it unknown whether the frame went out: shield the send (the deadline
+                # still applies; if it cuts the send short, the channel is unusable).
+                with anyio.CancelScope(shield=True, deadline=deadline) as send_scope:
+                    await transport.send(frame)
+                    self._unanswered.append(request_id)
+                if send_scope.cancelled_caught:
+                    self._state = _ClientState.CLOSED
+                    with anyio.CancelScope(shield=True):
+                        await transport.aclose()
+                    raise TimeoutError("timed out sending the request; the client is closed")
+        except ConnectionClosed as exc:
+            await self._raise_parting_error(codec, transport, exc)
+        return await self._receive_reply(codec, transport, request_id)
+
+    def _owner_of(self, reply_id: int | None) -> int:
+        """Which request a reply answers, and forget it (and any skipped request) as unanswered."""
+        unanswered = self._unanswered
+        if not unanswered:
+            raise ProtocolError("the server sent a reply to no request")
+        if reply_id is None:
+            return unanswered.popleft()  # plain OpenEnv, or an id-less fatal error: order decides
+        if reply_id not in unanswered:
+            raise ProtocolError(f"the server sent a reply to an unknown request id {reply_id}")
+        # Replies come in order: older requests still listed were never sent.
+        while unanswered[0] != reply_id:
+            unanswered.popleft()
+        return unanswered.popleft()
 
     async def _receive_reply(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
     ) -> ObservationReply[ObsT] | StateReply[StateT]:
+        use_ids = codec.dialect.request_ids
         while True:
             frame = await transport.receive()
-            if not self._unanswered:
-                raise ProtocolError("the server sent a reply to no request")
-            owner = self._unanswered.popleft()
-            if owner != request_id:
-                self._drop_late_reply(codec, frame)
+            try:
+                reply = codec.decode_reply(frame)
+            except (ProtocolError, ReplyValidationError):
+                # A late reply for a call that gave up is dropped even if malformed.
+                if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
+                    continue
+                raise
+            if self._owner_of(reply.id if use_ids else None) != request_id:
+                self._drop_late_reply(reply)
                 continue
-            reply = codec.decode_reply(frame)
-            if codec.dialect.request_ids and reply.id is not None and reply.id != request_id:
-                raise ProtocolError(f"reply carries id {reply.id}, expected {request_id}")
             if isinstance(reply, ErrorReply):
                 raise server_error_from_frame(reply.data)
             return reply
@@ -437,12 +472,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         raise closed
 
     @staticmethod
-    def _drop_late_reply(codec: ClientCodec[ActT, ObsT, StateT], frame: bytes) -> None:
+    def _drop_late_reply(reply: ObservationReply[ObsT] | StateReply[StateT] | ErrorReply) -> None:
         """Drop the reply of a call that timed out or was cancelled; unless it is fatal."""
-        try:
-            reply = codec.decode_reply(frame)
-        except OpenEnvError:
-            return
         if isinstance(reply, ErrorReply):
             error = server_error_from_frame(reply.data)
             if error.fatal:

@@ -201,3 +201,61 @@ async def test_echo_environment_rejects_unknown_tools() -> None:
             await env.step(CallToolAction(tool_name="shout"))
         with pytest.raises(openenv.ExecutionError, match="string"):
             await env.step(CallToolAction(tool_name="echo_message", arguments={"message": 3}))
+
+
+class StallingTransport(Transport):
+    """With request ids: the first send never completes (as if cut off before any byte left)."""
+
+    dialect = Dialect(request_ids=True)
+
+    def __init__(self) -> None:
+        self.inbox: deque[bytes] = deque()
+        self.sends = 0
+
+    async def __aenter__(self) -> StallingTransport:
+        return self
+
+    async def send(self, frame: bytes) -> None:
+        self.sends += 1
+        if self.sends == 1:
+            await anyio.sleep_forever()
+        message = json.loads(frame)
+        if message["type"] != "close":
+            self.inbox.append(observation(self.sends, id=message["id"]))
+
+    async def receive(self) -> bytes:
+        return self.inbox.popleft()
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_request_cut_off_while_sending_is_skipped_by_id() -> None:
+    transport = StallingTransport()
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport) as env:
+            with pytest.raises(openenv.TimeoutError):
+                await env.step(CountAction(), timeout=0.02)
+            result = await env.step(CountAction())
+            assert result.observation.count == 2
+            assert env.is_connected
+
+
+async def test_plain_dialect_closes_the_client_when_a_send_is_cut_off() -> None:
+    transport = StallingTransport()
+    transport.dialect = Dialect()
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport) as env:
+            with pytest.raises(openenv.TimeoutError, match="closed"):
+                await env.step(CountAction(), timeout=0.02)
+            assert not env.is_connected
+            with pytest.raises(openenv.ClientStateError):
+                await env.step(CountAction())
+
+
+async def test_a_reply_to_an_unknown_id_is_a_protocol_error() -> None:
+    transport = ScriptedTransport([observation(1, id=1), observation(1, id=1)], dialect=Dialect(request_ids=True))
+    async with CounterClient(transport=transport) as env:
+        await env.step(CountAction())
+        with pytest.raises(openenv.ProtocolError, match="unknown request id 1"):
+            await env.step(CountAction())

@@ -17,18 +17,14 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
+from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import host_session, load_factory
 
 __all__ = ["InProcessTransport"]
 
 SCHEME = "inproc://"
-
-# Requests the client may queue ahead of a busy session (it sends one at a time,
-# plus the close request and any abandoned by a timeout).
-_BUFFER = 64
 
 
 class InProcessTransport(Transport):
@@ -61,8 +57,10 @@ class InProcessTransport(Transport):
         self.close_grace = close_grace
         self._factory = factory
         self._task_group: TaskGroup | None = None
-        self._to_server: MemoryObjectSendStream[bytes] | None = None
-        self._from_server: MemoryObjectReceiveStream[bytes] | None = None
+        # Unbounded queues are safe here: the client sends one request at a time
+        # (plus a close, and any it abandoned), and the session one reply for each.
+        self._to_server: FrameQueue[bytes] | None = None
+        self._from_server: FrameQueue[bytes] | None = None
         self._session_done = anyio.Event()
 
     def _load_factory(self) -> Callable[[], Any]:
@@ -79,37 +77,33 @@ class InProcessTransport(Transport):
     async def __aenter__(self) -> InProcessTransport:
         """Start the session task; raises `ConnectError` if the factory cannot be loaded."""
         factory = self._load_factory()
-        to_server, server_inbox = anyio.create_memory_object_stream[bytes](_BUFFER)
-        server_outbox, from_server = anyio.create_memory_object_stream[bytes](_BUFFER)
-        self._to_server, self._from_server = to_server, from_server
+        to_server, from_server = self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
         self._session_done = anyio.Event()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
-        self._task_group.start_soon(self._run_session, factory, server_inbox, server_outbox)
+        self._task_group.start_soon(self._run_session, factory, to_server, from_server)
         return self
 
     async def _run_session(
-        self,
-        factory: Callable[[], Any],
-        inbox: MemoryObjectReceiveStream[bytes],
-        outbox: MemoryObjectSendStream[bytes],
+        self, factory: Callable[[], Any], inbox: FrameQueue[bytes], outbox: FrameQueue[bytes]
     ) -> None:
         async def receive() -> bytes:
             try:
-                return await inbox.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return await inbox.get()
+            except QueueClosed:
                 raise ConnectionClosed("the client closed the session") from None
 
         async def send(frame: bytes) -> None:
             try:
-                await outbox.send(frame)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                outbox.put(frame)
+            except QueueClosed:
                 raise ConnectionClosed("the client went away") from None
 
         try:
-            with inbox, outbox:
-                await host_session(factory, receive, send, dialect=self.dialect)
+            await host_session(factory, receive, send, dialect=self.dialect)
         finally:
+            inbox.close()
+            outbox.close()
             self._session_done.set()
 
     async def send(self, frame: bytes) -> None:
@@ -117,8 +111,8 @@ class InProcessTransport(Transport):
         if self._to_server is None:
             raise ConnectionClosed("the transport is not connected")
         try:
-            await self._to_server.send(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._to_server.put(frame)
+        except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
     async def receive(self) -> bytes:
@@ -126,15 +120,15 @@ class InProcessTransport(Transport):
         if self._from_server is None:
             raise ConnectionClosed("the transport is not connected")
         try:
-            return await self._from_server.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return await self._from_server.get()
+        except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
     async def aclose(self) -> None:
         """End the channel: the session sees end-of-stream after its current request."""
-        for stream in (self._to_server, self._from_server):
-            if stream is not None:
-                await stream.aclose()
+        for queue in (self._to_server, self._from_server):
+            if queue is not None:
+                queue.close()
 
     async def __aexit__(self, *exc_info: object) -> None:
         """Close, give the session `close_grace` seconds to finish, then cancel it."""
