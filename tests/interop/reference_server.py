@@ -38,6 +38,15 @@ from typing import Optional
 # The web UI (gradio) must stay off: create_app switches on this variable.
 os.environ.pop("ENABLE_WEB_INTERFACE", None)
 
+# openenv.core.env_server imports its gradio web UI eagerly (~5 s of the ~9 s
+# import). Marking that one module absent takes the reference's own
+# ``except ModuleNotFoundError`` fallback; the HTTP/WS paths never use it.
+# Pass --full-import to import it anyway.
+if "--full-import" in sys.argv:
+    sys.argv.remove("--full-import")
+else:
+    sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
+
 import openenv  # noqa: E402
 
 if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
@@ -121,8 +130,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     server = uvicorn.Server(config)
 
     def request_exit(reason: str) -> None:
-        print(f"reference_server: exiting ({reason})", file=sys.stderr, flush=True)
-        server.should_exit = True
+        server.should_exit = True  # first: stderr may be a broken pipe by now
+        try:
+            print(f"reference_server: exiting ({reason})", file=sys.stderr, flush=True)
+        except Exception:
+            pass
 
     if args.stdin_watchdog:
         def watch_stdin() -> None:
