@@ -58,8 +58,11 @@ async def drain(ws, n_max: int = 5, timeout: float = RECV_TIMEOUT) -> tuple[list
             return frames, None
         except ConnectionClosed as exc:
             rcvd = exc.rcvd
-            return frames, {"code": rcvd.code if rcvd else None, "reason": rcvd.reason if rcvd else None,
-                            "sent_code": exc.sent.code if exc.sent else None}
+            return frames, {
+                "code": rcvd.code if rcvd else None,
+                "reason": rcvd.reason if rcvd else None,
+                "sent_code": exc.sent.code if exc.sent else None,
+            }
         frames.append(msg if isinstance(msg, str) else {"binary": msg.hex()})
     return frames, None
 
@@ -114,7 +117,11 @@ async def case_handshake_headers(url: str) -> None:
                 if not chunk:
                     break
                 data += chunk
-        out(f"handshake_{name}", request_subprotocols=protos, response_head=data.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n"))
+        out(
+            f"handshake_{name}",
+            request_subprotocols=protos,
+            response_head=data.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n"),
+        )
     # And with the websockets client offering a subprotocol: does it accept a reply without one?
     try:
         async with connect(ws_url(url), open_timeout=OPEN_TIMEOUT, subprotocols=["openenv.v1"]) as ws:
@@ -177,9 +184,15 @@ async def case_capacity(cap_url: str) -> None:
                         after, closed = await drain(b, 2)
                     except ConnectionClosed as exc:
                         closed = {"code": exc.rcvd.code if exc.rcvd else None, "on": "send"}
-                out("capacity_second_connection", handshake="accepted", response_status=b.response.status_code,
-                    first_conn_reply=first, received_without_sending=unprompted, received_after_send=after,
-                    closed=closed)
+                out(
+                    "capacity_second_connection",
+                    handshake="accepted",
+                    response_status=b.response.status_code,
+                    first_conn_reply=first,
+                    received_without_sending=unprompted,
+                    received_after_send=after,
+                    closed=closed,
+                )
         except InvalidHandshake as exc:
             out("capacity_second_connection", handshake_error=f"{type(exc).__name__}: {exc}")
         # The reference client against a full server: connect() vs first call vs later calls.
@@ -187,8 +200,12 @@ async def case_capacity(cap_url: str) -> None:
 
         client = GenericEnvClient(base_url=cap_url, connect_timeout_s=5, message_timeout_s=5)
         steps: list[Any] = []
-        for name, call in (("connect", client.connect), ("reset", client.reset), ("state", client.state),
-                           ("close", client.close)):
+        for name, call in (
+            ("connect", client.connect),
+            ("reset", client.reset),
+            ("state", client.state),
+            ("close", client.close),
+        ):
             try:
                 res = await asyncio.wait_for(call(), 10)
                 steps.append({name: "ok", "result": repr(res)[:200]})
@@ -208,15 +225,19 @@ async def case_capacity(cap_url: str) -> None:
 
 
 def http_get(url: str, path: str) -> Any:
-    with urllib.request.urlopen(url.rstrip("/") + path, timeout=10) as r:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(url.rstrip("/") + path, timeout=10) as r:
         return {"status": r.status, "content_type": r.headers.get("content-type"), "body": json.loads(r.read())}
 
 
 def http_post(url: str, path: str, body: Any) -> Any:
-    req = urllib.request.Request(url.rstrip("/") + path, data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        url.rstrip("/") + path,
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(req, timeout=10) as r:
             return {"status": r.status, "body": json.loads(r.read())}
     except urllib.error.HTTPError as e:
         return {"status": e.code, "body": json.loads(e.read() or b"null")}
@@ -230,40 +251,48 @@ async def run_all(url: str, cap_url: str | None) -> None:
     out("POST /step", **http_post(url, "/step", {"action": {"message": "hello"}}))
     out("POST /step invalid", **http_post(url, "/step", {"action": {"messag": "typo"}}))
 
-    await exchange(url, [
-        '{"type": "reset", "data": {"seed": 42, "episode_id": "ep-1"}}',
-        '{"type": "step", "data": {"message": "hello"}}',
-        '{"type": "state"}',
-        '{"type": "step", "data": {"messag": "typo"}}',
-        '{"type": "bogus"}',
-        'not json',
-        '{"type": "step", "data": {"message": "raise"}}',
-        '{"type": "state"}',
-        '{"type": "close"}',
-    ], "wire_doc_sequence_then_close")
+    await exchange(
+        url,
+        [
+            '{"type": "reset", "data": {"seed": 42, "episode_id": "ep-1"}}',
+            '{"type": "step", "data": {"message": "hello"}}',
+            '{"type": "state"}',
+            '{"type": "step", "data": {"messag": "typo"}}',
+            '{"type": "bogus"}',
+            "not json",
+            '{"type": "step", "data": {"message": "raise"}}',
+            '{"type": "state"}',
+            '{"type": "close"}',
+        ],
+        "wire_doc_sequence_then_close",
+    )
 
-    await exchange(url, [
-        '{"type": "step", "id": 1, "data": {"message": "hi"}}',
-        '{"type": "reset", "id": 1, "data": {}}',
-        '{"type": "state", "id": 1}',
-        '{"type": "state", "data": {}}',
-        '{"type": "close", "data": {}}',
-        '{"type": "step", "data": {"message": "hi", "id": 1}}',
-        '{"type": "step"}',
-        '{"type": "step", "data": "hi"}',
-        '{"type": "step", "data": {"message": 5}}',
-        '{"type": "step", "data": {"message": "hi", "metadata": {"k": 1}}}',
-        '{"data": {}}',
-        '{"type": null}',
-        '{"type": "reset", "data": {"seed": 1, "episode_id": "ep-x", "foo": "bar"}}',
-        '{"type": "reset", "data": {"seed": "not-an-int"}}',
-        '{"type": "reset"}',
-        '{"type": "state"}',
-        '{"type": "step", "data": {"message": "done"}}',
-        '{"type": "step", "data": {"message": "after-done"}}',
-        '{"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}}',
-        '{"type": "mcp", "data": {"nonsense": true}}',
-    ], "strictness_per_message_errors")
+    await exchange(
+        url,
+        [
+            '{"type": "step", "id": 1, "data": {"message": "hi"}}',
+            '{"type": "reset", "id": 1, "data": {}}',
+            '{"type": "state", "id": 1}',
+            '{"type": "state", "data": {}}',
+            '{"type": "close", "data": {}}',
+            '{"type": "step", "data": {"message": "hi", "id": 1}}',
+            '{"type": "step"}',
+            '{"type": "step", "data": "hi"}',
+            '{"type": "step", "data": {"message": 5}}',
+            '{"type": "step", "data": {"message": "hi", "metadata": {"k": 1}}}',
+            '{"data": {}}',
+            '{"type": null}',
+            '{"type": "reset", "data": {"seed": 1, "episode_id": "ep-x", "foo": "bar"}}',
+            '{"type": "reset", "data": {"seed": "not-an-int"}}',
+            '{"type": "reset"}',
+            '{"type": "state"}',
+            '{"type": "step", "data": {"message": "done"}}',
+            '{"type": "step", "data": {"message": "after-done"}}',
+            '{"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {}}}',
+            '{"type": "mcp", "data": {"nonsense": true}}',
+        ],
+        "strictness_per_message_errors",
+    )
 
     async with connect(ws_url(url), open_timeout=OPEN_TIMEOUT) as ws:
         for i in range(3):
@@ -273,22 +302,34 @@ async def run_all(url: str, cap_url: str | None) -> None:
         frames, closed = await drain(ws, 5)
         out("pipelined_5_frames_then_read", received=frames, closed=closed)
 
-    await exchange(url, ['{"type": "step", "data": {"message": "before-reset"}}', '{"type": "state"}'],
-                   "step_before_reset")
+    await exchange(
+        url, ['{"type": "step", "data": {"message": "before-reset"}}', '{"type": "state"}'], "step_before_reset"
+    )
     await exchange(url, [b'{"type": "state"}', '{"type": "state"}'], "binary_frame")
-    await exchange(url, ['[1, 2]', '{"type": "state"}'], "json_array_not_object")
+    await exchange(url, ["[1, 2]", '{"type": "state"}'], "json_array_not_object")
     await exchange(url, ['"just a string"', '{"type": "state"}'], "json_string_not_object")
     await exchange(url, ['{"type": "close"}', '{"type": "state"}'], "close_message_reply")
-    await exchange(url, ['{"type": "step", "data": {"message": "' + "x" * (17 * 1024 * 1024) + '"}}'],
-                   "oversized_17MiB_text_frame_uncompressed", max_size=None, compression=None)
-    await exchange(url, ['{"type": "step", "data": {"message": "' + "x" * (17 * 1024 * 1024) + '"}}'],
-                   "oversized_17MiB_text_frame_deflated", max_size=None)
+    await exchange(
+        url,
+        ['{"type": "step", "data": {"message": "' + "x" * (17 * 1024 * 1024) + '"}}'],
+        "oversized_17MiB_text_frame_uncompressed",
+        max_size=None,
+        compression=None,
+    )
+    await exchange(
+        url,
+        ['{"type": "step", "data": {"message": "' + "x" * (17 * 1024 * 1024) + '"}}'],
+        "oversized_17MiB_text_frame_deflated",
+        max_size=None,
+    )
     await exchange(url, ['{"type": "state"}'], "compression_disabled_client", compression=None)
 
     async with connect(ws_url(url), open_timeout=OPEN_TIMEOUT) as ws:
-        out("negotiated_extensions_default_client",
+        out(
+            "negotiated_extensions_default_client",
             response_headers={k: v for k, v in ws.response.headers.raw_items()},
-            subprotocol=ws.subprotocol)
+            subprotocol=ws.subprotocol,
+        )
 
     await case_handshake_headers(url)
     await case_reference_client_handshake()
@@ -307,8 +348,10 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from reference_venv import ReferenceServer  # stdlib-only helper beside this file
 
-    with ReferenceServer(Path(sys.executable), max_sessions=4) as srv, \
-            ReferenceServer(Path(sys.executable), max_sessions=1) as cap:
+    with (
+        ReferenceServer(Path(sys.executable), max_sessions=4) as srv,
+        ReferenceServer(Path(sys.executable), max_sessions=1) as cap,
+    ):
         asyncio.run(asyncio.wait_for(run_all(srv.base_url, cap.base_url), 300))
     return 0
 

@@ -33,7 +33,6 @@ import os
 import sys
 from typing import Any
 
-
 # openenv.core.env_server imports its gradio web UI eagerly (~5 s of the ~9 s
 # import). Marking that one module absent takes the reference's own
 # ``except ModuleNotFoundError`` fallback; the HTTP/WS paths never use it.
@@ -47,7 +46,7 @@ import openenv
 if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
     sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
 
-from openenv.core import GenericEnvClient  # noqa: E402
+from openenv.core import GenericEnvClient
 
 DEFAULT_OPS: list[dict[str, Any]] = [
     {"op": "reset", "args": {"seed": 42, "episode_id": "ep-1"}},

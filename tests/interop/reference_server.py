@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import sys
 import threading
 import time
 import uuid
-from typing import Optional
 
 # The web UI (gradio) must stay off: create_app switches on this variable.
 os.environ.pop("ENABLE_WEB_INTERFACE", None)
@@ -47,16 +47,16 @@ if "--full-import" in sys.argv:
 else:
     sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
 
-import openenv  # noqa: E402
+import openenv
 
 if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
     sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
 
-import uvicorn  # noqa: E402
-from openenv.core.env_server.http_server import create_app  # noqa: E402
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-from pydantic import Field  # noqa: E402
+import uvicorn
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+from pydantic import Field
 
 
 class EchoAction(Action):
@@ -74,11 +74,11 @@ class EchoEnvironment(Environment):
         super().__init__()
         self._state = State(episode_id=str(uuid.uuid4()), step_count=0)
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None) -> EchoObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None) -> EchoObservation:
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
         return EchoObservation(echoed_message="", reward=0.0, done=False)
 
-    def step(self, action: EchoAction, timeout_s: Optional[float] = None, **kwargs) -> EchoObservation:  # type: ignore[override]
+    def step(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:  # type: ignore[override]
         message = action.message
         if message == "raise":
             raise RuntimeError("echo env: step raised on request")
@@ -102,7 +102,7 @@ def build_app(max_sessions: int):
     )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True, help="0 = ephemeral, reported on the READY line")
@@ -131,12 +131,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     def request_exit(reason: str) -> None:
         server.should_exit = True  # first: stderr may be a broken pipe by now
-        try:
+        with contextlib.suppress(Exception):
             print(f"reference_server: exiting ({reason})", file=sys.stderr, flush=True)
-        except Exception:
-            pass
 
     if args.stdin_watchdog:
+
         def watch_stdin() -> None:
             try:
                 while sys.stdin.buffer.read(4096):

@@ -27,8 +27,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 REFERENCE_VERSION = "0.3.0"
 REQUIREMENTS: tuple[str, ...] = (
@@ -303,11 +303,17 @@ class ReferenceServer:
         assert self.port is not None, "server not started"
         return f"ws://{self.host}:{self.port}/ws"
 
-    def start(self) -> "ReferenceServer":
+    def start(self) -> ReferenceServer:
         cmd = [
-            str(self.python), str(SERVER_SCRIPT),
-            "--host", self.host, "--port", str(self.requested_port),
-            "--stdin-watchdog", "--max-lifetime", str(self.max_lifetime),
+            str(self.python),
+            str(SERVER_SCRIPT),
+            "--host",
+            self.host,
+            "--port",
+            str(self.requested_port),
+            "--stdin-watchdog",
+            "--max-lifetime",
+            str(self.max_lifetime),
         ]
         if self.max_sessions is not None:
             cmd += ["--max-sessions", str(self.max_sessions)]
@@ -341,7 +347,7 @@ class ReferenceServer:
             with contextlib.suppress(Exception):
                 stream.close()  # type: ignore[union-attr]
 
-    def __enter__(self) -> "ReferenceServer":
+    def __enter__(self) -> ReferenceServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -383,9 +389,7 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> int:
     )
 
 
-def run_reference_client(
-    url: str, *args: str, python: Path | None = None, timeout: float = 60.0
-) -> list[dict]:
+def run_reference_client(url: str, *args: str, python: Path | None = None, timeout: float = 60.0) -> list[dict]:
     """Run ``reference_client.py URL [args]``; return its JSON lines as dicts."""
     python = Path(python) if python is not None else ensure_reference_python()
     proc = subprocess.run(
@@ -412,7 +416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if a valid venv exists")
     args = parser.parse_args(argv)
     try:
-        python = ensure_reference_python(args.dir, force=args.force, log=lambda m: print(m, file=sys.stderr, flush=True))
+        python = ensure_reference_python(
+            args.dir, force=args.force, log=lambda m: print(m, file=sys.stderr, flush=True)
+        )
     except ReferenceVenvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
