@@ -1,0 +1,814 @@
+"""The WebSocket transport's client side, against a small sans-I/O server in this file.
+
+The server is websockets' `ServerProtocol` over an anyio TCP listener, so every
+test runs on asyncio and on trio alike, on loopback, with an ephemeral port.
+Each test scripts the server's side with a handler coroutine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import SocketAttribute, SocketStream
+from anyio.streams.tls import TLSStream
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.frames import Close, Frame, Opcode
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+from websockets.typing import Subprotocol
+
+import transports.websocket as websocket_package
+from openenv import ClientStateError, ConnectError, ConnectionClosed, Dialect, ProtocolError
+from transports.websocket import JSON_SUBPROTOCOL, MSGPACK_SUBPROTOCOL, SUBPROTOCOLS, WebSocketTransport
+from transports.websocket._client import websocket_url
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 5.0  # the bound on any single wait in these tests
+
+
+class ServerConnection:
+    """The server's end of one connection, driven by hand from a test's handler."""
+
+    def __init__(self, stream: SocketStream, *, compression: bool) -> None:
+        self.stream = stream
+        self.protocol = ServerProtocol(
+            extensions=[ServerPerMessageDeflateFactory()] if compression else None,
+            max_size=None,
+        )
+        self.events: deque[Frame] = deque()
+        self.request: Request | None = None
+        self.eof = False
+
+    async def flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                await self.stream.send(data)
+            else:
+                await self.stream.aclose()
+
+    async def _pump(self) -> bool:
+        """Read once from the socket; False at its end."""
+        try:
+            data = await self.stream.receive(65536)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.eof = True
+            self.protocol.receive_eof()
+            await self.flush()
+            return False
+        self.protocol.receive_data(data)
+        for event in self.protocol.events_received():
+            if isinstance(event, Request):
+                self.request = event
+            else:
+                assert isinstance(event, Frame)
+                self.events.append(event)
+        await self.flush()  # pongs and the close echo, as any server would
+        return True
+
+    async def read_request(self) -> Request:
+        while self.request is None:
+            assert await self._pump(), "the client went away before its handshake"
+        return self.request
+
+    async def accept(self, subprotocol: str | None = None, *, force_subprotocol: str | None = None) -> None:
+        """Complete the handshake, selecting ``subprotocol`` if the client offered it."""
+        request = await self.read_request()
+        chosen = None if subprotocol is None else Subprotocol(subprotocol)
+
+        def select(offered: Sequence[Subprotocol]) -> Subprotocol | None:
+            return chosen if chosen in offered else None
+
+        self.protocol.select_subprotocol = select  # type: ignore[method-assign,assignment]
+        response = self.protocol.accept(request)
+        assert response.status_code == 101, response.body
+        if force_subprotocol is not None:
+            response.headers["Sec-WebSocket-Protocol"] = force_subprotocol
+        self.protocol.send_response(response)
+
+    async def reject(self, status: int, text: str) -> None:
+        await self.read_request()
+        self.protocol.send_response(self.protocol.reject(status, text))
+        await self.flush()
+
+    async def next_frame(self) -> Frame | None:
+        """The next frame from the client, or None once the connection ended."""
+        while not self.events:
+            if not await self._pump():
+                return None
+        return self.events.popleft()
+
+    async def next_message(self) -> Frame | None:
+        """The next data frame, skipping control frames."""
+        while (frame := await self.next_frame()) is not None:
+            if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
+                return frame
+        return None
+
+    async def echo(self) -> None:
+        """Echo each message with its own opcode, until the client closes."""
+        while (frame := await self.next_message()) is not None:
+            if frame.opcode is Opcode.TEXT:
+                self.protocol.send_text(frame.data)
+            else:
+                self.protocol.send_binary(frame.data)
+            await self.flush()
+
+    async def drain(self) -> None:
+        """Answer control frames (the closing handshake) until the client goes away."""
+        while await self.next_frame() is not None:
+            pass
+
+    async def abort(self, *, reset: bool = False) -> None:
+        """Drop the TCP connection without a closing handshake (an RST if ``reset``)."""
+        if reset:
+            raw = self.stream.extra(SocketAttribute.raw_socket)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await self.stream.aclose()
+
+
+Handler = Callable[[ServerConnection], Awaitable[None]]
+
+
+class Server:
+    def __init__(self, port: int, scheme: str) -> None:
+        self.port = port
+        self.url = f"{scheme}://127.0.0.1:{port}"
+        self.connections: list[ServerConnection] = []
+
+
+@asynccontextmanager
+async def serve(
+    handler: Handler, *, compression: bool = True, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[Server]:
+    """Serve ``handler`` on an ephemeral loopback port for the duration of the block."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    server = Server(listener.extra(SocketAttribute.local_port), "https" if ssl_context else "http")
+
+    async def handle(stream: SocketStream) -> None:
+        async with stream:
+            if ssl_context is not None:
+                try:
+                    tls = await TLSStream.wrap(
+                        stream, server_side=True, ssl_context=ssl_context, standard_compatible=False
+                    )
+                except (anyio.BrokenResourceError, anyio.EndOfStream, ssl.SSLError):
+                    return  # the client did not trust us: part of the TLS test
+                stream = tls  # type: ignore[assignment]
+            connection = ServerConnection(stream, compression=compression)
+            server.connections.append(connection)
+            try:
+                await handler(connection)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                pass  # the client went away: part of several tests
+            finally:
+                await stream.aclose()
+
+    async with listener, anyio.create_task_group() as task_group:
+        task_group.start_soon(listener.serve, handle)
+        yield server
+        task_group.cancel_scope.cancel()
+
+
+async def echo_handler(connection: ServerConnection) -> None:
+    await connection.accept(JSON_SUBPROTOCOL)
+    await connection.flush()
+    await connection.echo()
+
+
+# -- URLs and configuration ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://localhost:8000", "ws://localhost:8000/ws"),
+        ("http://localhost:8000/", "ws://localhost:8000/ws"),
+        ("https://example.com", "wss://example.com/ws"),
+        ("https://example.com/env//", "wss://example.com/env/ws"),
+        ("HTTP://localhost:8000", "ws://localhost:8000/ws"),
+        ("ws://localhost:8000", "ws://localhost:8000/ws"),
+        ("wss://example.com/base/", "wss://example.com/base/ws"),
+        ("ws://localhost:8000/ws", "ws://localhost:8000/ws/ws"),  # OpenEnv always appends
+        ("localhost:8000", "ws://localhost:8000/ws"),
+        ("http://h:1/p/?token=a/b", "ws://h:1/p/ws?token=a/b"),
+    ],
+)
+def test_websocket_url_maps_like_openenv(url: str, expected: str) -> None:
+    assert websocket_url(url) == expected
+    assert WebSocketTransport(url).url == expected
+
+
+def test_constructor_rejects_bad_configuration() -> None:
+    with pytest.raises(ValueError, match="URL"):
+        WebSocketTransport("ftp://localhost")
+    with pytest.raises(ValueError, match="encoding"):
+        WebSocketTransport("http://localhost", encoding="xml")
+    with pytest.raises(ValueError, match="ssl_context"):
+        WebSocketTransport("http://localhost", ssl_context=ssl.create_default_context())
+    with pytest.raises(ValueError, match="handshake"):
+        WebSocketTransport("http://localhost", headers={"Sec-WebSocket-Protocol": "x"})
+    with pytest.raises(ValueError, match="header"):
+        WebSocketTransport("http://localhost", headers=[("X-Bad", "a\r\nb")])
+
+
+def test_package_exports() -> None:
+    assert sorted(websocket_package.__all__) == websocket_package.__all__
+    for name in websocket_package.__all__:
+        assert hasattr(websocket_package, name)
+
+
+# -- handshake and dialects ----------------------------------------------------
+
+
+async def test_json_dialect_echo_round_trip() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                assert transport.subprotocol == JSON_SUBPROTOCOL
+                assert transport.dialect == Dialect(encoding="json", request_ids=True)
+                for n in range(20):
+                    frame = b'{"type": "step", "data": {"n": %d}}' % n
+                    await transport.send(frame)
+                    assert await transport.receive() == frame
+            request = server.connections[0].request
+            assert request is not None
+            assert request.path == "/ws"
+            assert request.headers["Sec-WebSocket-Protocol"] == JSON_SUBPROTOCOL
+            assert "permessage-deflate" in request.headers["Sec-WebSocket-Extensions"]
+            assert request.headers["User-Agent"].startswith("openenv/")
+
+
+async def test_msgpack_dialect_sends_binary_frames() -> None:
+    opcodes: list[Opcode] = []
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept(MSGPACK_SUBPROTOCOL)
+        await connection.flush()
+        while (frame := await connection.next_message()) is not None:
+            opcodes.append(frame.opcode)
+            connection.protocol.send_binary(frame.data)
+            await connection.flush()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, encoding="msgpack") as transport:
+                assert transport.subprotocol == MSGPACK_SUBPROTOCOL
+                assert transport.dialect == SUBPROTOCOLS[MSGPACK_SUBPROTOCOL]
+                payload = bytes(range(256))
+                await transport.send(payload)
+                assert await transport.receive() == payload
+            request = server.connections[0].request
+            assert request is not None
+            assert request.headers["Sec-WebSocket-Protocol"] == f"{MSGPACK_SUBPROTOCOL}, {JSON_SUBPROTOCOL}"
+    assert opcodes == [Opcode.BINARY]
+
+
+async def test_json_dialect_sends_text_frames() -> None:
+    opcodes: list[Opcode] = []
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()  # selects nothing: plain OpenEnv
+        await connection.flush()
+        while (frame := await connection.next_message()) is not None:
+            opcodes.append(frame.opcode)
+            connection.protocol.send_text(frame.data)
+            await connection.flush()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                assert transport.subprotocol is None
+                assert transport.dialect == Dialect()
+                await transport.send(b'{"type": "state"}')
+                assert await transport.receive() == b'{"type": "state"}'
+    assert opcodes == [Opcode.TEXT]
+
+
+async def test_no_subprotocols_offered_and_no_compression() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, subprotocols=[], compression=False) as transport:
+                assert transport.dialect == Dialect()
+                await transport.send(b"{}")
+                assert await transport.receive() == b"{}"
+            request = server.connections[0].request
+            assert request is not None
+            assert "Sec-WebSocket-Protocol" not in request.headers
+            assert "Sec-WebSocket-Extensions" not in request.headers
+
+
+async def test_extra_headers_reach_the_server() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            headers = {"Authorization": "Bearer s3cret", "User-Agent": "my-agent/1.0"}
+            async with WebSocketTransport(server.url, headers=headers):
+                pass
+            async with WebSocketTransport(server.url, headers=[("X-Trace", "a"), ("X-Trace", "b")]):
+                pass
+        first, second = (connection.request for connection in server.connections)
+        assert first is not None
+        assert second is not None
+    assert first.headers["Authorization"] == "Bearer s3cret"
+    assert first.headers.get_all("User-Agent") == ["my-agent/1.0"]
+    assert second.headers.get_all("X-Trace") == ["a", "b"]
+
+
+async def test_unoffered_subprotocol_is_a_connect_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept(force_subprotocol="chat.v9")
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match=r"chat\.v9"):
+                async with WebSocketTransport(server.url):
+                    pytest.fail("connected")
+            with pytest.raises(ConnectError, match=r"chat\.v9"):
+                async with WebSocketTransport(server.url, subprotocols=[]):
+                    pytest.fail("connected")
+
+
+async def test_a_selected_subprotocol_without_a_dialect_is_a_connect_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept("custom.v1")
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match=r"custom\.v1"):
+                async with WebSocketTransport(server.url, subprotocols=["custom.v1"]):
+                    pytest.fail("connected")
+
+
+@pytest.mark.parametrize("status", [403, 404, 503])
+async def test_http_error_on_handshake_is_a_connect_error(status: int) -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.reject(status, "go away")
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match=f"HTTP {status}") as caught:
+                async with WebSocketTransport(server.url):
+                    pytest.fail("connected")
+    assert "go away" in str(caught.value)
+
+
+async def test_connection_refused_is_a_connect_error() -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(SocketAttribute.local_port)
+    await listener.aclose()
+    with anyio.fail_after(WAIT):
+        with pytest.raises(ConnectError, match="cannot connect"):
+            async with WebSocketTransport(f"http://127.0.0.1:{port}"):
+                pytest.fail("connected")
+
+
+async def test_connect_timeout_is_a_connect_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await anyio.sleep_forever()  # accepts TCP, never answers the handshake
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match="timed out"):
+                async with WebSocketTransport(server.url, connect_timeout=0.2):
+                    pytest.fail("connected")
+
+
+async def test_server_closing_during_the_handshake_is_a_connect_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.read_request()
+        await connection.abort()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match="during the WebSocket handshake"):
+                async with WebSocketTransport(server.url):
+                    pytest.fail("connected")
+
+
+async def test_invalid_url_is_a_connect_error() -> None:
+    with pytest.raises(ConnectError, match="invalid WebSocket URL"):
+        async with WebSocketTransport("http://"):
+            pytest.fail("connected")
+
+
+async def test_a_transport_connects_only_once() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            transport = WebSocketTransport(server.url)
+            async with transport:
+                pass
+            with pytest.raises(ClientStateError):
+                await transport.__aenter__()
+
+
+# -- receiving, closing, breaking ------------------------------------------------
+
+
+async def test_frames_sent_with_the_handshake_response_are_received() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept(JSON_SUBPROTOCOL)
+        connection.protocol.send_text(b'{"type": "error"}')
+        connection.protocol.send_close(1013, "try again later")
+        await connection.flush()  # the response, the frame and the close: one write
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                assert await transport.receive() == b'{"type": "error"}'
+                with pytest.raises(ConnectionClosed, match=r"1013.*try again later"):
+                    await transport.receive()
+
+
+async def test_fragmented_messages_are_reassembled() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        connection.protocol.send_text(b'{"a": ', fin=False)
+        connection.protocol.send_continuation(b"1", fin=False)
+        connection.protocol.send_continuation(b"}", fin=True)
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                assert await transport.receive() == b'{"a": 1}'
+
+
+async def test_server_close_ends_receive_after_queued_frames() -> None:
+    closed = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        connection.protocol.send_text(b"one")
+        connection.protocol.send_text(b"two")
+        connection.protocol.send_close(1001, "going away")
+        await connection.flush()
+        await connection.drain()  # the client echoes the close frame
+        closed.set()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                await closed.wait()
+                assert await transport.receive() == b"one"
+                assert await transport.receive() == b"two"
+                with pytest.raises(ConnectionClosed, match=r"1001.*going away"):
+                    await transport.receive()
+                with pytest.raises(ConnectionClosed, match="1001"):
+                    await transport.receive()
+                with pytest.raises(ConnectionClosed):
+                    await transport.send(b"{}")
+    close_echo = server.connections[0].protocol.close_rcvd
+    assert close_echo == Close(1001, "going away")
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["eof", "rst"])
+async def test_server_dropping_the_socket_ends_a_pending_receive(reset: bool) -> None:
+    drop = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await drop.wait()
+        await connection.abort(reset=reset)
+
+    async with serve(handler) as server, WebSocketTransport(server.url) as transport:
+        raised: list[BaseException] = []
+
+        async def wait_for_reply() -> None:
+            try:
+                await transport.receive()
+            except ConnectionClosed as exc:
+                raised.append(exc)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(wait_for_reply)
+                await anyio.sleep(0.05)  # the receive is pending
+                drop.set()
+        assert len(raised) == 1
+        with pytest.raises(ConnectionClosed):
+            await transport.send(b"{}")
+
+
+async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
+    pong = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        connection.protocol.send_ping(b"are you there")
+        await connection.flush()
+        while (frame := await connection.next_frame()) is not None:
+            if frame.opcode is Opcode.PONG and frame.data == b"are you there":
+                pong.set()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ping_interval=None):
+                await pong.wait()  # nobody calls receive(): the reader answered
+
+
+async def test_server_ping_is_answered_while_the_caller_is_busy_between_send_and_receive() -> None:
+    pong = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        request = await connection.next_message()
+        assert request is not None
+        connection.protocol.send_ping(b"still there?")
+        await connection.flush()
+        while (frame := await connection.next_frame()) is not None:
+            if frame.opcode is Opcode.PONG:
+                pong.set()
+                connection.protocol.send_text(request.data)
+                await connection.flush()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ping_interval=None) as transport:
+                await transport.send(b'{"type": "step"}')
+                await pong.wait()  # busy elsewhere: the background task answered
+                assert await transport.receive() == b'{"type": "step"}'
+
+
+async def test_messages_read_while_idle_are_kept_in_order_beyond_the_buffer() -> None:
+    count = 200  # more than the background reader queues before it stops reading
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        for n in range(count):
+            connection.protocol.send_text(b"%d" % n)
+            await connection.flush()
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                await anyio.sleep(0.5)  # idle: the background task reads, then stops
+                received = [await transport.receive() for _ in range(count)]
+    assert received == [b"%d" % n for n in range(count)]
+
+
+async def test_concurrent_receivers_share_the_messages() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                received: list[bytes] = []
+
+                async def receive_one() -> None:
+                    received.append(await transport.receive())
+
+                async with anyio.create_task_group() as task_group:
+                    for _ in range(3):
+                        task_group.start_soon(receive_one)
+                    await anyio.sleep(0.05)
+                    for n in range(3):
+                        await transport.send(b"[%d]" % n)
+    assert received == [b"[0]", b"[1]", b"[2]"]
+
+
+async def test_a_reply_after_an_idle_spell_is_handed_over() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                for _ in range(3):
+                    await anyio.sleep(0.3)  # the background task holds the socket by now
+                    await transport.send(b"{}")
+                    assert await transport.receive() == b"{}"
+                    await transport.send(b"[]")  # and the caller reads it directly again
+                    assert await transport.receive() == b"[]"
+
+
+async def test_client_keepalive_pings_are_sent() -> None:
+    pings = 0
+    enough = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        nonlocal pings
+        await connection.accept()
+        await connection.flush()
+        while (frame := await connection.next_frame()) is not None:
+            if frame.opcode is Opcode.PING:
+                pings += 1
+                if pings == 3:
+                    enough.set()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ping_interval=0.05, ping_timeout=1.0) as transport:
+                await enough.wait()
+                await transport.send(b"{}")  # still open: every ping got its pong
+
+
+async def test_keepalive_timeout_ends_the_connection() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await anyio.sleep_forever()  # never reads again: no pong
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(
+                server.url, ping_interval=0.1, ping_timeout=0.2, close_timeout=0.2
+            ) as transport:
+                started = anyio.current_time()
+                with pytest.raises(ConnectionClosed, match="keepalive"):
+                    await transport.receive()
+                assert anyio.current_time() - started < 2.0
+                with pytest.raises(ConnectionClosed, match="keepalive"):
+                    await transport.send(b"{}")
+
+
+async def test_keepalive_timeout_while_the_caller_is_idle() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await anyio.sleep_forever()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ping_interval=0.1, ping_timeout=0.2) as transport:
+                await anyio.sleep(0.8)  # nobody reads but the background task
+                with pytest.raises(ConnectionClosed, match="keepalive"):
+                    await transport.send(b"{}")
+                with pytest.raises(ConnectionClosed, match="keepalive"):
+                    await transport.receive()
+
+
+async def test_oversize_message_is_a_protocol_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        connection.protocol.send_binary(b"\0" * 5000)  # compresses to little: the limit is on the message
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, max_message_size=1000) as transport:
+                with pytest.raises(ProtocolError, match="1000"):
+                    await transport.receive()
+                with pytest.raises(ConnectionClosed):
+                    await transport.send(b"{}")
+    assert server.connections[0].protocol.close_rcvd is not None
+    assert server.connections[0].protocol.close_rcvd.code == 1009
+
+
+async def test_invalid_frame_is_a_protocol_error() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await connection.stream.send(b"\x8f\x00")  # FIN + reserved opcode 0xF
+        await connection.drain()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False) as transport:
+                with pytest.raises(ProtocolError, match="opcode"):
+                    await transport.receive()
+
+
+# -- closing from the client -----------------------------------------------------
+
+
+async def test_aclose_is_idempotent_and_ends_send_and_receive() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                await transport.send(b"{}")
+                assert await transport.receive() == b"{}"
+                await transport.aclose()
+                await transport.aclose()
+                with pytest.raises(ConnectionClosed, match="closed by the client"):
+                    await transport.send(b"{}")
+                with pytest.raises(ConnectionClosed, match="closed by the client"):
+                    await transport.receive()
+            await transport.aclose()
+    connection = server.connections[0]
+    assert connection.protocol.close_rcvd is not None
+    assert connection.protocol.close_rcvd.code == 1000
+
+
+async def test_aclose_wakes_a_pending_receive() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport, anyio.create_task_group() as task_group:
+
+                async def wait_for_reply() -> None:
+                    with pytest.raises(ConnectionClosed):
+                        await transport.receive()
+
+                task_group.start_soon(wait_for_reply)
+                await anyio.sleep(0.05)
+                await transport.aclose()
+
+
+async def test_aclose_is_bounded_when_the_server_does_not_answer() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await anyio.sleep_forever()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, close_timeout=0.2) as transport:
+                pass
+            started = anyio.current_time()
+            await transport.aclose()  # already closed: returns at once
+            assert anyio.current_time() - started < 0.1
+
+
+async def test_aclose_after_the_connection_broke() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await connection.abort(reset=True)
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                with pytest.raises(ConnectionClosed):
+                    await transport.receive()
+                await transport.aclose()
+
+
+async def test_send_and_receive_before_connecting_raise_connection_closed() -> None:
+    transport = WebSocketTransport("http://127.0.0.1:1")
+    with pytest.raises(ConnectionClosed, match="not connected"):
+        await transport.send(b"{}")
+    with pytest.raises(ConnectionClosed, match="not connected"):
+        await transport.receive()
+    await transport.aclose()
+
+
+async def test_cancelled_caller_does_not_break_an_idle_connection() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url) as transport:
+                with anyio.move_on_after(0.05):
+                    await transport.receive()  # nothing comes; cancelled
+                await transport.send(b"[1]")
+                assert await transport.receive() == b"[1]"
+
+
+async def test_cancellation_from_outside_passes_through() -> None:
+    async with serve(echo_handler) as server:
+        with anyio.fail_after(WAIT):
+            with anyio.CancelScope() as scope:
+                async with WebSocketTransport(server.url) as transport:
+                    scope.cancel()
+                    await transport.receive()
+            assert scope.cancelled_caught
+
+
+# -- TLS -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    key_options = ["-newkey", "rsa:2048", "-nodes", "-keyout", str(key)]
+    subject = ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+    subprocess.run(
+        [openssl, "req", "-x509", "-days", "1", *key_options, *subject, "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_wss_over_tls(tls_files: tuple[Path, Path]) -> None:
+    cert, key = tls_files
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_context.load_cert_chain(cert, key)
+    client_context = ssl.create_default_context(cafile=str(cert))
+    async with serve(echo_handler, ssl_context=server_context) as server:
+        assert server.url.startswith("https://")
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ssl_context=client_context) as transport:
+                await transport.send(b'{"tls": true}')
+                assert await transport.receive() == b'{"tls": true}'
+            # The system's trust store does not know this certificate.
+            with pytest.raises(ConnectError, match=r"cannot connect|certificate"):
+                async with WebSocketTransport(server.url):
+                    pytest.fail("connected")

@@ -1,0 +1,16 @@
+"""The WebSocket transport: ``ws://``, ``wss://``, ``http://`` and ``https://`` URLs.
+
+The client side is `WebSocketTransport`; the subprotocol names say which dialects
+a client offers and a server may select (see `transports.websocket._subprotocols`).
+"""
+
+from ._client import WebSocketTransport
+from ._subprotocols import JSON_SUBPROTOCOL, MSGPACK_SUBPROTOCOL, SUBPROTOCOLS, offered_subprotocols
+
+__all__ = [
+    "JSON_SUBPROTOCOL",
+    "MSGPACK_SUBPROTOCOL",
+    "SUBPROTOCOLS",
+    "WebSocketTransport",
+    "offered_subprotocols",
+]
