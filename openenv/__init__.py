@@ -28,6 +28,7 @@ from ._exceptions import (
 )
 from ._messages import Dialect
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
+from ._serve import serve
 from ._sync import SyncEnvClient
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
@@ -69,4 +70,5 @@ __all__ = [
     "create_transport",
     "register_transport",
     "registered_schemes",
+    "serve",
 ]

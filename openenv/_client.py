@@ -185,9 +185,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         except Exception as exc:
             # The contract forbids it, but a third-party transport may still leak one.
             raise ConnectError(f"could not connect to {self.base_url}: {exc}") from exc
-        self._codec = ClientCodec(
-            self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
-        )
+        try:
+            self._codec = ClientCodec(
+                self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
+            )
+        except BaseException:
+            # Types msgspec cannot decode into: leave nothing open behind the TypeError.
+            await self._transport.__aexit__(None, None, None)
+            raise
         self._lock = anyio.Lock(fast_acquire=True)
         self._state = _ClientState.OPENED
         return self

@@ -145,3 +145,50 @@ def failing_factory() -> Environment[Any, Any, Any]:
 
 class Unencodable(msgspec.Struct):
     pass
+
+
+class MessageAction(Action):
+    """The reference echo environment's action (see tests/interop/reference_server.py)."""
+
+    message: str
+
+
+class MessageObservation(Observation):
+    echoed_message: str = ""
+
+
+class MessageEchoEnv(Environment[MessageAction, MessageObservation, State]):
+    """A twin of the reference server's echo environment, for interop tests: same frames, same triggers."""
+
+    def __init__(self) -> None:
+        self._state = State()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None) -> MessageObservation:
+        self._state = State(episode_id=episode_id or "generated", step_count=0)
+        return MessageObservation(echoed_message="", reward=0.0, done=False)
+
+    def step(self, action: MessageAction) -> MessageObservation:
+        message = action.message
+        if message == "raise":
+            raise RuntimeError("echo env: step raised on request")
+        if message.startswith("sleep:"):
+            threading.Event().wait(float(message.split(":", 1)[1]))
+        self._state.step_count += 1
+        return MessageObservation(echoed_message=message, reward=float(len(message)), done=message == "done")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class AsyncMessageEchoEnv(MessageEchoEnv):
+    """The same echo logic, as coroutines: awaited on the event loop, no worker thread."""
+
+    async def reset(self, seed: int | None = None, episode_id: str | None = None) -> MessageObservation:  # type: ignore[override]
+        return MessageEchoEnv.reset(self, seed, episode_id)
+
+    async def step(self, action: MessageAction) -> MessageObservation:  # type: ignore[override]
+        if action.message.startswith("sleep:"):
+            await anyio.sleep(float(action.message.split(":", 1)[1]))
+            action = MessageAction(message="slept")
+        return MessageEchoEnv.step(self, action)

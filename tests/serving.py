@@ -10,7 +10,7 @@ import openenv
 
 # Each transport the contract tests run over; the WebSocket and HTTP transports
 # add themselves here.
-TRANSPORTS = ["inproc"]
+TRANSPORTS = ["inproc", "ws"]
 
 
 def factory_path(factory: Callable[[], Any]) -> str:
@@ -25,7 +25,7 @@ async def serving(kind: str, factory: Callable[[], Any], **server_options: Any) 
             raise NotImplementedError(f"in-process serving takes no server options: {server_options}")
         yield f"inproc://{factory_path(factory)}"
         return
-    async with openenv.serve(factory, port=0, **server_options) as server:  # type: ignore[attr-defined]
+    async with openenv.serve(factory, port=0, **server_options) as server:
         if kind == "ws":
             yield server.url.replace("http://", "ws://")
         elif kind == "http+poll":

@@ -259,3 +259,11 @@ async def test_a_reply_to_an_unknown_id_is_a_protocol_error() -> None:
         await env.step(CountAction())
         with pytest.raises(openenv.ProtocolError, match="unknown request id 1"):
             await env.step(CountAction())
+
+
+async def test_types_msgspec_cannot_decode_fail_on_connect() -> None:
+    transport = ScriptedTransport([])
+    with pytest.raises(TypeError):
+        async with EnvClient(transport=transport, observation_type=object()):
+            pass
+    assert transport.closed

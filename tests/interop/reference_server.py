@@ -92,9 +92,20 @@ class EchoEnvironment(Environment):
         return self._state
 
 
-def build_app(max_sessions: int):
+class AsyncEchoEnvironment(EchoEnvironment):
+    """The same logic with ``step_async`` overridden: the reference then awaits it on the loop."""
+
+    async def step_async(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> EchoObservation:  # type: ignore[override]
+        message = action.message
+        if message == "raise":
+            raise RuntimeError("echo env: step raised on request")
+        self._state.step_count += 1
+        return EchoObservation(echoed_message=message, reward=float(len(message)), done=message == "done")
+
+
+def build_app(max_sessions: int, async_step: bool = False):
     return create_app(
-        EchoEnvironment,
+        AsyncEchoEnvironment if async_step else EchoEnvironment,
         EchoAction,
         EchoObservation,
         env_name="echo_env",
@@ -110,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="warning")
     p.add_argument("--ws", default="auto", help="uvicorn ws implementation (default auto = websockets-sansio)")
     p.add_argument("--stdin-watchdog", action="store_true", help="exit when stdin reaches EOF (parent died)")
+    p.add_argument("--async-step", action="store_true", help="serve the env variant that overrides step_async")
     p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
     args = p.parse_args(argv)
 
-    app = build_app(args.max_sessions)
+    app = build_app(args.max_sessions, async_step=args.async_step)
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,0 +1,72 @@
+"""The floor of a Python WebSocket stack: raw ``websockets`` client and echo server, pre-built frames.
+
+    python -m tests.benchmarks.ws_floor server [--port 0]     # prints READY <port>
+    python -m tests.benchmarks.ws_floor client URL --seconds 3  # prints one JSON line
+
+No openenv code runs here: it measures what any client on this stack could reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
+
+REQUEST = b'{"type":"step","data":{"message":"hello"}}'
+REPLY = b'{"type":"observation","data":{"observation":{"echoed_message":"hello"},"reward":5.0,"done":false}}'
+
+
+async def run_server(port: int) -> None:
+    async def answer(connection: ServerConnection) -> None:
+        async for _ in connection:
+            await connection.send(REPLY.decode())
+
+    async with serve(answer, "127.0.0.1", port, max_size=100 * 2**20) as server:
+        bound = next(iter(server.sockets)).getsockname()[1]
+        print(f"READY {bound}", flush=True)
+        await asyncio.Event().wait()
+
+
+async def run_client(url: str, seconds: float) -> dict[str, float]:
+    text = REQUEST.decode()
+    async with connect(url, max_size=100 * 2**20) as connection:
+        for _ in range(200):
+            await connection.send(text)
+            await connection.recv()
+        steps = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(64):
+                await connection.send(text)
+                await connection.recv()
+            steps += 64
+        elapsed = time.perf_counter() - start
+    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="role", required=True)
+    server = sub.add_parser("server")
+    server.add_argument("--port", type=int, default=0)
+    client = sub.add_parser("client")
+    client.add_argument("url")
+    client.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    if args.role == "server":
+        try:
+            asyncio.run(run_server(args.port))
+        except KeyboardInterrupt:
+            sys.exit(0)
+    else:
+        print(json.dumps(asyncio.run(run_client(args.url, args.seconds))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
