@@ -1,0 +1,225 @@
+"""Running the app: the embedded `serve` on both backends, and the ``openenv`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx
+import pytest
+from click.testing import CliRunner
+from starlette.applications import Starlette
+
+import openenv
+from openenv.examples.echo import EchoEnvironment
+from tests.test_server_app import RawWebSocket, WebSocketClosed
+from transports.app import create_app
+from transports.cli import main
+from transports.runner import ServerName, current_backend, serve
+
+LIMIT = 10  # seconds: the bound of every wait in the async tests
+CLI = [sys.executable, "-m", "transports.cli"]
+
+
+# -- embedded --------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_current_backend(anyio_backend: str) -> None:
+    assert current_backend() == anyio_backend
+
+
+def test_current_backend_outside_a_loop() -> None:
+    with pytest.raises(RuntimeError, match="no async event loop"):
+        current_backend()
+
+
+@pytest.mark.anyio
+async def test_serve_starts_on_a_free_port_and_stops(anyio_backend: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serve(EchoEnvironment) as server:
+            assert server.host == "127.0.0.1"
+            assert server.port > 0
+            assert server.url == f"http://127.0.0.1:{server.port}"
+            assert server.ws_url == f"ws://127.0.0.1:{server.port}/ws"
+            assert server.server == ("uvicorn" if anyio_backend == "asyncio" else "hypercorn")
+            async with httpx.AsyncClient() as client:
+                response = await client.get(f"{server.url}/health")
+            assert response.json() == {"status": "healthy"}
+        # Stopped: the port no longer accepts.
+        with pytest.raises(OSError, match=r"(?i)refused|connection attempts failed"):
+            await anyio.connect_tcp("127.0.0.1", server.port)
+
+
+@pytest.mark.anyio
+async def test_hypercorn_on_asyncio_too() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serve(create_app(EchoEnvironment), server="hypercorn") as server:
+            assert server.server == "hypercorn"
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                assert (await ws.request('{"type":"reset"}'))["type"] == "observation"
+                await ws.close()
+
+
+@pytest.mark.anyio
+async def test_bad_server_choices(anyio_backend: str) -> None:
+    with anyio.fail_after(LIMIT):
+        with pytest.raises(ValueError, match="unknown server"):
+            async with serve(EchoEnvironment, server="gunicorn"):  # type: ignore[arg-type]
+                pass
+        if anyio_backend == "trio":
+            with pytest.raises(RuntimeError, match="asyncio only"):
+                async with serve(EchoEnvironment, server="uvicorn"):
+                    pass
+        with pytest.raises(ValueError, match="create_app"):
+            async with serve(create_app(EchoEnvironment), max_sessions=2):
+                pass
+
+
+@pytest.mark.anyio
+async def test_the_body_exception_comes_out_as_itself() -> None:
+    with anyio.fail_after(LIMIT), pytest.raises(KeyError, match="mine"):
+        async with serve(EchoEnvironment):
+            raise KeyError("mine")
+
+
+@asynccontextmanager
+async def failing_lifespan(app: Starlette) -> AsyncIterator[None]:
+    raise ValueError("no database")
+    yield  # pragma: no cover
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
+async def test_an_app_that_fails_to_start(anyio_backend: str, server: ServerName) -> None:
+    if server == "uvicorn" and anyio_backend == "trio":
+        pytest.skip("uvicorn runs on asyncio only")
+    with anyio.fail_after(LIMIT), pytest.raises(RuntimeError, match="failed to start: ValueError: no database"):
+        async with serve(Starlette(lifespan=failing_lifespan), server=server):
+            pytest.fail("the block must not run")
+
+
+@pytest.mark.anyio
+async def test_a_busy_port_is_an_os_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with anyio.fail_after(LIMIT), pytest.raises(OSError, match=r"(?i)in use"):
+            async with serve(EchoEnvironment, port=taken.getsockname()[1]):
+                pass
+
+
+@pytest.mark.anyio
+async def test_stopping_ends_open_sessions_politely() -> None:
+    closed = anyio.Event()
+    codes: list[tuple[int | None, str]] = []
+
+    async def hold_session(url: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with RawWebSocket.connect(url) as ws:
+            await ws.request('{"type":"reset"}')
+            task_status.started()
+            try:
+                await ws.receive()
+            except WebSocketClosed as exc:
+                codes.append((exc.code, exc.reason))
+            closed.set()
+
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as task_group:
+            async with serve(EchoEnvironment, shutdown_timeout=5) as server:
+                await task_group.start(hold_session, server.ws_url)
+                started = anyio.current_time()
+            # Not the whole grace period: the session was asked to end at once.
+            assert anyio.current_time() - started < 3
+            await closed.wait()
+    assert codes == [(1001, "server shutting down")]
+
+
+@pytest.mark.anyio
+async def test_openenv_serve_delegates_to_the_runner() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            openenv.serve("openenv.examples.echo:EchoEnvironment", port=0) as server,
+            httpx.AsyncClient() as client,
+        ):
+            assert (await client.get(f"{server.url}/metadata")).json()["name"] == "EchoEnvironment"
+
+
+# -- the command line -------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(args: list[str]) -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def wait_for_health(url: str, process: subprocess.Popen[str], timeout: float = 30.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, f"the server exited: {process.communicate()}"
+        try:
+            return httpx.get(f"{url}/health", timeout=1.0)
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_openenv_serve_command(backend: str) -> None:
+    port = free_port()
+    args = [*CLI, "serve", "openenv.examples.echo:EchoEnvironment", "--port", str(port), "--backend", backend]
+    with running([*args, "--max-sessions", "4", "--log-level", "warning"]) as process:
+        response = wait_for_health(f"http://127.0.0.1:{port}", process)
+        assert response.json() == {"status": "healthy"}
+        assert httpx.get(f"http://127.0.0.1:{port}/metadata", timeout=5).json()["name"] == "EchoEnvironment"
+        # Ctrl-C: a graceful shutdown, and a clean exit.
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=15)
+        assert process.returncode == 0, stderr
+        assert f"on http://127.0.0.1:{port}" in stderr
+
+
+def test_openenv_demo_command() -> None:
+    result = subprocess.run([*CLI, "demo"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== asyncio ==" in result.stdout
+    assert "== trio ==" in result.stdout
+    assert "all good" in result.stdout
+    assert "FAILED" not in result.stdout
+
+
+def test_version_and_help() -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert openenv.__version__ in result.output
+    result = runner.invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "serve" in result.output
+    assert "demo" in result.output
+
+
+def test_serve_rejects_a_bad_factory() -> None:
+    result = CliRunner().invoke(main, ["serve", "no_such_module_here:Env"])
+    assert result.exit_code == 2
+    assert "FACTORY" in result.output

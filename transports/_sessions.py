@@ -1,0 +1,289 @@
+"""Session slots shared by every server endpoint of one app: the capacity limit and idle reaping.
+
+One `SessionRegistry` lives on the app (``app.state.sessions``) and counts the
+live sessions of every transport together (WebSocket connections now, HTTP
+long-polling sessions later), so ``max_sessions`` bounds them all at once.
+
+An endpoint takes a `SessionLease` before it builds the environment and gives it
+back, always, when the session ends::
+
+    lease = registry.open(transport="websocket", on_close=scope.cancel)
+    if lease is None:
+        ...  # send CAPACITY_REACHED (registry.active, registry.max_sessions) and close
+    try:
+        with scope:
+            ...  # serve: lease.touch() when waiting for the client (end the session
+            ...  # there if lease.close_reason is set), lease.mark_busy() on a request
+    finally:
+        lease.release()
+
+The registry asks a session to end in two cases: it stayed idle past the
+timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
+or the server is shutting down (`SessionRegistry.close_all`). Either way the
+lease's `SessionLease.close_reason` is set; an idle session's ``on_close`` is
+called at once, a busy one ends when it next goes idle, after its reply.
+
+The registry does no I/O: `SessionRegistry.expire_idle` is a plain function of
+the clock, and `SessionRegistry.run_reaper` only sleeps between calls to it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+__all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry"]
+
+logger = logging.getLogger("openenv.server")
+
+#: `SessionLease.close_reason` of a session ended for idleness.
+IDLE_TIMEOUT_REASON = "session idle timeout"
+#: `SessionLease.close_reason` of a session ended because the server is stopping.
+SHUTDOWN_REASON = "server shutting down"
+
+# How often the reaper looks, as a fraction of the idle timeout, and its bounds (s).
+_REAP_FRACTION = 0.25
+_REAP_MIN_INTERVAL = 0.05
+_REAP_MAX_INTERVAL = 5.0
+
+
+class SessionLease:
+    """One session's slot in a `SessionRegistry`; give it back with `release`.
+
+    The idle clock runs from the last `touch` until the next `mark_busy`: an
+    endpoint touches the lease when it starts waiting for the client's next
+    request, and marks it busy when one arrives, so a session whose environment
+    is working on a long step is never reaped as idle.
+
+    Attributes:
+        id: A number unique within the registry (not a secret: transports that
+            need an unguessable session token make their own).
+        transport: Which transport holds the session (``"websocket"``, ...).
+        opened_at: When the lease was taken, on the registry's clock.
+        idle_since: When the session last went idle, or ``None`` while it is busy.
+        close_reason: Why the registry asked the session to end
+            (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
+    """
+
+    __slots__ = ("_on_close", "_registry", "close_reason", "id", "idle_since", "opened_at", "transport")
+
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        lease_id: int,
+        transport: str,
+        on_close: Callable[[], object] | None,
+        now: float,
+    ) -> None:
+        self._registry: SessionRegistry | None = registry
+        self._on_close = on_close
+        self.id = lease_id
+        self.transport = transport
+        self.opened_at = now
+        self.idle_since: float | None = now
+        self.close_reason: str | None = None
+
+    @property
+    def released(self) -> bool:
+        """Whether the slot has been given back."""
+        return self._registry is None
+
+    def touch(self) -> None:
+        """Record activity now: the session is idle from this moment (it waits for its client)."""
+        registry = self._registry
+        if registry is not None:
+            self.idle_since = registry.clock()
+
+    def mark_busy(self) -> None:
+        """Stop the idle clock until the next `touch` (a request is being handled)."""
+        self.idle_since = None
+
+    def idle_for(self, now: float | None = None) -> float:
+        """Seconds the session has been idle (0 while it is busy or released).
+
+        Args:
+            now: The registry clock's current reading; read from it when omitted.
+        """
+        registry, idle_since = self._registry, self.idle_since
+        if registry is None or idle_since is None:
+            return 0.0
+        return (registry.clock() if now is None else now) - idle_since
+
+    def request_close(self, reason: str) -> None:
+        """Ask the session to end; the first reason given sticks.
+
+        An idle session's ``on_close`` callback is called now (once); a busy one
+        is left to finish its request, and its endpoint ends it when it next goes
+        idle (seeing `close_reason`). The slot stays taken until the endpoint
+        releases it, once the environment is closed. An exception from the
+        callback is logged, never raised.
+
+        Args:
+            reason: Why, for the client (a close frame's reason) and the logs.
+        """
+        if self.close_reason is not None or self._registry is None:
+            return
+        self.close_reason = reason
+        if self.idle_since is None:
+            return
+        callback, self._on_close = self._on_close, None
+        if callback is None:
+            return
+        try:
+            callback()
+        except Exception:
+            logger.exception("closing session %d (%s) failed", self.id, reason)
+
+    def release(self) -> None:
+        """Give the slot back; idempotent, and safe after the registry has forgotten it."""
+        registry, self._registry = self._registry, None
+        self._on_close = None
+        if registry is not None:
+            registry._forget(self)
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else ("busy" if self.idle_since is None else "idle")
+        return f"<SessionLease {self.id} {self.transport} {state}>"
+
+
+class SessionRegistry:
+    """The live sessions of one server, across all its transports.
+
+    Not thread-safe: use it from the event loop that serves the app (every call
+    is synchronous, so none can interleave with another).
+
+    Args:
+        max_sessions: The most sessions open at once; ``None`` for no limit.
+        session_idle_timeout: Seconds a session may wait for its client before
+            the reaper ends it; ``None`` never ends one.
+        clock: The clock leases are timed with (seconds, monotonic).
+
+    Raises:
+        ValueError: ``max_sessions`` is below 1, or ``session_idle_timeout`` is not
+            positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int | None = None,
+        session_idle_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_sessions is not None and max_sessions < 1:
+            raise ValueError(f"max_sessions must be at least 1 (or None for no limit), not {max_sessions}")
+        if session_idle_timeout is not None and not session_idle_timeout > 0:
+            raise ValueError(f"session_idle_timeout must be positive (or None for none), not {session_idle_timeout}")
+        self.max_sessions = max_sessions
+        self.session_idle_timeout = session_idle_timeout
+        self.clock = clock
+        self._leases: dict[int, SessionLease] = {}
+        self._ids = itertools.count(1)
+        self._emptied: anyio.Event | None = None
+
+    @property
+    def active(self) -> int:
+        """The number of sessions holding a slot now."""
+        return len(self._leases)
+
+    @property
+    def full(self) -> bool:
+        """Whether `open` would refuse a new session now."""
+        return self.max_sessions is not None and len(self._leases) >= self.max_sessions
+
+    def _forget(self, lease: SessionLease) -> None:
+        self._leases.pop(lease.id, None)
+        if not self._leases and self._emptied is not None:
+            self._emptied.set()
+            self._emptied = None
+
+    async def wait_empty(self) -> None:
+        """Return once no session holds a slot (at once if none does)."""
+        while self._leases:
+            if self._emptied is None:
+                self._emptied = anyio.Event()
+            await self._emptied.wait()
+
+    def leases(self) -> list[SessionLease]:
+        """Return the leases held now, oldest first (a snapshot)."""
+        return list(self._leases.values())
+
+    def open(
+        self, *, transport: str = "websocket", on_close: Callable[[], object] | None = None
+    ) -> SessionLease | None:
+        """Take a slot for a new session.
+
+        Args:
+            transport: Which transport the session runs on, for logs and listings.
+            on_close: Called (at most once, with no arguments, on the event loop)
+                to end the session while it waits for its client: when it has
+                been idle too long, or the server shuts down. It should end the
+                session at once, e.g. ``cancel_scope.cancel``, and must not block.
+
+        Returns:
+            The lease, idle from now; or ``None`` when `max_sessions` are open
+            already (then tell the client ``CAPACITY_REACHED`` with `active` and
+            `max_sessions`).
+        """
+        if self.full:
+            return None
+        lease = SessionLease(self, next(self._ids), transport, on_close, self.clock())
+        self._leases[lease.id] = lease
+        return lease
+
+    def expire_idle(self, now: float | None = None) -> list[SessionLease]:
+        """Expire every session idle for longer than `session_idle_timeout`.
+
+        Args:
+            now: The clock's current reading; read from `clock` when omitted.
+
+        Returns:
+            The leases asked to close by this call (with `IDLE_TIMEOUT_REASON`).
+        """
+        timeout = self.session_idle_timeout
+        if timeout is None:
+            return []
+        if now is None:
+            now = self.clock()
+        expired = []
+        for lease in list(self._leases.values()):
+            idle_since = lease.idle_since
+            if lease.close_reason is None and idle_since is not None and now - idle_since > timeout:
+                logger.info("session %d (%s) idle for %.1f s: closing it", lease.id, lease.transport, now - idle_since)
+                lease.request_close(IDLE_TIMEOUT_REASON)
+                expired.append(lease)
+        return expired
+
+    def close_all(self, reason: str = SHUTDOWN_REASON) -> None:
+        """Ask every session to end (see `SessionLease.request_close`): the server is stopping.
+
+        Args:
+            reason: Why, for the clients and the logs.
+        """
+        for lease in list(self._leases.values()):
+            lease.request_close(reason)
+
+    @property
+    def reap_interval(self) -> float | None:
+        """How often `run_reaper` looks for idle sessions (``None`` without an idle timeout)."""
+        timeout = self.session_idle_timeout
+        if timeout is None:
+            return None
+        return min(max(timeout * _REAP_FRACTION, _REAP_MIN_INTERVAL), _REAP_MAX_INTERVAL)
+
+    async def run_reaper(self) -> None:
+        """Expire idle sessions until cancelled; returns at once without an idle timeout.
+
+        Run it as a task for the app's lifetime (the app's lifespan does). A
+        session is ended at most `reap_interval` seconds after it passed the timeout.
+        """
+        interval = self.reap_interval
+        if interval is None:
+            return
+        while True:
+            await anyio.sleep(interval)
+            self.expire_idle()

@@ -1,0 +1,251 @@
+"""The ASGI app that serves one environment over every server-side transport.
+
+`create_app` builds a Starlette app with:
+
+- ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
+- ``GET /health`` → ``{"status": "healthy"}``;
+- ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
+- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
+
+Its lifespan runs the idle-session reaper. Everything a further transport's
+routes need is kept on ``app.state``: ``app.state.sessions`` (the one
+`SessionRegistry`, shared by every transport, so ``max_sessions`` counts all
+sessions), ``app.state.factory``, ``app.state.schemas`` and ``app.state.metadata``.
+A transport that adds routes (HTTP long-polling, say) appends them with
+`mount_routes`, before the app serves its first request::
+
+    app = create_app(EchoEnvironment, max_sessions=8)
+    mount_routes(app, http_polling_routes(app.state.factory, registry=app.state.sessions))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import typing
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+
+from openenv import Environment, EnvironmentMetadata
+from openenv.server import factory_name, load_factory
+
+from ._sessions import SessionRegistry
+from .websocket._server import WebSocketEndpoint
+
+__all__ = ["create_app", "environment_metadata", "environment_schemas", "mount_routes"]
+
+_LIFTED_FIELDS = ("done", "reward", "metadata")
+
+
+class _JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
+
+
+def _environment_class(factory: Callable[[], Any]) -> type[Any] | None:
+    """The environment class a factory builds, if it can be known without calling it."""
+    if isinstance(factory, type):
+        return factory
+    try:  # A function annotated with the class it returns.
+        returns = typing.get_type_hints(factory).get("return")
+    except Exception:
+        return None
+    return returns if isinstance(returns, type) else None
+
+
+def _any_schema(type_: Any) -> dict[str, Any]:
+    """The schema hook for types msgspec cannot describe: anything goes."""
+    return {}
+
+
+def _schema(type_: Any) -> dict[str, Any]:
+    try:
+        return msgspec.json.schema(type_, schema_hook=_any_schema)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _wire_observation_type(observation_type: Any) -> Any:
+    """The observation's fields as they travel under ``data.observation``."""
+    if not (isinstance(observation_type, type) and issubclass(observation_type, msgspec.Struct)):
+        return observation_type
+    fields = []
+    for info in msgspec.structs.fields(observation_type):
+        if info.name in _LIFTED_FIELDS:
+            continue
+        options: dict[str, Any] = {}
+        if info.default is not msgspec.NODEFAULT:
+            options["default"] = info.default
+        elif info.default_factory is not msgspec.NODEFAULT:
+            options["default_factory"] = info.default_factory
+        if info.encode_name != info.name:
+            options["name"] = info.encode_name
+        fields.append((info.name, info.type, msgspec.field(**options)))
+    wire = msgspec.defstruct(observation_type.__name__, fields, kw_only=True)
+    wire.__doc__ = observation_type.__doc__
+    return wire
+
+
+def _observation_schema(observation_type: Any) -> dict[str, Any]:
+    """The schema of an observation reply's ``data``: the observation, reward and done."""
+    try:
+        (observation,), components = msgspec.json.schema_components(
+            [_wire_observation_type(observation_type)], schema_hook=_any_schema
+        )
+    except (TypeError, ValueError):
+        observation, components = {}, {}
+    schema: dict[str, Any] = {
+        "title": "ObservationReply",
+        "description": "The data of an observation reply: the observation's own fields under "
+        "'observation', with reward and done beside it.",
+        "type": "object",
+        "properties": {
+            "observation": observation,
+            "reward": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None},
+            "done": {"type": "boolean", "default": False},
+        },
+        "required": ["observation"],
+    }
+    if components:
+        schema["$defs"] = components
+    return schema
+
+
+def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]:
+    """The JSON Schemas ``GET /schema`` answers with, for an environment factory.
+
+    Args:
+        factory: An `openenv.Environment` subclass, or a function (annotated with
+            the class it returns, ideally; otherwise the schemas allow anything).
+
+    Returns:
+        ``{"action": ..., "observation": ..., "state": ...}``. ``action`` and
+        ``state`` describe the types themselves; ``observation`` describes the
+        ``data`` of an observation reply as it is on the wire (the observation's
+        fields under ``observation``, with ``reward`` and ``done`` beside it).
+    """
+    cls = _environment_class(factory)
+    action_type = getattr(cls, "action_type", dict)
+    observation_type = getattr(cls, "observation_type", dict)
+    state_type = getattr(cls, "state_type", dict)
+    return {
+        "action": _schema(action_type),
+        "observation": _observation_schema(observation_type),
+        "state": _schema(state_type),
+    }
+
+
+def environment_metadata(factory: Callable[[], Any]) -> EnvironmentMetadata:
+    """What ``GET /metadata`` tells about an environment factory.
+
+    Args:
+        factory: An `openenv.Environment` subclass (its ``metadata()`` classmethod
+            answers) or any other callable (described by its name and docstring).
+
+    Returns:
+        The metadata.
+    """
+    cls = _environment_class(factory)
+    if cls is not None and issubclass(cls, Environment):
+        return cls.metadata()
+    doc = inspect.getdoc(factory) or ""
+    name = getattr(factory, "__name__", None) or factory_name(factory)
+    return EnvironmentMetadata(
+        name=name,
+        description=doc.splitlines()[0] if doc else "",
+        readme_content=doc or None,
+    )
+
+
+def mount_routes(app: Starlette, routes: Sequence[BaseRoute]) -> None:
+    """Add a transport's routes to an app made by `create_app`.
+
+    This is the extension point for transports beyond WebSocket: their routes
+    share ``app.state.sessions`` (capacity and idle reaping) and
+    ``app.state.factory`` with ``/ws``. Call it before the app serves.
+
+    Args:
+        app: The app.
+        routes: Starlette routes to append.
+    """
+    app.router.routes.extend(routes)
+
+
+def create_app(
+    factory: Callable[[], Any] | str,
+    *,
+    max_sessions: int | None = None,
+    session_idle_timeout: float | None = None,
+    metadata: EnvironmentMetadata | None = None,
+) -> Starlette:
+    """Build the ASGI app that serves an environment.
+
+    Args:
+        factory: Builds one environment per session: an `openenv.Environment`
+            subclass, a function, or its ``"package.module:Factory"`` name.
+        max_sessions: The most sessions open at once over all transports; a
+            client beyond it gets ``CAPACITY_REACHED``. ``None`` for no limit.
+        session_idle_timeout: Seconds a session may wait for its client's next
+            request before the server ends it; ``None`` for never.
+        metadata: What ``GET /metadata`` answers; by default taken from the
+            factory (see `environment_metadata`).
+
+    Returns:
+        A Starlette app; run it with `transports.runner.serve` (embedded) or
+        `transports.runner.run`, or any ASGI server. Its ``state`` holds
+        ``sessions`` (the `SessionRegistry`), ``factory``, ``schemas`` and ``metadata``.
+
+    Raises:
+        ValueError: A bad ``factory`` name, ``max_sessions`` or ``session_idle_timeout``.
+        ImportError: The named factory cannot be imported.
+        TypeError: The named factory is not callable.
+    """
+    env_factory = load_factory(factory) if isinstance(factory, str) else factory
+    if not callable(env_factory):
+        raise TypeError(f"the environment factory must be callable, not {type(env_factory).__name__}")
+    registry = SessionRegistry(max_sessions=max_sessions, session_idle_timeout=session_idle_timeout)
+    schemas = environment_schemas(env_factory)
+    meta = metadata if metadata is not None else environment_metadata(env_factory)
+
+    async def health(request: Request) -> Response:
+        return _JSONResponse({"status": "healthy"})
+
+    async def schema(request: Request) -> Response:
+        return _JSONResponse(schemas)
+
+    # Every field, null when unknown, as the reference server sends it.
+    metadata_fields = msgspec.structs.asdict(meta)
+
+    async def metadata_endpoint(request: Request) -> Response:
+        return _JSONResponse(metadata_fields)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(registry.run_reaper)
+            try:
+                yield
+            finally:
+                task_group.cancel_scope.cancel()
+
+    routes: list[BaseRoute] = [
+        WebSocketRoute("/ws", WebSocketEndpoint(env_factory, registry=registry), name="ws"),
+        Route("/health", health, methods=["GET"], name="health"),
+        Route("/schema", schema, methods=["GET"], name="schema"),
+        Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.sessions = registry
+    app.state.factory = env_factory
+    app.state.schemas = schemas
+    app.state.metadata = meta
+    return app

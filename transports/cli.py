@@ -1,0 +1,270 @@
+"""The ``openenv`` command line: serve an environment, or watch the echo demo run.
+
+```
+openenv serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
+                                     [--max-sessions N] [--session-idle-timeout S]
+openenv demo [--backend asyncio|trio|both]
+openenv --version
+```
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import Any
+
+import click
+
+import openenv
+
+__all__ = ["main"]
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+DEMO_FACTORY = "openenv.examples.echo:EchoEnvironment"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(openenv.__version__, "-V", "--version", prog_name="openenv")
+def main() -> None:
+    """Serve environments and try them out."""
+
+
+@main.command()
+@click.argument("factory")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option(
+    "--backend",
+    type=click.Choice(["asyncio", "trio"]),
+    default="asyncio",
+    show_default=True,
+    help="The event loop (asyncio runs uvicorn, trio runs hypercorn).",
+)
+@click.option(
+    "--server",
+    type=click.Choice(["uvicorn", "hypercorn"]),
+    default=None,
+    help="The ASGI server, if not the backend's default.",
+)
+@click.option("--max-sessions", type=click.IntRange(min=1), default=None, help="The most sessions open at once.")
+@click.option(
+    "--session-idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds a session may wait for its client before it is closed.",
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
+@click.option(
+    "--app-dir",
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Looks for the factory's module here first (as uvicorn does).",
+)
+def serve(
+    factory: str,
+    host: str,
+    port: int,
+    backend: str,
+    server: str | None,
+    max_sessions: int | None,
+    session_idle_timeout: float | None,
+    log_level: str,
+    app_dir: str,
+) -> None:
+    """Serve FACTORY (package.module:Factory) over WebSocket until Ctrl-C.
+
+    FACTORY builds one environment per session: usually an openenv.Environment
+    subclass. Clients connect to http://HOST:PORT (the WebSocket endpoint is /ws).
+    """
+    from openenv.server import load_factory
+
+    from .runner import RunningServer, run
+
+    sys.path.insert(0, os.path.abspath(app_dir))
+    try:
+        env_factory = load_factory(factory)
+    except (ImportError, ValueError, TypeError) as exc:
+        raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
+
+    def announce(running: RunningServer) -> None:
+        click.echo(
+            f"openenv: serving {factory} on {running.url} (WebSocket {running.ws_url}, "
+            f"{running.server} on {backend}); press CTRL+C to quit",
+            err=True,
+        )
+
+    try:
+        run(
+            env_factory,
+            host=host,
+            port=port,
+            backend=backend,  # type: ignore[arg-type]
+            server=server,  # type: ignore[arg-type]
+            max_sessions=max_sessions,
+            session_idle_timeout=session_idle_timeout,
+            log_level=log_level,
+            on_ready=announce,
+        )
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+# -- demo ------------------------------------------------------------------------
+
+
+class _DemoFailure(Exception):
+    """One check of the demo did not hold."""
+
+
+def _websocket_unavailable() -> str | None:
+    """Why the WebSocket transport cannot be demonstrated, or ``None`` if it can."""
+    if "ws" not in openenv.registered_schemes():
+        return "the ws:// scheme is not registered"
+    try:
+        from transports.websocket import WebSocketTransport  # noqa: F401
+    except ImportError as exc:
+        return f"transports.websocket has no WebSocketTransport ({exc})"
+    return None
+
+
+def _describe(result: Any) -> str:
+    observation = result.observation
+    reward = "None" if result.reward is None else f"{result.reward:g}"
+    return (
+        f"echoed_message={observation.echoed_message!r} result={observation.result!r} "
+        f"reward={reward} done={result.done!r}"
+    )
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise _DemoFailure(what)
+
+
+async def _exercise_async(url: str) -> list[str]:
+    """Run the demo's calls through the async client; returns the lines to print."""
+    from openenv.examples.echo import CallToolAction, EchoEnv
+
+    lines = []
+    async with EchoEnv(url, timeout=10.0) as env:
+        result = await env.reset()
+        lines.append(f"reset()                  -> {_describe(result)}")
+        _check(result.observation.echoed_message == "" and not result.done, "reset() gave a fresh episode")
+        action = CallToolAction(tool_name="echo_message", arguments={"message": "Hello, openenv!"})
+        result = await env.step(action)
+        lines.append(f"step(echo_message)       -> {_describe(result)}")
+        _check(result.observation.echoed_message == "Hello, openenv!", "step() echoed the message")
+        result = await env.reset_async(episode_id="demo-episode")
+        lines.append(f"reset_async(episode_id)  -> {_describe(result)}")
+        action = CallToolAction(tool_name="echo_with_length", arguments={"message": "async"})
+        result = await env.step_async(action)
+        lines.append(f"step_async(with_length)  -> {_describe(result)}")
+        _check(result.observation.result == {"message": "async", "length": 5}, "step_async() measured the message")
+        state = await env.state()
+        lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
+        _check(state.episode_id == "demo-episode" and state.step_count == 1, "state() followed the episode")
+    return lines
+
+
+def _exercise_sync(url: str, backend: str) -> list[str]:
+    """Run the demo's calls through the blocking facade (``.sync()``)."""
+    from openenv.examples.echo import CallToolAction, EchoEnv
+
+    lines = []
+    with EchoEnv(url, timeout=10.0).sync(backend=backend) as env:
+        result = env.reset(episode_id="sync-episode")
+        lines.append(f"reset(episode_id)        -> {_describe(result)}")
+        result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello, sync!"}))
+        lines.append(f"step(echo_message)       -> {_describe(result)}")
+        _check(result.observation.echoed_message == "Hello, sync!", "step() echoed the message")
+        state = env.state()
+        lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
+        _check(state.episode_id == "sync-episode" and state.step_count == 1, "state() followed the episode")
+    return lines
+
+
+def _report(label: str, run_demo: Callable[[], list[str]]) -> bool:
+    """Run one demo part and print what it got; returns whether it passed."""
+    click.echo(f"  {label}")
+    try:
+        lines = run_demo()
+    except _DemoFailure as exc:
+        click.secho(f"    FAILED: expected that {exc}", fg="red")
+        return False
+    except Exception as exc:
+        click.secho(f"    FAILED: {type(exc).__name__}: {exc}", fg="red")
+        return False
+    for line in lines:
+        click.echo(f"    {line}")
+    click.secho("    ok", fg="green")
+    return True
+
+
+@contextmanager
+def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
+    """Yield ``(label, url or None, why skipped)`` for each transport, serving what needs a server."""
+    with ExitStack() as stack:
+        urls: list[tuple[str, str | None, str]] = [("in-process", f"inproc://{DEMO_FACTORY}", "")]
+        reason = _websocket_unavailable()
+        if reason is None:
+            from openenv.examples.echo import EchoEnvironment
+
+            from .runner import serve
+
+            running = stack.enter_context(portal.wrap_async_context_manager(serve(EchoEnvironment, port=0)))
+            urls.append(("WebSocket", running.url.replace("http://", "ws://", 1), ""))
+        else:
+            urls.append(("WebSocket", None, reason))
+        yield urls
+
+
+@main.command()
+@click.option(
+    "--backend",
+    type=click.Choice(["asyncio", "trio", "both"]),
+    default="both",
+    show_default=True,
+    help="The event loop(s) to run the demo on.",
+)
+def demo(backend: str) -> None:
+    """Run the echo environment over every available transport, and show what comes back.
+
+    For each transport it resets, steps, resets and steps again (``reset_async`` /
+    ``step_async``) and reads the state through the async client, then once more
+    through the blocking ``.sync()`` facade. Exits non-zero if anything fails.
+    """
+    from anyio.from_thread import start_blocking_portal
+
+    backends = ["asyncio", "trio"] if backend == "both" else [backend]
+    if "trio" in backends and importlib.util.find_spec("trio") is None:
+        if backend == "trio":
+            raise click.ClickException("trio is not installed (pip install 'openenv[trio]')")
+        click.echo("(trio is not installed: the demo runs on asyncio only)")
+        backends.remove("trio")
+
+    passed = True
+    for index, name in enumerate(backends):
+        click.secho(f"== {name} ==", bold=True)
+        with start_blocking_portal(name) as portal, _demo_urls(portal) as urls:
+            for label, url, reason in urls:
+                if url is None:
+                    click.echo(f"  {label}: skipped ({reason})")
+                    continue
+                passed &= _report(f"{label} {url}", partial(portal.call, _exercise_async, url))
+                if index == 0:
+                    passed &= _report(f"{label} {url}, blocking (.sync())", partial(_exercise_sync, url, name))
+    if not passed:
+        raise click.ClickException("the demo failed")
+    click.secho("all good", fg="green")
+
+
+if __name__ == "__main__":  # python -m transports.cli
+    main()

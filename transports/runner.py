@@ -1,0 +1,592 @@
+"""Running the app on a real ASGI server: embedded in an event loop, or blocking for the CLI.
+
+- `serve` is an async context manager: it starts a server on a loopback port
+  from inside a running event loop (asyncio or trio), yields a `RunningServer`
+  once the server answers, and shuts it down gracefully on exit. It never
+  touches the process's signal handlers.
+- `run` blocks: it starts an event loop, serves until SIGINT or SIGTERM, then
+  shuts down gracefully (a second signal cuts the grace short), as ASGI servers'
+  own command lines do.
+
+Which server runs the app: uvicorn on asyncio (the faster, measured on the
+``/ws`` round trip), hypercorn on trio (uvicorn is asyncio-only); hypercorn can
+be asked for on asyncio too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, cast
+
+import anyio
+from anyio.abc import TaskStatus
+from starlette.applications import Starlette
+
+from ._sessions import SHUTDOWN_REASON, SessionRegistry
+from .app import create_app
+
+__all__ = ["DEFAULT_WS_MAX_SIZE", "RunningServer", "ServerName", "current_backend", "run", "serve"]
+
+logger = logging.getLogger("openenv.server")
+
+ServerName = Literal["uvicorn", "hypercorn"]
+
+#: The largest WebSocket message the server accepts: 100 MiB, as OpenEnv's client allows.
+DEFAULT_WS_MAX_SIZE = 100 * 1024 * 1024
+
+# Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
+_WS_PING_INTERVAL = 20.0
+_WS_PING_TIMEOUT = 20.0
+_LISTEN_BACKLOG = 2048
+_PROBE_INTERVAL = 0.01
+
+
+class RunningServer:
+    """A server started by `serve`, and where to reach it.
+
+    Attributes:
+        app: The ASGI app being served.
+        host: The address it listens on.
+        port: The port it listens on (the real one, also when 0 was asked for).
+        server: Which ASGI server runs it: ``"uvicorn"`` or ``"hypercorn"``.
+    """
+
+    def __init__(self, *, app: Starlette, host: str, port: int, server: ServerName) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        """The base URL, ``http://host:port`` (what `openenv.EnvClient` takes, as OpenEnv's does)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        """The WebSocket endpoint's URL, ``ws://host:port/ws``."""
+        return "ws" + self.url[len("http") :] + "/ws"
+
+    def __repr__(self) -> str:
+        return f"<RunningServer {self.url} ({self.server})>"
+
+
+def current_backend() -> str:
+    """Name the async library running the current task: ``"asyncio"`` or ``"trio"``.
+
+    Raises:
+        RuntimeError: No event loop is running in this thread.
+    """
+    try:
+        cancelled = anyio.get_cancelled_exc_class()
+    except Exception as exc:  # anyio's NoEventLoopError is a RuntimeError
+        raise RuntimeError("no async event loop is running in this thread") from exc
+    return cancelled.__module__.partition(".")[0]
+
+
+def _default_server(backend: str) -> ServerName:
+    return "uvicorn" if backend == "asyncio" else "hypercorn"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``(host, port)`` ourselves, so the port is known before serving."""
+    addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = addresses[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if hasattr(socket, "SO_REUSEADDR") and not hasattr(socket, "SO_EXCLUSIVEADDRUSE"):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(_LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Options:
+    """What the server runners need besides the app and the socket."""
+
+    def __init__(self, *, log_level: str, shutdown_timeout: float, embedded: bool) -> None:
+        self.log_level = log_level
+        self.shutdown_timeout = shutdown_timeout
+        self.embedded = embedded
+
+
+async def _run_uvicorn(
+    app: Starlette,
+    sock: socket.socket,
+    options: _Options,
+    stop: anyio.Event,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
+
+    class EmbeddedServer(uvicorn.Server):
+        """Uvicorn that reports readiness, and leaves signals to its caller."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield  # never install signal handlers: `serve` is a library call, `run` handles them
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                task_status.started()
+
+    config = uvicorn.Config(
+        app,
+        http=_uvicorn_http_protocol(),
+        ws=_uvicorn_websocket_protocol(),
+        lifespan="on",
+        interface="asgi3",
+        log_config=None if options.embedded else LOGGING_CONFIG,
+        log_level=options.log_level,
+        access_log=options.log_level in ("debug", "trace"),
+        ws_max_size=DEFAULT_WS_MAX_SIZE,
+        ws_ping_interval=_WS_PING_INTERVAL,
+        ws_ping_timeout=_WS_PING_TIMEOUT,
+        # Compressing small frames costs more CPU than it saves on a fast link.
+        ws_per_message_deflate=False,
+        timeout_graceful_shutdown=max(1, round(options.shutdown_timeout)),
+    )
+    server = EmbeddedServer(config)
+
+    async def exit_when_stopped() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(exit_when_stopped)
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit as exc:  # uvicorn exits the process when the app's startup fails
+            raise RuntimeError(f"uvicorn stopped (exit status {exc.code}); see its log") from None
+        task_group.cancel_scope.cancel()
+
+
+# The most asyncio reads from a socket at once. Its default, 256 KiB, is past
+# malloc's mmap threshold: every read then maps, remaps and unmaps a buffer.
+_READ_SIZE = 64 * 1024
+
+# Messages a connection may queue for the app before uvicorn stops reading from its socket.
+_WS_QUEUED_MESSAGES = 2
+
+
+def _limit_read_size(transport: Any) -> None:
+    if getattr(transport, "max_size", 0) > _READ_SIZE:
+        transport.max_size = _READ_SIZE
+
+
+def _uvicorn_http_protocol() -> Any:
+    """Uvicorn's HTTP protocol (httptools or h11, as it picks), reading at most `_READ_SIZE`."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            _limit_read_size(transport)
+
+    return HTTPProtocol
+
+
+def _uvicorn_websocket_protocol() -> Any:
+    """Uvicorn's websockets sans-I/O protocol, without a pause and a resume per message.
+
+    The stock class stops reading the socket after every message and resumes
+    when the app takes it: two extra system calls per frame, a third of the
+    server's time on a small round trip. This one stops reading only once
+    `_WS_QUEUED_MESSAGES` wait unread, which still bounds what a flooding
+    client can queue. Written against uvicorn 0.52.1 to 0.54; falls back to
+    uvicorn's own choice where its internals differ.
+    """
+    try:
+        from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+    except ImportError:  # pragma: no cover - a uvicorn older than 0.35
+        return "auto"
+    if not hasattr(WebSocketsSansIOProtocol, "send_receive_event_to_app"):  # pragma: no cover
+        return "websockets-sansio"
+
+    class WebSocketProtocol(WebSocketsSansIOProtocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            _limit_read_size(transport)
+
+        def send_receive_event_to_app(self) -> None:
+            paused = self.read_paused
+            self.read_paused = True  # keeps the base class from pausing after this message
+            try:
+                super().send_receive_event_to_app()
+            finally:
+                self.read_paused = paused
+            if not paused and self.queue.qsize() >= _WS_QUEUED_MESSAGES:
+                self.read_paused = True
+                self.transport.pause_reading()
+
+    return WebSocketProtocol
+
+
+class _StartedAdapter:
+    """Hands hypercorn's ``task_status.started(binds)`` on to anyio's ``started()``."""
+
+    def __init__(self, task_status: TaskStatus[None]) -> None:
+        self._task_status = task_status
+
+    def started(self, value: object = None) -> None:
+        self._task_status.started()
+
+
+async def _run_hypercorn(
+    app: Starlette,
+    sock: socket.socket,
+    options: _Options,
+    stop: anyio.Event,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    from hypercorn.config import Config, Sockets
+    from hypercorn.utils import wrap_app
+
+    config = Config()
+    config.loglevel = "DEBUG" if options.log_level == "trace" else options.log_level.upper()  # no TRACE level
+    if options.embedded:  # log through the process's own logging setup, untouched
+        error_logger = logging.getLogger("hypercorn.error")
+        error_logger.setLevel(config.loglevel)
+        config.errorlog = error_logger
+    config.accesslog = "-" if options.log_level in ("debug", "trace") else None
+    config.websocket_max_message_size = DEFAULT_WS_MAX_SIZE
+    # No keepalive pings (hypercorn's default): its ping task outlives a closed
+    # connection by up to one interval, holding the socket and delaying shutdown.
+    config.graceful_timeout = options.shutdown_timeout
+    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
+    wrapped = wrap_app(cast(Any, app), config.wsgi_max_body_size, "asgi")
+
+    if current_backend() == "trio":
+        from hypercorn.trio.run import worker_serve as trio_worker_serve
+
+        started: Any = _StartedAdapter(task_status)
+        await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
+        return
+
+    from hypercorn.asyncio.run import worker_serve as asyncio_worker_serve
+
+    # Hypercorn on asyncio tells nobody when it is ready: ask it over HTTP.
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(
+            functools.partial(asyncio_worker_serve, wrapped, config, sockets=sockets, shutdown_trigger=stop.wait)
+        )
+        host, port = sock.getsockname()[:2]
+        await _wait_until_serving(host, port)
+        task_status.started()
+
+
+async def _wait_until_serving(host: str, port: int) -> None:
+    """Return once an HTTP request to the server gets a response (any status)."""
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+    while True:
+        try:
+            async with await anyio.connect_tcp(host, port) as stream:
+                await stream.send(request)
+                if (await stream.receive()).startswith(b"HTTP/"):
+                    return
+        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+        await anyio.sleep(_PROBE_INTERVAL)
+
+
+_RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {"uvicorn": _run_uvicorn, "hypercorn": _run_hypercorn}
+
+
+def _app_for(
+    app_or_factory: Starlette | Callable[[], Any] | str,
+    max_sessions: int | None,
+    session_idle_timeout: float | None,
+) -> Starlette:
+    if isinstance(app_or_factory, Starlette):
+        if max_sessions is not None or session_idle_timeout is not None:
+            raise ValueError("max_sessions and session_idle_timeout are set in create_app(), not for a ready app")
+        return app_or_factory
+    return create_app(app_or_factory, max_sessions=max_sessions, session_idle_timeout=session_idle_timeout)
+
+
+async def _end_sessions(app: Starlette, timeout: float) -> None:
+    """Ask the app's sessions to end (idle ones now, busy ones after their reply); wait for them.
+
+    The servers would otherwise wait out their whole grace period for every
+    open WebSocket (hypercorn), or close them without a reason (uvicorn: 1012).
+    """
+    registry = getattr(app.state, "sessions", None)
+    if not isinstance(registry, SessionRegistry) or registry.active == 0:
+        return
+    registry.close_all(SHUTDOWN_REASON)
+    with anyio.move_on_after(timeout):
+        await registry.wait_empty()
+
+
+class _StartupWatch:
+    """Passes an ASGI app through, noting whether its lifespan startup failed.
+
+    Hypercorn on trio logs a failed startup and serves regardless; this lets
+    `serve` refuse to yield a server whose app did not start.
+    """
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.failure: str | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def watched_send(message: Any) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                # Starlette sends the whole traceback: its last line says what failed.
+                lines = str(message.get("message") or "").strip().splitlines()
+                self.failure = lines[-1] if lines else "lifespan startup failed"
+            await send(message)
+
+        await self.app(scope, receive, watched_send)
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    app: Starlette,
+    *,
+    host: str,
+    port: int,
+    server: ServerName | None,
+    options: _Options,
+    startup_timeout: float,
+) -> AsyncIterator[RunningServer]:
+    """Run ``app`` on a server for the block; the block's own exception comes out as itself.
+
+    A server that fails to start raises `RuntimeError` (or `TimeoutError`) here; one
+    that fails while the block runs stops serving, and `RuntimeError` is raised
+    when the block ends (the block is not interrupted).
+    """
+    backend = current_backend()
+    name: ServerName = server if server is not None else _default_server(backend)
+    if name not in _RUNNERS:
+        raise ValueError(f"unknown server {name!r}; use 'uvicorn' or 'hypercorn'")
+    if name == "uvicorn" and backend != "asyncio":
+        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn'")
+    watched = _StartupWatch(app)
+    sock = _bind(host, port)
+    server_errors: list[Exception] = []
+    body_error: Exception | None = None
+    started = False
+    stop = anyio.Event()
+    stopped = anyio.Event()
+
+    async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await _RUNNERS[name](watched, sock, options, stop, task_status=task_status)
+        except Exception as exc:  # kept for the host: a task group would cancel the caller's block
+            server_errors.append(exc)
+        finally:
+            stopped.set()
+
+    try:
+        bound_host, bound_port = sock.getsockname()[:2]
+        async with anyio.create_task_group() as task_group:
+            try:
+                with anyio.fail_after(startup_timeout):
+                    await task_group.start(run_server)
+                started = watched.failure is None
+            except RuntimeError:  # the server exited before it was ready: see server_errors
+                pass
+            except TimeoutError:
+                server_errors.append(TimeoutError(f"{name} did not start within {startup_timeout} s"))
+            if not started:
+                stop.set()
+                with anyio.move_on_after(options.shutdown_timeout):
+                    await stopped.wait()
+                task_group.cancel_scope.cancel()
+            else:
+                try:
+                    yield RunningServer(app=app, host=bound_host, port=bound_port, server=name)
+                except Exception as exc:
+                    body_error = exc
+                finally:
+                    try:
+                        await _end_sessions(app, options.shutdown_timeout)
+                    finally:
+                        stop.set()
+                        # Graceful first; the server bounds its own grace, this bounds the server.
+                        with anyio.move_on_after(options.shutdown_timeout + 2.0):
+                            await stopped.wait()
+                        task_group.cancel_scope.cancel()
+    finally:
+        sock.close()
+    if body_error is not None:
+        for error in server_errors:
+            logger.error("the %s server failed", name, exc_info=error)
+        raise body_error
+    if not started:
+        if watched.failure is not None:
+            raise RuntimeError(f"the app failed to start: {watched.failure}")
+        if server_errors and isinstance(server_errors[0], TimeoutError):
+            raise server_errors[0]
+        cause = server_errors[0] if server_errors else None
+        raise RuntimeError(f"{name} failed to start the app: {cause}") from cause
+    if server_errors:
+        raise RuntimeError(f"the {name} server failed: {server_errors[0]}") from server_errors[0]
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    app_or_factory: Starlette | Callable[[], Any] | str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    server: ServerName | None = None,
+    max_sessions: int | None = None,
+    session_idle_timeout: float | None = None,
+    log_level: str = "warning",
+    shutdown_timeout: float = 5.0,
+    startup_timeout: float = 30.0,
+) -> AsyncIterator[RunningServer]:
+    """Serve an environment from inside a running event loop, for the ``async with`` block.
+
+    Example:
+        ```python
+        async with serve(EchoEnvironment) as server:
+            async with EchoEnv(server.url) as env:
+                await env.reset()
+        ```
+
+    Args:
+        app_or_factory: The environment factory (a class, a function, or its
+            ``"package.module:Factory"`` name), or an app made by `create_app`.
+        host: The address to listen on.
+        port: The port; 0 (the default) picks a free one, reported as
+            `RunningServer.port`.
+        server: ``"uvicorn"`` (asyncio only) or ``"hypercorn"``; by default
+            uvicorn on asyncio and hypercorn on trio.
+        max_sessions: See `create_app` (only with a factory).
+        session_idle_timeout: See `create_app` (only with a factory).
+        log_level: The level of the server's own loggers (``"warning"``,
+            ``"info"``, ...); the process's logging configuration is not replaced.
+        shutdown_timeout: Seconds open sessions get, on exit, to finish the
+            request in hand before they are cut.
+        startup_timeout: Seconds the server may take to start.
+
+    Yields:
+        The `RunningServer`, already serving. The block's own exception comes
+        out as itself (not in an exception group).
+
+    Raises:
+        RuntimeError: No event loop runs; uvicorn was asked for on trio; the app
+            failed to start (its lifespan raised); or the server failed while the
+            block ran (raised when the block ends: the block is not interrupted,
+            its requests fail).
+        ValueError: An unknown ``server``, or session options with a ready app.
+        OSError: The address cannot be bound.
+        TimeoutError: The server did not start within ``startup_timeout``.
+    """
+    app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
+    options = _Options(log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True)
+    async with _serving(
+        app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
+    ) as running:
+        yield running
+
+
+async def _serve_until_signalled(
+    app: Starlette,
+    *,
+    host: str,
+    port: int,
+    server: ServerName | None,
+    options: _Options,
+    on_ready: Callable[[RunningServer], object] | None,
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stop_requested = anyio.Event()
+        async with anyio.create_task_group() as task_group:
+
+            async def watch_signals() -> None:
+                async for signum in signals:
+                    if not stop_requested.is_set():
+                        logger.info("%s received: shutting down", signal.Signals(signum).name)
+                        stop_requested.set()
+                    else:  # A second signal: stop waiting for open connections.
+                        logger.warning("%s received again: exiting now", signal.Signals(signum).name)
+                        task_group.cancel_scope.cancel()
+
+            task_group.start_soon(watch_signals)
+            async with _serving(
+                app, host=host, port=port, server=server, options=options, startup_timeout=60.0
+            ) as running:
+                if on_ready is not None:
+                    on_ready(running)
+                await stop_requested.wait()
+            task_group.cancel_scope.cancel()
+
+
+def run(
+    app_or_factory: Starlette | Callable[[], Any] | str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    backend: Literal["asyncio", "trio"] = "asyncio",
+    server: ServerName | None = None,
+    max_sessions: int | None = None,
+    session_idle_timeout: float | None = None,
+    log_level: str = "info",
+    shutdown_timeout: float = 5.0,
+    on_ready: Callable[[RunningServer], object] | None = None,
+) -> None:
+    """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
+
+    The first signal shuts the server down gracefully (open sessions get
+    ``shutdown_timeout`` seconds); a second one exits at once. Call it from the
+    main thread, with no event loop running.
+
+    Args:
+        app_or_factory: As for `serve`.
+        host: The address to listen on.
+        port: The port (0 picks a free one; ``on_ready`` learns which).
+        backend: The event loop: ``"asyncio"`` or ``"trio"``.
+        server: As for `serve`: by default uvicorn on asyncio, hypercorn on trio.
+        max_sessions: See `create_app` (only with a factory).
+        session_idle_timeout: See `create_app` (only with a factory).
+        log_level: The log level; the server's usual console logging is set up.
+        shutdown_timeout: Seconds open connections get to finish after a signal.
+        on_ready: Called with the `RunningServer` once it accepts connections.
+
+    Raises:
+        RuntimeError: uvicorn was asked for on trio, or the app failed to start.
+        ValueError: An unknown ``server``, or session options with a ready app.
+        OSError: The address cannot be bound.
+    """
+    app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
+    _configure_console_logging(log_level)
+    options = _Options(log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=False)
+    anyio.run(
+        functools.partial(
+            _serve_until_signalled, app, host=host, port=port, server=server, options=options, on_ready=on_ready
+        ),
+        backend=backend,
+    )
+
+
+def _configure_console_logging(log_level: str) -> None:
+    """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
+    openenv_logger = logging.getLogger("openenv")
+    if not openenv_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        openenv_logger.addHandler(handler)
+    openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())

@@ -1,0 +1,255 @@
+"""The server end of the WebSocket transport: the ``/ws`` endpoint, as a raw ASGI app.
+
+It speaks whatever the client negotiated: a client that offers one of our
+subprotocols (``openenv.v1.json``, ``openenv.v1.msgpack``) gets the first of them
+in its own order of preference; a client that offers none (OpenEnv's reference
+client) gets no subprotocol and plain OpenEnv frames. Then it takes a session
+slot (or sends ``CAPACITY_REACHED`` and closes, as the reference does) and runs
+`openenv.server.host_session` over the connection.
+
+This is the hot path of a server: it reads and writes ASGI messages directly,
+without Starlette's ``WebSocket`` wrapper, and does as little as it can per frame.
+It is still mounted in the Starlette app as a plain route (``WebSocketRoute``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any
+
+import anyio
+import msgspec
+
+from openenv import ConnectionClosed, Dialect
+from openenv.server import encode_fatal_error, host_session
+
+from .._sessions import SessionRegistry
+from ._subprotocols import PLAIN, SUBPROTOCOLS
+
+__all__ = ["WebSocketEndpoint", "select_subprotocol"]
+
+logger = logging.getLogger("openenv.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+# Close codes (RFC 6455).
+NORMAL_CLOSURE = 1000
+GOING_AWAY = 1001
+INTERNAL_ERROR = 1011
+
+# Seconds the server waits for the client to close the socket first: after a
+# close request, or for the client's next request after a fatal error frame.
+_CLOSE_GRACE = 1.0
+
+
+def select_subprotocol(offered: Iterable[str]) -> str | None:
+    """Pick the subprotocol to answer a client's offer with.
+
+    Args:
+        offered: The client's ``Sec-WebSocket-Protocol`` values, most preferred first.
+
+    Returns:
+        The first of them that this server speaks, or ``None`` (plain OpenEnv).
+    """
+    for name in offered:
+        if name in SUBPROTOCOLS:
+            return name
+    return None
+
+
+class _RequestId(msgspec.Struct):
+    id: int | None = None
+
+
+def _wrong_frame_error(dialect: Dialect, frame: bytes | str) -> bytes:
+    """The error reply to a frame of the wrong kind (binary for JSON, text for msgpack)."""
+    expected, got = ("binary", "text") if dialect.encoding == "msgpack" else ("text", "binary")
+    frame_out = encode_fatal_error(
+        dialect, "INVALID_JSON", f"Invalid JSON: expected a {expected} frame, got a {got} frame"
+    )
+    if not dialect.request_ids:
+        return frame_out
+    try:  # A misframed request is most likely JSON: echo its id if it has one.
+        request_id = msgspec.json.decode(frame, type=_RequestId).id
+    except msgspec.DecodeError:
+        return frame_out
+    if request_id is None:
+        return frame_out
+    # Error frames are rare: clarity beats speed here.
+    if dialect.encoding == "msgpack":
+        reply = msgspec.msgpack.decode(frame_out, type=dict[str, Any])
+        return msgspec.msgpack.encode({**reply, "id": request_id})
+    reply = msgspec.json.decode(frame_out, type=dict[str, Any])
+    return msgspec.json.encode({**reply, "id": request_id})
+
+
+class WebSocketEndpoint:
+    """The ``/ws`` endpoint: one environment session per WebSocket connection.
+
+    An ASGI application for ``websocket`` scopes (mount it with Starlette's
+    ``WebSocketRoute``). Per connection it selects the subprotocol, accepts, takes
+    a slot in ``registry`` (or sends one ``CAPACITY_REACHED`` error frame and
+    closes), builds the environment with ``factory`` and serves it until the
+    client sends ``close`` (the session ends; the client is expected to close
+    the socket, else the server closes it with 1000 after a second) or
+    disconnects, or the registry asks the session to end: idle past its
+    timeout, or the server stopping (then it closes with 1001, the reason
+    saying which). The slot is released and the environment closed however the
+    connection ends.
+
+    Frames of the wrong kind (binary in a JSON dialect, text in msgpack) get an
+    ``INVALID_JSON`` error reply and the session goes on, like any other bad frame.
+
+    Args:
+        factory: Builds one environment per session.
+        registry: The app's session registry (capacity and idle reaping).
+    """
+
+    def __init__(self, factory: Callable[[], Any], *, registry: SessionRegistry) -> None:
+        self.factory = factory
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one WebSocket connection (the ASGI entry point)."""
+        if scope["type"] != "websocket":  # pragma: no cover - the router only sends websockets
+            raise RuntimeError(f"{type(self).__name__} serves websocket scopes, not {scope['type']!r}")
+        message = await receive()
+        if message["type"] != "websocket.connect":
+            return
+        subprotocol = select_subprotocol(scope.get("subprotocols") or ())
+        dialect = SUBPROTOCOLS[subprotocol] if subprotocol is not None else PLAIN
+        try:
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
+        except OSError:
+            return
+        await self._serve_connection(receive, send, dialect)
+
+    async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
+        binary = dialect.encoding == "msgpack"
+        registry = self.registry
+        scope = anyio.CancelScope()
+        lease = registry.open(transport="websocket", on_close=scope.cancel)
+        if lease is None:
+            await self._refuse_at_capacity(asgi_receive, asgi_send, dialect)
+            return
+
+        disconnected = False
+        served = False  # whether a request reached the session (else its factory failed)
+        clock = registry.clock
+
+        async def send_frame(frame: bytes) -> None:
+            nonlocal disconnected
+            try:
+                if binary:
+                    await asgi_send({"type": "websocket.send", "bytes": frame})
+                else:
+                    await asgi_send({"type": "websocket.send", "text": frame.decode()})
+            except OSError as exc:  # uvicorn's ClientDisconnected, a broken pipe
+                disconnected = True
+                raise ConnectionClosed("the client went away") from exc
+
+        async def receive_frame() -> bytes:
+            nonlocal disconnected, served
+            served = True
+            while True:
+                if lease.close_reason is not None:  # asked to end while it was busy
+                    raise ConnectionClosed(lease.close_reason)
+                lease.idle_since = clock()  # waiting for the client: the idle clock runs
+                message = await asgi_receive()
+                lease.idle_since = None
+                kind = message["type"]
+                if kind == "websocket.receive":
+                    if binary:
+                        data = message.get("bytes")
+                        if data is not None:
+                            return data  # type: ignore[no-any-return]
+                        wrong: bytes | str = message.get("text") or ""
+                    else:
+                        text = message.get("text")
+                        if text is not None:
+                            return text.encode()  # type: ignore[no-any-return]
+                        wrong = message.get("bytes") or b""
+                    await send_frame(_wrong_frame_error(dialect, wrong))
+                elif kind == "websocket.disconnect":
+                    disconnected = True
+                    raise ConnectionClosed(f"the client disconnected ({message.get('code', 1005)})")
+
+        close_code, reason = NORMAL_CLOSURE, ""
+        try:
+            with scope:
+                await host_session(self.factory, receive_frame, send_frame, dialect=dialect)
+            if lease.close_reason is not None:  # idle too long, or the server is stopping
+                close_code, reason = GOING_AWAY, lease.close_reason
+        except Exception:
+            logger.exception("WebSocket session failed")
+            close_code, reason = INTERNAL_ERROR, "session error"
+            if not disconnected:
+                frame = encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server")
+                try:
+                    await send_frame(frame)
+                except ConnectionClosed:
+                    disconnected = True
+        finally:
+            lease.release()
+        if disconnected:
+            return
+        if close_code == NORMAL_CLOSURE and lease.close_reason is None:
+            if served:
+                # After a close request the client closes the socket next (OpenEnv's
+                # and ours do at once). Let it, rather than cross close frames with
+                # it: hypercorn on trio can fail when both ends close at once.
+                if await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=False):
+                    return
+            elif await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
+                return  # FACTORY_ERROR sent: see _refuse_at_capacity
+        await _close(asgi_send, close_code, reason)
+
+    async def _refuse_at_capacity(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
+        registry = self.registry
+        active, limit = registry.active, registry.max_sessions
+        frame = encode_fatal_error(
+            dialect,
+            "CAPACITY_REACHED",
+            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
+            active_sessions=active,
+            max_sessions=limit,
+        )
+        try:
+            if dialect.encoding == "msgpack":
+                await asgi_send({"type": "websocket.send", "bytes": frame})
+            else:
+                await asgi_send({"type": "websocket.send", "text": frame.decode()})
+        except OSError:
+            return
+        # Close once the client has sent its first request (or after a grace): a
+        # client that reads replies only after a request (OpenEnv's) then gets
+        # this frame as the reply to it, instead of finding the socket closed.
+        if not await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
+            await _close(asgi_send, NORMAL_CLOSURE, "")
+
+
+async def _client_closes(asgi_receive: Receive, timeout: float, *, on_request: bool) -> bool:
+    """Wait up to ``timeout`` seconds for the client to close; returns whether it did.
+
+    With ``on_request``, a frame from the client also ends the wait (and is
+    dropped); without, frames are ignored until the client closes.
+    """
+    with anyio.move_on_after(timeout):
+        while True:
+            kind = (await asgi_receive())["type"]
+            if kind == "websocket.disconnect":
+                return True
+            if on_request and kind == "websocket.receive":
+                return False
+    return False
+
+
+async def _close(asgi_send: Send, code: int, reason: str) -> None:
+    """Send the close frame; the client may be gone already, which is fine."""
+    with contextlib.suppress(OSError, RuntimeError):  # gone, or the socket is closed already
+        await asgi_send({"type": "websocket.close", "code": code, "reason": reason})
