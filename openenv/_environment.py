@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable
 from typing import Any, Generic
 
@@ -119,7 +120,8 @@ class Environment(Generic[ActT, ObsT, StateT]):
     @classmethod
     def metadata(cls) -> EnvironmentMetadata:
         """Describe the environment for ``GET /metadata``; by default from the class itself."""
-        doc = (cls.__doc__ or "").strip()
+        # The class's own docstring only (not a base class's), dedented.
+        doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
         return EnvironmentMetadata(
             name=cls.__name__,
             description=doc.splitlines()[0] if doc else "",
