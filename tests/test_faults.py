@@ -1,0 +1,95 @@
+"""Faults over the whole stack: a dying server, garbage on the wire; the caller gets a typed error promptly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+import openenv
+from openenv import EnvClient, State
+from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 30
+
+
+class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _wait_for_health(url: str) -> None:
+    async with httpx.AsyncClient() as http:
+        while True:
+            try:
+                if (await http.get(f"{url}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                await anyio.sleep(0.1)
+
+
+@pytest.mark.parametrize("scheme", ["ws"])
+async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: str) -> None:
+    port = _free_port()
+    command = [sys.executable, "-m", "transports.cli", "serve", "tests.envs:AsyncMessageEchoEnv", "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waits below are bounded
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        with anyio.fail_after(LIMIT):
+            await _wait_for_health(f"http://127.0.0.1:{port}")
+        async with MessageEnv(f"{scheme}://127.0.0.1:{port}") as client:
+            with anyio.fail_after(LIMIT):
+                assert (await client.step(MessageAction(message="alive"))).reward == 5.0
+
+            async def kill_soon() -> None:
+                await anyio.sleep(0.3)
+                process.send_signal(signal.SIGKILL)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_soon)
+                # A step that would take a minute: the dead server must end it at once.
+                with anyio.fail_after(10), pytest.raises(openenv.ConnectionClosed):
+                    await client.step(MessageAction(message="sleep:60"))
+            with pytest.raises(openenv.ConnectionClosed):
+                await client.state()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+async def test_garbage_bytes_leave_the_server_and_its_sessions_unharmed() -> None:
+    with anyio.fail_after(LIMIT):
+        async with openenv.serve(AsyncMessageEchoEnv, port=0) as server, MessageEnv(server.url) as client:
+            await client.reset(episode_id="kept")
+            for garbage in (b"\x00\xff" * 512, b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n\x81\xff" + b"x" * 64):
+                stream = await anyio.connect_tcp(server.host, server.port)
+                async with stream:
+                    await stream.send(garbage)
+                    with anyio.move_on_after(2):
+                        try:
+                            while await stream.receive():
+                                pass
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            pass
+            assert (await client.step(MessageAction(message="still"))).observation.echoed_message == "still"
+            assert await client.state() == State(episode_id="kept", step_count=1)
+            registry = server.app.state.sessions
+            assert registry.active == 1
