@@ -144,6 +144,11 @@ def main() -> None:
         ),
         Pair("openenv [trio] -> openenv server [trio] (sync env)", "ours-trio-sync", [*ours, "--backend", "trio"]),
         Pair("openenv [trio] -> openenv server [trio] (async env)", "ours-trio-async", [*ours, "--backend", "trio"]),
+        Pair(
+            "openenv [trio] -> openenv server [asyncio] (async env)",
+            "ours-asyncio-async",
+            [*ours, "--backend", "trio"],
+        ),
         Pair("openenv [asyncio] -> reference server (sync env)", "ref-sync", [*ours, "--backend", "asyncio"]),
         Pair(
             "raw websockets client -> websockets echo server",
