@@ -93,3 +93,34 @@ async def test_garbage_bytes_leave_the_server_and_its_sessions_unharmed() -> Non
             assert await client.state() == State(episode_id="kept", step_count=1)
             registry = server.app.state.sessions
             assert registry.active == 1
+
+
+async def test_an_oversize_frame_ends_only_its_own_session() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            openenv.serve(AsyncMessageEchoEnv, port=0, max_message_size=64 * 1024) as server,
+            MessageEnv(server.url) as bystander,
+        ):
+            await bystander.reset(episode_id="bystander")
+            async with MessageEnv(server.url) as sender:
+                await sender.reset()
+                # Small enough for our client (100 MiB), too big for this server.
+                with pytest.raises(openenv.ConnectionClosed, match="1009"):
+                    await sender.step(MessageAction(message="x" * 100_000))
+                with pytest.raises(openenv.ConnectionClosed):
+                    await sender.state()
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+            registry = server.app.state.sessions
+            while registry.active != 1:  # noqa: ASYNC110 - the oversize session's slot is released
+                await anyio.sleep(0.01)
+
+
+async def test_a_reply_over_the_clients_limit_is_a_typed_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            openenv.serve(AsyncMessageEchoEnv, port=0) as server,
+            MessageEnv(server.url, max_message_size=1024) as client,
+        ):
+            await client.reset()
+            with pytest.raises(openenv.TransportError):
+                await client.step(MessageAction(message="y" * 4096))

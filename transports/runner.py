@@ -116,10 +116,13 @@ def _bind(host: str, port: int) -> socket.socket:
 class _Options:
     """What the server runners need besides the app and the socket."""
 
-    def __init__(self, *, log_level: str, shutdown_timeout: float, embedded: bool) -> None:
+    def __init__(
+        self, *, log_level: str, shutdown_timeout: float, embedded: bool, max_message_size: int = DEFAULT_WS_MAX_SIZE
+    ) -> None:
         self.log_level = log_level
         self.shutdown_timeout = shutdown_timeout
         self.embedded = embedded
+        self.max_message_size = max_message_size
 
 
 async def _run_uvicorn(
@@ -154,7 +157,7 @@ async def _run_uvicorn(
         log_config=None if options.embedded else LOGGING_CONFIG,
         log_level=options.log_level,
         access_log=options.log_level in ("debug", "trace"),
-        ws_max_size=DEFAULT_WS_MAX_SIZE,
+        ws_max_size=options.max_message_size,
         ws_ping_interval=_WS_PING_INTERVAL,
         ws_ping_timeout=_WS_PING_TIMEOUT,
         # Compressing small frames costs more CPU than it saves on a fast link.
@@ -265,7 +268,7 @@ async def _run_hypercorn(
         error_logger.setLevel(config.loglevel)
         config.errorlog = error_logger
     config.accesslog = "-" if options.log_level in ("debug", "trace") else None
-    config.websocket_max_message_size = DEFAULT_WS_MAX_SIZE
+    config.websocket_max_message_size = options.max_message_size
     # No keepalive pings (hypercorn's default): its ping task outlives a closed
     # connection by up to one interval, holding the socket and delaying shutdown.
     config.graceful_timeout = options.shutdown_timeout
@@ -456,6 +459,7 @@ async def serve(
     log_level: str = "warning",
     shutdown_timeout: float = 5.0,
     startup_timeout: float = 30.0,
+    max_message_size: int = DEFAULT_WS_MAX_SIZE,
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -481,6 +485,8 @@ async def serve(
         shutdown_timeout: Seconds open sessions get, on exit, to finish the
             request in hand before they are cut.
         startup_timeout: Seconds the server may take to start.
+        max_message_size: The largest WebSocket message accepted, in bytes; a
+            larger one ends its connection (close code 1009), never another's.
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -496,7 +502,9 @@ async def serve(
         TimeoutError: The server did not start within ``startup_timeout``.
     """
     app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
-    options = _Options(log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True)
+    options = _Options(
+        log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True, max_message_size=max_message_size
+    )
     async with _serving(
         app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
     ) as running:
@@ -546,6 +554,7 @@ def run(
     session_idle_timeout: float | None = None,
     log_level: str = "info",
     shutdown_timeout: float = 5.0,
+    max_message_size: int = DEFAULT_WS_MAX_SIZE,
     on_ready: Callable[[RunningServer], object] | None = None,
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
@@ -564,6 +573,7 @@ def run(
         session_idle_timeout: See `create_app` (only with a factory).
         log_level: The log level; the server's usual console logging is set up.
         shutdown_timeout: Seconds open connections get to finish after a signal.
+        max_message_size: As for `serve`.
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
@@ -573,7 +583,9 @@ def run(
     """
     app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
     _configure_console_logging(log_level)
-    options = _Options(log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=False)
+    options = _Options(
+        log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=False, max_message_size=max_message_size
+    )
     anyio.run(
         functools.partial(
             _serve_until_signalled, app, host=host, port=port, server=server, options=options, on_ready=on_ready
