@@ -25,7 +25,7 @@ from ._exceptions import (
     TimeoutError,
     server_error_from_frame,
 )
-from ._generics import resolve_type_arguments
+from ._generics import bind_type_attributes
 from ._messages import ErrorReply, ObservationReply, StateReply
 from ._registry import create_transport
 from ._transport import Transport
@@ -106,11 +106,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        args = resolve_type_arguments(cls, EnvClient, 3)
-        if args is not None:
-            for name, arg in zip(("action_type", "observation_type", "state_type"), args, strict=True):
-                if arg is not None and name not in cls.__dict__:
-                    setattr(cls, name, arg)
+        bind_type_attributes(cls, EnvClient)
         # Keep the aliases zero-cost (the same function) and true to any override.
         if "reset" in cls.__dict__ and "reset_async" not in cls.__dict__:
             cls.reset_async = cls.reset

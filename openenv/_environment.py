@@ -8,7 +8,7 @@ from typing import Any, Generic
 
 import msgspec
 
-from ._generics import resolve_type_arguments
+from ._generics import bind_type_attributes
 from ._types import ActT, ObsT, StateT
 
 __all__ = ["Environment", "EnvironmentMetadata"]
@@ -73,13 +73,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        args = resolve_type_arguments(cls, Environment, 3)
-        if args is None:
-            return
-        for name, arg in zip(("action_type", "observation_type", "state_type"), args, strict=True):
-            # A class attribute written in the subclass body wins over its type arguments.
-            if arg is not None and name not in cls.__dict__:
-                setattr(cls, name, arg)
+        bind_type_attributes(cls, Environment)
 
     def reset(self, *args: Any, **kwargs: Any) -> ObsT | Awaitable[ObsT]:
         """Start a new episode and return its first observation.

@@ -5,7 +5,10 @@ from __future__ import annotations
 import typing
 from typing import Any, TypeVar
 
-__all__ = ["resolve_type_arguments"]
+__all__ = ["TYPE_ATTRIBUTES", "bind_type_attributes", "resolve_type_arguments"]
+
+#: The class attributes an ``[ActT, ObsT, StateT]`` generic keeps its types in.
+TYPE_ATTRIBUTES = ("action_type", "observation_type", "state_type")
 
 
 def resolve_type_arguments(cls: type, base: type, count: int) -> tuple[Any, ...] | None:
@@ -27,3 +30,17 @@ def resolve_type_arguments(cls: type, base: type, count: int) -> tuple[Any, ...]
                 if len(args) == count:
                     return tuple(None if isinstance(arg, TypeVar) else arg for arg in args)
     return None
+
+
+def bind_type_attributes(cls: type, base: type) -> None:
+    """Set ``cls``'s `TYPE_ATTRIBUTES` from the arguments it gave ``base[ActT, ObsT, StateT]``.
+
+    An attribute written in the subclass body wins over its type argument; an
+    argument left as a type variable leaves the inherited attribute alone.
+    """
+    args = resolve_type_arguments(cls, base, len(TYPE_ATTRIBUTES))
+    if args is None:
+        return
+    for name, arg in zip(TYPE_ATTRIBUTES, args, strict=True):
+        if arg is not None and name not in cls.__dict__:
+            setattr(cls, name, arg)
