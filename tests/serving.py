@@ -10,7 +10,7 @@ import openenv
 
 # Each transport the contract tests run over; the WebSocket and HTTP transports
 # add themselves here.
-TRANSPORTS = ["inproc", "ws"]
+TRANSPORTS = ["inproc", "ws", "http+poll"]
 
 
 def factory_path(factory: Callable[[], Any]) -> str:

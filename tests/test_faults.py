@@ -43,7 +43,7 @@ async def _wait_for_health(url: str) -> None:
                 await anyio.sleep(0.1)
 
 
-@pytest.mark.parametrize("scheme", ["ws"])
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
 async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: str) -> None:
     port = _free_port()
     command = [sys.executable, "-m", "transports.cli", "serve", "tests.envs:AsyncMessageEchoEnv", "--port", str(port)]

@@ -192,10 +192,16 @@ def wait_for_health(url: str, process: subprocess.Popen[str], timeout: float = 3
 def test_openenv_serve_command(backend: str) -> None:
     port = free_port()
     args = [*CLI, "serve", "openenv.examples.echo:EchoEnvironment", "--port", str(port), "--backend", backend]
-    with running([*args, "--max-sessions", "4", "--log-level", "warning"]) as process:
+    options = ["--max-sessions", "4", "--http-idle-timeout", "30", "--log-level", "warning"]
+    with running([*args, *options]) as process:
         response = wait_for_health(f"http://127.0.0.1:{port}", process)
         assert response.json() == {"status": "healthy"}
         assert httpx.get(f"http://127.0.0.1:{port}/metadata", timeout=5).json()["name"] == "EchoEnvironment"
+        # HTTP long-polling is served beside WebSocket.
+        created = httpx.post(f"http://127.0.0.1:{port}/poll/sessions", timeout=5)
+        assert created.status_code == 201
+        session = f"http://127.0.0.1:{port}/poll/sessions/{created.json()['session_id']}"
+        assert httpx.delete(session, timeout=5).status_code == 204
         # Ctrl-C: a graceful shutdown, and a clean exit.
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=15)
@@ -210,6 +216,7 @@ def test_openenv_demo_command() -> None:
     assert "== trio ==" in result.stdout
     assert "all good" in result.stdout
     assert "FAILED" not in result.stdout
+    assert result.stdout.count("HTTP long-polling http+poll://") == 3  # async on each backend, blocking once
 
 
 def test_version_and_help() -> None:

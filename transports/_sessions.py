@@ -19,7 +19,10 @@ back, always, when the session ends::
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
-or the server is shutting down (`SessionRegistry.close_all`). Either way the
+or the server is shutting down (`SessionRegistry.close_all`). The idle timeout
+is the registry's own (every transport's), or a transport's own where that is
+shorter: HTTP long-polling cannot see a client leave, so its sessions always
+have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
 lease's `SessionLease.close_reason` is set; an idle session's ``on_close`` is
 called at once, a busy one ends when it next goes idle, after its reply.
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 
@@ -67,9 +70,20 @@ class SessionLease:
         idle_since: When the session last went idle, or ``None`` while it is busy.
         close_reason: Why the registry asked the session to end
             (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
+        idle_timeout: Seconds it may stay idle before the reaper ends it
+            (``None``: never), as its registry and transport set it.
     """
 
-    __slots__ = ("_on_close", "_registry", "close_reason", "id", "idle_since", "opened_at", "transport")
+    __slots__ = (
+        "_on_close",
+        "_registry",
+        "close_reason",
+        "id",
+        "idle_since",
+        "idle_timeout",
+        "opened_at",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -78,11 +92,13 @@ class SessionLease:
         transport: str,
         on_close: Callable[[], object] | None,
         now: float,
+        idle_timeout: float | None = None,
     ) -> None:
         self._registry: SessionRegistry | None = registry
         self._on_close = on_close
         self.id = lease_id
         self.transport = transport
+        self.idle_timeout = idle_timeout
         self.opened_at = now
         self.idle_since: float | None = now
         self.close_reason: str | None = None
@@ -160,11 +176,13 @@ class SessionRegistry:
         max_sessions: The most sessions open at once; ``None`` for no limit.
         session_idle_timeout: Seconds a session may wait for its client before
             the reaper ends it; ``None`` never ends one.
+        transport_idle_timeouts: A shorter idle timeout for the sessions of some
+            transports, by transport name (``{"http": 300.0}``); the shorter of
+            it and ``session_idle_timeout`` applies.
         clock: The clock leases are timed with (seconds, monotonic).
 
     Raises:
-        ValueError: ``max_sessions`` is below 1, or ``session_idle_timeout`` is not
-            positive.
+        ValueError: ``max_sessions`` is below 1, or an idle timeout is not positive.
     """
 
     def __init__(
@@ -172,14 +190,19 @@ class SessionRegistry:
         *,
         max_sessions: int | None = None,
         session_idle_timeout: float | None = None,
+        transport_idle_timeouts: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1 (or None for no limit), not {max_sessions}")
         if session_idle_timeout is not None and not session_idle_timeout > 0:
             raise ValueError(f"session_idle_timeout must be positive (or None for none), not {session_idle_timeout}")
+        for transport, timeout in (transport_idle_timeouts or {}).items():
+            if not timeout > 0:
+                raise ValueError(f"the idle timeout of {transport!r} sessions must be positive, not {timeout}")
         self.max_sessions = max_sessions
         self.session_idle_timeout = session_idle_timeout
+        self.transport_idle_timeouts: dict[str, float] = dict(transport_idle_timeouts or {})
         self.clock = clock
         self._leases: dict[int, SessionLease] = {}
         self._ids = itertools.count(1)
@@ -208,6 +231,22 @@ class SessionRegistry:
                 self._emptied = anyio.Event()
             await self._emptied.wait()
 
+    def idle_timeout_of(self, transport: str) -> float | None:
+        """The idle timeout of a transport's sessions: the shorter of the registry's and its own.
+
+        Args:
+            transport: The transport's name.
+
+        Returns:
+            Seconds, or ``None`` if its sessions are never reaped.
+        """
+        timeouts = [
+            timeout
+            for timeout in (self.session_idle_timeout, self.transport_idle_timeouts.get(transport))
+            if timeout is not None
+        ]
+        return min(timeouts) if timeouts else None
+
     def leases(self) -> list[SessionLease]:
         """Return the leases held now, oldest first (a snapshot)."""
         return list(self._leases.values())
@@ -231,12 +270,14 @@ class SessionRegistry:
         """
         if self.full:
             return None
-        lease = SessionLease(self, next(self._ids), transport, on_close, self.clock())
+        lease = SessionLease(
+            self, next(self._ids), transport, on_close, self.clock(), idle_timeout=self.idle_timeout_of(transport)
+        )
         self._leases[lease.id] = lease
         return lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:
-        """Expire every session idle for longer than `session_idle_timeout`.
+        """Expire every session idle for longer than its idle timeout (see `idle_timeout_of`).
 
         Args:
             now: The clock's current reading; read from `clock` when omitted.
@@ -244,15 +285,19 @@ class SessionRegistry:
         Returns:
             The leases asked to close by this call (with `IDLE_TIMEOUT_REASON`).
         """
-        timeout = self.session_idle_timeout
-        if timeout is None:
+        if self.session_idle_timeout is None and not self.transport_idle_timeouts:
             return []
         if now is None:
             now = self.clock()
         expired = []
         for lease in list(self._leases.values()):
-            idle_since = lease.idle_since
-            if lease.close_reason is None and idle_since is not None and now - idle_since > timeout:
+            idle_since, timeout = lease.idle_since, lease.idle_timeout
+            if (
+                lease.close_reason is None
+                and idle_since is not None
+                and timeout is not None
+                and now - idle_since > timeout
+            ):
                 logger.info("session %d (%s) idle for %.1f s: closing it", lease.id, lease.transport, now - idle_since)
                 lease.request_close(IDLE_TIMEOUT_REASON)
                 expired.append(lease)
@@ -270,9 +315,12 @@ class SessionRegistry:
     @property
     def reap_interval(self) -> float | None:
         """How often `run_reaper` looks for idle sessions (``None`` without an idle timeout)."""
-        timeout = self.session_idle_timeout
-        if timeout is None:
+        timeouts = [*self.transport_idle_timeouts.values()]
+        if self.session_idle_timeout is not None:
+            timeouts.append(self.session_idle_timeout)
+        if not timeouts:
             return None
+        timeout = min(timeouts)
         return min(max(timeout * _REAP_FRACTION, _REAP_MIN_INTERVAL), _REAP_MAX_INTERVAL)
 
     async def run_reaper(self) -> None:

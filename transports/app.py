@@ -3,19 +3,22 @@
 `create_app` builds a Starlette app with:
 
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
+- ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
 
-Its lifespan runs the idle-session reaper. Everything a further transport's
-routes need is kept on ``app.state``: ``app.state.sessions`` (the one
-`SessionRegistry`, shared by every transport, so ``max_sessions`` counts all
-sessions), ``app.state.factory``, ``app.state.schemas`` and ``app.state.metadata``.
-A transport that adds routes (HTTP long-polling, say) appends them with
-`mount_routes`, before the app serves its first request::
+Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
+Everything a further transport's routes need is kept on ``app.state``:
+``app.state.sessions`` (the one `SessionRegistry`, shared by every transport, so
+``max_sessions`` counts all sessions), ``app.state.factory``,
+``app.state.schemas`` and ``app.state.metadata``. A transport that adds routes
+appends them with `mount_routes`, before the app serves its first request, with
+any task they need running for the app's lifetime::
 
     app = create_app(EchoEnvironment, max_sessions=8)
-    mount_routes(app, http_polling_routes(app.state.factory, registry=app.state.sessions))
+    endpoint = MyEndpoint(app.state.factory, registry=app.state.sessions)
+    mount_routes(app, endpoint.routes(), lifespan_tasks=[endpoint.run])
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import typing
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -37,6 +40,8 @@ from openenv import Environment, EnvironmentMetadata
 from openenv.server import factory_name, load_factory
 
 from ._sessions import SessionRegistry
+from .http._protocol import DEFAULT_MAX_BODY_SIZE
+from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
 from .websocket._server import WebSocketEndpoint
 
 __all__ = ["create_app", "environment_metadata", "environment_schemas", "mount_routes"]
@@ -166,18 +171,26 @@ def environment_metadata(factory: Callable[[], Any]) -> EnvironmentMetadata:
     )
 
 
-def mount_routes(app: Starlette, routes: Sequence[BaseRoute]) -> None:
+def mount_routes(
+    app: Starlette,
+    routes: Sequence[BaseRoute],
+    *,
+    lifespan_tasks: Sequence[Callable[[], Awaitable[object]]] = (),
+) -> None:
     """Add a transport's routes to an app made by `create_app`.
 
-    This is the extension point for transports beyond WebSocket: their routes
-    share ``app.state.sessions`` (capacity and idle reaping) and
-    ``app.state.factory`` with ``/ws``. Call it before the app serves.
+    This is the extension point for further transports: their routes share
+    ``app.state.sessions`` (capacity and idle reaping) and ``app.state.factory``
+    with ``/ws`` and ``/poll``. Call it before the app serves.
 
     Args:
         app: The app.
         routes: Starlette routes to append.
+        lifespan_tasks: Coroutine functions to run, each as a task, for the
+            app's lifetime (cancelled when it stops).
     """
     app.router.routes.extend(routes)
+    app.state.lifespan_tasks.extend(lifespan_tasks)
 
 
 def create_app(
@@ -186,6 +199,8 @@ def create_app(
     max_sessions: int | None = None,
     session_idle_timeout: float | None = None,
     metadata: EnvironmentMetadata | None = None,
+    http_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    http_max_body_size: int = DEFAULT_MAX_BODY_SIZE,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -198,21 +213,35 @@ def create_app(
             request before the server ends it; ``None`` for never.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
+        http_idle_timeout: The same for HTTP long-polling sessions, whose
+            clients cannot be seen leaving: a session nobody deletes ends after
+            it (or after ``session_idle_timeout``, if shorter). ``None`` leaves
+            only ``session_idle_timeout``.
+        http_max_body_size: The largest request frame the HTTP long-polling
+            endpoint accepts, in bytes (100 MiB, as over WebSocket).
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
-        ``sessions`` (the `SessionRegistry`), ``factory``, ``schemas`` and ``metadata``.
+        ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
+        `transports.http.HTTPPollingEndpoint`), ``factory``, ``schemas``,
+        ``metadata`` and ``lifespan_tasks``.
 
     Raises:
-        ValueError: A bad ``factory`` name, ``max_sessions`` or ``session_idle_timeout``.
+        ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout or
+            ``http_max_body_size``.
         ImportError: The named factory cannot be imported.
         TypeError: The named factory is not callable.
     """
     env_factory = load_factory(factory) if isinstance(factory, str) else factory
     if not callable(env_factory):
         raise TypeError(f"the environment factory must be callable, not {type(env_factory).__name__}")
-    registry = SessionRegistry(max_sessions=max_sessions, session_idle_timeout=session_idle_timeout)
+    registry = SessionRegistry(
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
+    )
+    polling = HTTPPollingEndpoint(env_factory, registry=registry, max_body_size=http_max_body_size)
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
 
@@ -231,20 +260,25 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with anyio.create_task_group() as task_group:
-            task_group.start_soon(registry.run_reaper)
+            for task in app.state.lifespan_tasks:
+                task_group.start_soon(task)
             try:
                 yield
             finally:
                 task_group.cancel_scope.cancel()
 
     routes: list[BaseRoute] = [
+        # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", WebSocketEndpoint(env_factory, registry=registry), name="ws"),
+        *polling.routes(),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run]
     app.state.sessions = registry
+    app.state.http_polling = polling
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta

@@ -3,6 +3,7 @@
 ```
 openenv serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
                                      [--max-sessions N] [--session-idle-timeout S]
+                                     [--http-idle-timeout S]
 openenv demo [--backend asyncio|trio|both]
 openenv --version
 ```
@@ -10,6 +11,7 @@ openenv --version
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -58,6 +60,13 @@ def main() -> None:
     default=None,
     help="Seconds a session may wait for its client before it is closed.",
 )
+@click.option(
+    "--http-idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="The same for HTTP long-polling sessions, whose clients cannot be seen leaving.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
     "--app-dir",
@@ -74,16 +83,19 @@ def serve(
     server: str | None,
     max_sessions: int | None,
     session_idle_timeout: float | None,
+    http_idle_timeout: float,
     log_level: str,
     app_dir: str,
 ) -> None:
-    """Serve FACTORY (package.module:Factory) over WebSocket until Ctrl-C.
+    """Serve FACTORY (package.module:Factory) over WebSocket and HTTP long-polling until Ctrl-C.
 
     FACTORY builds one environment per session: usually an openenv.Environment
-    subclass. Clients connect to http://HOST:PORT (the WebSocket endpoint is /ws).
+    subclass. Clients connect to http://HOST:PORT (the WebSocket endpoint is /ws),
+    or to http+poll://HOST:PORT for HTTP long-polling (under /poll/sessions).
     """
     from openenv.server import load_factory
 
+    from .app import create_app
     from .runner import RunningServer, run
 
     sys.path.insert(0, os.path.abspath(app_dir))
@@ -93,21 +105,26 @@ def serve(
         raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
 
     def announce(running: RunningServer) -> None:
+        poll_url = running.url.replace("http://", "http+poll://", 1)
         click.echo(
-            f"openenv: serving {factory} on {running.url} (WebSocket {running.ws_url}, "
-            f"{running.server} on {backend}); press CTRL+C to quit",
+            f"openenv: serving {factory} on {running.url} (WebSocket {running.ws_url}, HTTP long-polling "
+            f"{poll_url}; {running.server} on {backend}); press CTRL+C to quit",
             err=True,
         )
 
+    app = create_app(
+        env_factory,
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        http_idle_timeout=http_idle_timeout,
+    )
     try:
         run(
-            env_factory,
+            app,
             host=host,
             port=port,
             backend=backend,  # type: ignore[arg-type]
             server=server,  # type: ignore[arg-type]
-            max_sessions=max_sessions,
-            session_idle_timeout=session_idle_timeout,
             log_level=log_level,
             on_ready=announce,
         )
@@ -124,15 +141,25 @@ class _DemoFailure(Exception):
     """One check of the demo did not hold."""
 
 
+def _transport_unavailable(scheme: str, module: str, name: str) -> str | None:
+    """Why a transport cannot be demonstrated, or ``None`` if it can."""
+    if scheme not in openenv.registered_schemes():
+        return f"the {scheme}:// scheme is not registered"
+    try:
+        getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        return f"{module} has no {name} ({exc})"
+    return None
+
+
 def _websocket_unavailable() -> str | None:
     """Why the WebSocket transport cannot be demonstrated, or ``None`` if it can."""
-    if "ws" not in openenv.registered_schemes():
-        return "the ws:// scheme is not registered"
-    try:
-        from transports.websocket import WebSocketTransport  # noqa: F401
-    except ImportError as exc:
-        return f"transports.websocket has no WebSocketTransport ({exc})"
-    return None
+    return _transport_unavailable("ws", "transports.websocket", "WebSocketTransport")
+
+
+def _polling_unavailable() -> str | None:
+    """Why the HTTP long-polling transport cannot be demonstrated, or ``None`` if it can."""
+    return _transport_unavailable("http+poll", "transports.http", "HTTPPollingTransport")
 
 
 def _describe(result: Any) -> str:
@@ -213,16 +240,24 @@ def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
     """Yield ``(label, url or None, why skipped)`` for each transport, serving what needs a server."""
     with ExitStack() as stack:
         urls: list[tuple[str, str | None, str]] = [("in-process", f"inproc://{DEMO_FACTORY}", "")]
-        reason = _websocket_unavailable()
-        if reason is None:
+        # One server serves both: /ws, and /poll/sessions for HTTP long-polling.
+        networked = [
+            ("WebSocket", "ws", _websocket_unavailable()),
+            ("HTTP long-polling", "http+poll", _polling_unavailable()),
+        ]
+        base_url = None
+        if any(reason is None for _, _, reason in networked):
             from openenv.examples.echo import EchoEnvironment
 
             from .runner import serve
 
             running = stack.enter_context(portal.wrap_async_context_manager(serve(EchoEnvironment, port=0)))
-            urls.append(("WebSocket", running.url.replace("http://", "ws://", 1), ""))
-        else:
-            urls.append(("WebSocket", None, reason))
+            base_url = running.url
+        for label, scheme, reason in networked:
+            if reason is None and base_url is not None:
+                urls.append((label, base_url.replace("http://", f"{scheme}://", 1), ""))
+            else:
+                urls.append((label, None, reason or "no server"))
         yield urls
 
 

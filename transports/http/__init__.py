@@ -1,0 +1,27 @@
+"""The HTTP long-polling transport: ``http+poll://`` and ``https+poll://`` URLs.
+
+The client side is `HTTPPollingTransport` (on httpx); the server side is
+`HTTPPollingEndpoint`, which `transports.app.create_app` mounts beside ``/ws``
+(it needs the server extra, and is imported only when asked for). The protocol
+is documented in ``docs/http-polling.md``; its names are in `transports.http._protocol`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._client import HTTPPollingTransport, polling_url
+
+if TYPE_CHECKING:
+    from ._server import HTTPPollingEndpoint
+
+__all__ = ["HTTPPollingEndpoint", "HTTPPollingTransport", "polling_url"]
+
+
+def __getattr__(name: str) -> Any:
+    # The server side needs Starlette (the server extra): import it only when asked for.
+    if name == "HTTPPollingEndpoint":
+        from ._server import HTTPPollingEndpoint
+
+        return HTTPPollingEndpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,785 @@
+"""The HTTP long-polling transport, client side: ``http+poll://`` and ``https+poll://`` URLs, on httpx.
+
+One HTTP request per step in the common case: `HTTPPollingTransport.send` POSTs
+the request frame, and the server holds the response until the reply is ready
+(up to ``poll_timeout``), so the reply comes back in it. The transport queues it
+for `HTTPPollingTransport.receive`, which returns it without another request;
+only when the reply was not ready in time does `receive` long-poll with GETs.
+
+Delivery is exactly-once in both directions (see ``docs/http-polling.md``):
+
+- each request frame carries its number (``OpenEnv-Seq``) and stays with the
+  transport until a response shows the server has it (``OpenEnv-Received``); a
+  POST that failed on the network, or was cancelled, is sent again with the same
+  number, and the server does not run it twice;
+- each reply carries the server's number; the transport acknowledges what it
+  holds (``OpenEnv-Ack``) on its next request, and the server keeps every reply
+  until then, so a response lost to a timeout, a cancellation or a connection
+  the server closed is simply fetched again.
+
+Network errors (a refused connection, a keep-alive connection the server
+closed, a read timeout, a proxy's 502/503/504) are retried a few times with a
+short backoff, silently; only then does the channel count as broken.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import anyio
+import anyio.lowlevel
+import httpx
+import msgspec
+
+from openenv import ClientStateError, ConnectError, ConnectionClosed, ProtocolError, Transport, __version__
+
+from ._protocol import (
+    ACK_HEADER,
+    ERROR_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    MEDIA_TYPES,
+    RECEIVED_HEADER,
+    SEQ_HEADER,
+    SESSIONS_PATH,
+    WAIT_HEADER,
+    dialect_for,
+)
+
+__all__ = ["HTTPPollingTransport", "polling_url"]
+
+_SCHEMES = {"http+poll": "http", "https+poll": "https", "http": "http", "https": "https"}
+
+# Seconds a response may take beyond the wait the server was asked for, before
+# the request counts as lost (and is retried).
+_READ_MARGIN = 10.0
+
+# Statuses a proxy or gateway answers with when the server is briefly out of
+# reach; ours never sends them on the frame routes. Retried like network errors.
+_GATEWAY_STATUSES = frozenset({502, 503, 504})
+
+# httpx's failures worth a retry: the request may not have reached the server,
+# or its response may not have reached us; either way, repeating it is safe.
+_RETRYABLE = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
+
+# Headers the protocol owns; a caller cannot set them.
+_OWN_HEADERS = frozenset(
+    name.lower()
+    for name in (
+        SEQ_HEADER,
+        ACK_HEADER,
+        WAIT_HEADER,
+        IDEMPOTENCY_KEY_HEADER,
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "host",
+    )
+)
+
+_USER_AGENT = f"openenv/{__version__} python-httpx/{httpx.__version__}"
+
+_SEQ = SEQ_HEADER.encode()
+_ACK = ACK_HEADER.encode()
+_WAIT = WAIT_HEADER.encode()
+_SEQ_NAME = SEQ_HEADER.lower().encode()
+_RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
+
+
+class _Created(msgspec.Struct):
+    session_id: str
+    max_body_size: int | None = None
+    max_wait: float | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    code: str = ""
+    message: str = ""
+
+
+class _Error(msgspec.Struct):
+    error: _ErrorBody
+
+
+_decode_created = msgspec.json.Decoder(_Created).decode
+_decode_error = msgspec.json.Decoder(_Error).decode
+
+
+def polling_url(url: str) -> tuple[str, str]:
+    """Split a long-polling URL into the server's HTTP base URL and its query string.
+
+    ``http+poll://host:8000/prefix`` becomes ``("http://host:8000/prefix", "")``;
+    ``https+poll://`` becomes ``https://``. Trailing slashes are stripped from
+    the path; the fragment is dropped; a query string is kept, for every request.
+
+    Args:
+        url: ``http+poll://...`` or ``https+poll://...`` (``http://`` and
+            ``https://`` are taken as they are).
+
+    Returns:
+        The base URL, and the query string (``""`` or ``"?..."``).
+
+    Raises:
+        ValueError: Another scheme, or no host.
+    """
+    scheme, separator, rest = url.partition("://")
+    base_scheme = _SCHEMES.get(scheme.lower()) if separator else None
+    if base_scheme is None:
+        raise ValueError(f"{url!r} is not an http+poll:// or https+poll:// URL")
+    rest = rest.partition("#")[0]
+    rest, question_mark, query = rest.partition("?")
+    base = f"{base_scheme}://{rest.rstrip('/')}"
+    try:
+        host = httpx.URL(base).host
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"invalid URL {url!r}: {exc}") from exc
+    if not host:
+        raise ValueError(f"{url!r} has no host")
+    return base, f"?{query}" if question_mark else ""
+
+
+class _Answer:
+    """A response, with the protocol's headers read in one pass (httpx's lookups scan them each time)."""
+
+    __slots__ = ("received", "response", "seq", "sets_cookie")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        seq = received = None
+        sets_cookie = False
+        for name, value in response.headers.raw:
+            name = name.lower()
+            if name == _SEQ_NAME:
+                seq = value
+            elif name == _RECEIVED_NAME:
+                received = value
+            elif name == b"set-cookie":
+                sets_cookie = True
+        self.seq = seq
+        self.received = received
+        self.sets_cookie = sets_cookie
+
+
+class _LazyCookies(httpx.Cookies):
+    """httpx's cookies, skipping its cookie-jar work (tens of microseconds) for responses that set none."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        if "set-cookie" in response.headers:
+            super().extract_cookies(response)
+
+
+class _OwnClient(httpx.AsyncClient):
+    """The client the transport makes when it is given none: httpx's, with `_LazyCookies`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cookies = {}
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._lazy_cookies
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        self._lazy_cookies = _LazyCookies(cookies)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """What an error response says, in a line: our JSON error's message, or the start of the body."""
+    try:
+        error = _decode_error(response.content).error
+    except msgspec.DecodeError:
+        text = response.content.decode("utf-8", "replace").strip()
+        return text[:200]
+    return f"{error.message} ({error.code})" if error.code else error.message
+
+
+class HTTPPollingTransport(Transport):
+    """OpenEnv frames over plain HTTP requests: ``http+poll://`` and ``https+poll://``.
+
+    For networks that pass only plain HTTP (proxies, gateways and serverless
+    front ends that drop WebSockets), and for steps that run for minutes: no
+    request is held longer than ``poll_timeout``, and none is lost or run twice
+    when the network or a keep-alive connection fails (see the module docstring
+    and ``docs/http-polling.md``). The URL is the server's base URL with the
+    scheme ``http+poll`` (or ``https+poll``); plain ``http://`` stays WebSocket.
+
+    Example:
+        ```python
+        async with EchoEnv("http+poll://127.0.0.1:8000") as env:
+            await env.reset()
+
+        # Through a proxy, with a header on every request:
+        client = httpx.AsyncClient(proxy="http://proxy:3128", headers={"Authorization": "Bearer ..."})
+        async with EchoEnv("https+poll://envs.example.com/echo", client=client) as env:
+            ...
+        ```
+
+    Args:
+        url: The server's base URL (``http+poll://host:8000``, ``https+poll://host/prefix``).
+        client: The ``httpx.AsyncClient`` to send requests with (its proxies,
+            TLS settings, auth, headers and cookies apply). The transport never
+            closes a client it was given; without one, it makes its own and
+            closes it on `aclose`.
+        connect_timeout: Seconds allowed to create the session (retries
+            included), and for each TCP/TLS connect afterwards (``None``: no limit).
+        poll_timeout: The longest the server may hold one request waiting for a
+            reply, in seconds: keep it below the idle timeouts of the proxies on
+            the way (often 30 to 60 s). The server may cap it.
+        headers: Extra headers for every request (``Authorization``, ...), as a
+            mapping or as ``(name, value)`` pairs; the protocol's own cannot be set.
+        encoding: The frames' encoding: ``"json"`` or ``"msgpack"``.
+        retries: How many times a request that failed on the network (or got a
+            gateway's 502, 503 or 504) is tried again, with a short backoff,
+            before the channel counts as broken.
+        close_timeout: Seconds `aclose` waits for the server to delete the session.
+
+    Attributes:
+        url: The server's HTTP base URL.
+        session_id: The session's id, once connected.
+        dialect: How frames are written: the ``encoding``, with request ids.
+
+    Raises:
+        ValueError: An unsupported URL, an unknown encoding, a protocol header in
+            ``headers``, or a ``poll_timeout`` or ``retries`` out of range.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        connect_timeout: float | None = 10.0,
+        poll_timeout: float = 20.0,
+        headers: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        encoding: str = "json",
+        retries: int = 5,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self.url, self._query = polling_url(url)
+        self.dialect = dialect_for(encoding)
+        if not poll_timeout > 0:
+            raise ValueError(f"poll_timeout must be positive, not {poll_timeout}")
+        if retries < 0:
+            raise ValueError(f"retries must be 0 or more, not {retries}")
+        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
+        for name, _ in pairs:
+            if name.lower() in _OWN_HEADERS:
+                raise ValueError(f"the {name} header belongs to the long-polling protocol; it cannot be set")
+        self.connect_timeout = connect_timeout
+        self.poll_timeout = poll_timeout
+        self.retries = retries
+        self.close_timeout = close_timeout
+        self.session_id: str | None = None
+        self._headers = pairs
+        self._given_client = client
+        self._client: httpx.AsyncClient | None = None
+        self._media_type = MEDIA_TYPES[encoding]
+        self._entered = False
+        self._aclosed = False
+        self._max_body_size: int | None = None
+        self._wait = poll_timeout
+        # Built once connected: the frames URL and the headers every frame request carries.
+        self._frames_url: httpx.URL | None = None
+        self._session_url: httpx.URL | None = None
+        self._post_headers: list[tuple[bytes, bytes]] = []
+        self._get_headers: list[tuple[bytes, bytes]] = []
+        self._timeouts: dict[float, dict[str, float | None]] = {}
+        # Request frames not yet known to have reached the server, oldest first.
+        self._unconfirmed: deque[tuple[int, bytes]] = deque()
+        self._next_seq = 1
+        self._send_lock: anyio.Lock | None = None  # made on connect, in the event loop
+        # Replies for `receive`, oldest first; `_ack` is the last one's number.
+        self._inbox: deque[bytes] = deque()
+        self._ack = 0
+        self._arrival: anyio.Event | None = None  # set when the inbox or the state changes
+        self._posting = 0  # POSTs in flight (their responses may carry replies)
+        self._polling = False  # a GET is in flight
+        # Why no frame can be sent: the session ended, the server refused one, ...
+        self._send_closed: str | None = None
+        # Why no more frames can come, once the inbox is empty (the exception to raise).
+        self._ended: ConnectionClosed | ProtocolError | None = None
+        self._scopes: set[anyio.CancelScope] = set()  # of the requests in flight
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"
+
+    # -- connecting ------------------------------------------------------------
+
+    async def __aenter__(self) -> HTTPPollingTransport:
+        """Create the session on the server.
+
+        A server at capacity answers with its ``CAPACITY_REACHED`` error frame:
+        the transport then connects, hands that frame to the first `receive`,
+        and ends (as over WebSocket).
+
+        Returns:
+            The transport itself.
+
+        Raises:
+            ConnectError: The server is unreachable, refused to create a session
+                (the message gives the HTTP status), answered something else than
+                the protocol, or `connect_timeout` elapsed.
+            ClientStateError: The transport was entered before; create a new one.
+        """
+        if self._entered or self._aclosed:
+            raise ClientStateError("an HTTPPollingTransport connects only once; create a new one")
+        self._entered = True
+        self._send_lock = anyio.Lock(fast_acquire=True)
+        client = self._given_client
+        if client is None:
+            client = _OwnClient(
+                headers={"User-Agent": _USER_AGENT},
+                # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
+                # so that the client gives up an idle connection before the server closes it.
+                limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
+            )
+        self._client = client
+        try:
+            with anyio.move_on_after(self.connect_timeout) as timeout_scope:
+                await self._create_session(client)
+            if timeout_scope.cancelled_caught:
+                raise ConnectError(f"timed out after {self.connect_timeout} s creating a session at {self.url}")
+        except BaseException:
+            self._aclosed = True
+            if self._given_client is None:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
+            raise
+        return self
+
+    async def _create_session(self, client: httpx.AsyncClient) -> None:
+        url = f"{self.url}{SESSIONS_PATH}{self._query}"
+        headers = [*self._headers, ("Content-Type", "application/json")]
+        # A retried creation returns the session the first attempt made, if it made one.
+        headers.append((IDEMPOTENCY_KEY_HEADER, secrets.token_urlsafe(32)))
+        body = msgspec.json.encode({"encoding": self.dialect.encoding})
+        timeout = httpx.Timeout(self.connect_timeout)
+        attempt = 0
+        while True:
+            try:
+                request = client.build_request("POST", url, headers=headers, content=body, timeout=timeout)
+                response = await client.send(request, follow_redirects=False)
+            except _RETRYABLE as exc:
+                attempt += 1
+                if attempt > self.retries:
+                    raise ConnectError(f"cannot create a session at {self.url}: {_describe(exc)}") from exc
+                await anyio.sleep(_backoff(attempt))
+                continue
+            except (httpx.HTTPError, httpx.InvalidURL, RuntimeError) as exc:
+                # RuntimeError: a client given to us that was closed already.
+                raise ConnectError(f"cannot create a session at {self.url}: {_describe(exc)}") from exc
+            if response.status_code in _GATEWAY_STATUSES and ERROR_HEADER not in response.headers:
+                attempt += 1
+                if attempt > self.retries:
+                    raise ConnectError(
+                        f"cannot create a session at {self.url}: HTTP {response.status_code} "
+                        f"{response.reason_phrase}: {_error_detail(response)}"
+                    )
+                await anyio.sleep(_backoff(attempt))
+                continue
+            break
+        self._on_created(response)
+
+    def _on_created(self, response: httpx.Response) -> None:
+        status = response.status_code
+        if status == 503 and response.headers.get(ERROR_HEADER):
+            # Refused, with the error frame that says why: hand it to `receive`, then end.
+            reason = f"the server at {self.url} refused the session ({response.headers[ERROR_HEADER]})"
+            self._inbox.append(response.content)
+            self._send_closed = reason
+            self._ended = ConnectionClosed(reason)
+            return
+        if status != 201:
+            hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
+            raise ConnectError(
+                f"the server at {self.url} refused to create a session: HTTP {status} {response.reason_phrase}: "
+                f"{_error_detail(response)}{hint}"
+            )
+        try:
+            created = _decode_created(response.content)
+        except msgspec.DecodeError as exc:
+            raise ConnectError(f"the server at {self.url} answered the session's creation with {exc}") from exc
+        self.session_id = created.session_id
+        self._max_body_size = created.max_body_size
+        if created.max_wait is not None:
+            self._wait = min(self.poll_timeout, created.max_wait)
+        session = f"{self.url}{SESSIONS_PATH}/{quote(created.session_id, safe='')}"
+        self._session_url = httpx.URL(f"{session}{self._query}")
+        self._frames_url = httpx.URL(f"{session}/frames{self._query}")
+        self._build_headers()
+
+    def _build_headers(self) -> None:
+        """Build the headers of frame requests once: the client's own (auth, cookies, ...) and ours.
+
+        Building a request through the client merges its headers and cookies,
+        which costs more than the rest of a request's making; a frame request
+        copies this list instead. Rebuilt when the server sets a cookie.
+        """
+        client, url = self._client, self._frames_url
+        assert client is not None
+        assert url is not None
+        template = client.build_request("GET", url, headers=self._headers)
+        common = [
+            (name, value)
+            for name, value in template.headers.raw
+            if name.lower() not in (b"content-length", b"transfer-encoding", b"content-type")
+        ]
+        self._get_headers = common
+        self._post_headers = [*common, (b"Content-Type", self._media_type.encode())]
+
+    def _timeout(self, wait: float) -> dict[str, float | None]:
+        timeout = self._timeouts.get(wait)
+        if timeout is None:
+            connect = self.connect_timeout
+            timeout = self._timeouts[wait] = {
+                "connect": connect,
+                "read": wait + _READ_MARGIN,
+                "write": None,
+                "pool": connect,
+            }
+        return timeout
+
+    # -- requests --------------------------------------------------------------
+
+    def _frame_request(self, seq: int, frame: bytes, wait: float) -> httpx.Request:
+        headers = [
+            *self._post_headers,
+            (b"Content-Length", b"%d" % len(frame)),
+            (_SEQ, b"%d" % seq),
+            (_ACK, b"%d" % self._ack),
+            (_WAIT, b"%g" % wait),
+        ]
+        assert self._frames_url is not None
+        return httpx.Request(
+            "POST",
+            self._frames_url,
+            headers=headers,
+            stream=httpx.ByteStream(frame),
+            extensions={"timeout": self._timeout(wait)},
+        )
+
+    def _poll_request(self, wait: float) -> httpx.Request:
+        headers = [*self._get_headers, (_ACK, b"%d" % self._ack), (_WAIT, b"%g" % wait)]
+        assert self._frames_url is not None
+        return httpx.Request(
+            "GET",
+            self._frames_url,
+            headers=headers,
+            stream=httpx.ByteStream(b""),
+            extensions={"timeout": self._timeout(wait)},
+        )
+
+    async def _send_request(self, request: httpx.Request, what: str) -> _Answer:
+        """Send one request, retrying network failures; translate httpx's failures at this one place.
+
+        Returns:
+            The response, with the protocol's headers read.
+
+        Raises:
+            ConnectionClosed: It failed ``retries + 1`` times, or cannot be sent
+                at all (the channel is then broken); or `aclose` was called meanwhile.
+        """
+        client = self._client
+        assert client is not None
+        attempt = 0
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                while True:
+                    try:
+                        response = await client.send(request, follow_redirects=False)
+                    except _RETRYABLE as exc:
+                        failure: str = _describe(exc)
+                        cause: BaseException | None = exc
+                    except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
+                        # Not the network's doing: a closed client, a decoding failure, ...
+                        error = ConnectionClosed(f"{what} to {self.url} failed: {_describe(exc)}")
+                        self._end(error)
+                        raise error from exc
+                    else:
+                        answer = _Answer(response)
+                        if answer.sets_cookie:
+                            self._build_headers()
+                        if response.status_code not in _GATEWAY_STATUSES or answer.received is not None:
+                            return answer
+                        failure = f"HTTP {response.status_code} {response.reason_phrase}"  # a proxy's
+                        cause = None
+                    attempt += 1
+                    if attempt > self.retries:
+                        error = ConnectionClosed(
+                            f"{what} to {self.url} failed {attempt} times; the last time: {failure}"
+                        )
+                        self._end(error)
+                        raise error from cause
+                    await anyio.sleep(_backoff(attempt))
+        finally:
+            self._scopes.discard(scope)
+        # Reached only when `aclose` cancelled the request.
+        raise ConnectionClosed(f"the HTTP long-polling session at {self.url} was closed by the client")
+
+    def _confirm(self, answer: _Answer) -> None:
+        """Forget the request frames the server says it has (``OpenEnv-Received``)."""
+        received = answer.received
+        if received is not None and received.isdigit():
+            self._confirm_through(int(received))
+
+    def _confirm_through(self, number: int) -> None:
+        """Forget the request frames up to ``number``: the server has them (a 2xx to a POST says so)."""
+        unconfirmed = self._unconfirmed
+        while unconfirmed and unconfirmed[0][0] <= number:
+            unconfirmed.popleft()
+
+    def _deliver(self, answer: _Answer) -> None:
+        """Queue the reply frame a 200 response carries, once, in order."""
+        seq_text = answer.seq
+        if seq_text is None or not seq_text.isdigit():
+            raise ProtocolError(f"the server at {self.url} sent a frame without a valid {SEQ_HEADER} header")
+        seq = int(seq_text)
+        if seq <= self._ack:
+            return  # a reply we hold already (sent again: our acknowledgement crossed it)
+        if seq != self._ack + 1:
+            raise ProtocolError(f"the server at {self.url} skipped replies: got {seq} after {self._ack}")
+        self._ack = seq
+        self._inbox.append(answer.response.content)
+        self._wake()
+
+    def _wake(self) -> None:
+        arrival = self._arrival
+        if arrival is not None:
+            self._arrival = None
+            arrival.set()
+
+    def _end(self, error: ConnectionClosed | ProtocolError) -> None:
+        """No frame can come after those queued, nor be sent."""
+        if self._ended is None:
+            self._ended = error
+        if self._send_closed is None:
+            self._send_closed = str(error)
+        self._wake()
+
+    def _refusal(self, answer: _Answer, what: str) -> str:
+        response = answer.response
+        return f"the server at {self.url} refused {what}: HTTP {response.status_code} {_error_detail(response)}"
+
+    # -- the Transport API -----------------------------------------------------
+
+    async def send(self, frame: bytes) -> None:
+        """Send one request frame; the server's response may bring a reply, queued for `receive`.
+
+        A frame whose POST failed on the network, or was cancelled, is sent again
+        (with the same number) before the next one: the server runs each frame
+        once, in order.
+
+        Args:
+            frame: The encoded request.
+
+        Raises:
+            ConnectionClosed: The session has ended, or the channel is closed or
+                broken (the network failed ``retries + 1`` times; the server
+                refused the frame, e.g. ``413`` for one over its size limit).
+        """
+        lock = self._send_lock
+        if self._aclosed or self._client is None or lock is None:
+            raise ConnectionClosed(f"the HTTP long-polling transport to {self.url} is not connected")
+        async with lock:
+            if self._send_closed is not None:
+                raise ConnectionClosed(self._send_closed)
+            limit = self._max_body_size
+            if limit is not None and len(frame) > limit:
+                reason = f"a frame of {len(frame)} bytes is over the server's limit of {limit} bytes"
+                self._end(ConnectionClosed(reason))
+                raise ConnectionClosed(reason)
+            seq = self._next_seq
+            self._next_seq = seq + 1
+            self._unconfirmed.append((seq, frame))
+            await self._post_unconfirmed()
+
+    async def _post_unconfirmed(self) -> None:
+        """POST every frame not known to have reached the server, oldest first; hold the send lock.
+
+        Frames before the last (their POSTs failed, or were cut short) only need
+        to reach the server: it is asked not to wait for a reply to them. The
+        last one's POST waits for the reply, which comes in its response.
+        """
+        unconfirmed = self._unconfirmed
+        self._posting += 1
+        try:
+            while unconfirmed:
+                seq, frame = unconfirmed[0]
+                wait = self._wait if len(unconfirmed) == 1 else 0.0
+                answer = await self._send_request(self._frame_request(seq, frame, wait), f"sending frame {seq}")
+                self._on_frame_response(answer, seq)
+        except ProtocolError as exc:
+            self._end(exc)
+            raise ConnectionClosed(str(exc)) from exc
+        finally:
+            self._posting -= 1
+            self._wake()
+
+    def _on_frame_response(self, answer: _Answer, seq: int) -> None:
+        status = answer.response.status_code
+        if status == 200:
+            self._confirm_through(seq)
+            self._deliver(answer)
+        elif status == 204:
+            self._confirm_through(seq)
+        elif status == 410:
+            self._confirm(answer)
+            reason = _error_detail(answer.response)
+            self._send_closed = f"the session at {self.url} has ended: {reason}"
+            if self._unconfirmed and self._unconfirmed[0][0] <= seq:
+                self._unconfirmed.clear()
+                raise ConnectionClosed(self._send_closed)
+            # The frame arrived (a close, say): `receive` fetches what is left, then ends.
+        elif status == 404:
+            error = self._forgotten()
+            self._end(error)
+            raise error
+        else:
+            error = ConnectionClosed(self._refusal(answer, f"frame {seq}"))
+            self._end(error)
+            raise error
+
+    async def receive(self) -> bytes:
+        """Return the next reply frame.
+
+        Replies that came in POST responses are returned at once; otherwise it
+        long-polls the server. A cancelled `receive` loses nothing: a reply is
+        kept by the server until a later request acknowledges it.
+
+        Returns:
+            The frame, as the server encoded it.
+
+        Raises:
+            ConnectionClosed: The session has ended (after every frame sent before
+                the end was returned), the channel broke, or `aclose` was called.
+            ProtocolError: The server answered something that is not the protocol.
+        """
+        inbox = self._inbox
+        while True:
+            if self._aclosed:
+                raise ConnectionClosed(f"the HTTP long-polling session at {self.url} was closed by the client")
+            if inbox:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                return inbox.popleft()
+            if self._ended is not None:
+                self._raise_ended()
+            if self._client is None:
+                raise ConnectionClosed(f"the HTTP long-polling transport to {self.url} is not connected")
+            if self._posting or self._polling:
+                # A POST in flight brings the reply in its response; or another
+                # receiver is polling. Wait for either to finish.
+                arrival = self._arrival
+                if arrival is None:
+                    arrival = self._arrival = anyio.Event()
+                await arrival.wait()
+                continue
+            if self._unconfirmed:
+                if self._send_closed is not None:
+                    self._unconfirmed.clear()  # the session has ended: they will never run
+                else:
+                    # A frame whose send was cut short, and no send since to carry it:
+                    # make sure it reached the server before waiting for its reply.
+                    assert self._send_lock is not None
+                    async with self._send_lock:
+                        if self._unconfirmed and self._send_closed is None:
+                            await self._post_unconfirmed()
+                continue
+            self._polling = True
+            try:
+                answer = await self._send_request(self._poll_request(self._wait), "polling for a reply")
+                self._on_poll_response(answer)
+            except (ConnectionClosed, ProtocolError) as exc:
+                if not self._aclosed:
+                    self._end(exc)
+                raise
+            finally:
+                self._polling = False
+                self._wake()
+
+    def _on_poll_response(self, answer: _Answer) -> None:
+        status = answer.response.status_code
+        if status == 200:
+            self._confirm(answer)
+            self._deliver(answer)
+        elif status == 204:
+            self._confirm(answer)
+        elif status == 410:
+            self._end(ConnectionClosed(f"the session at {self.url} has ended: {_error_detail(answer.response)}"))
+        elif status == 404:
+            self._end(self._forgotten())
+        else:
+            raise ProtocolError(self._refusal(answer, "a poll"))
+
+    def _forgotten(self) -> ConnectionClosed:
+        """The server does not know the session (any more): no use deleting it."""
+        self._session_url = None
+        return ConnectionClosed(f"the server at {self.url} does not know this session: it ended or expired")
+
+    def _raise_ended(self) -> NoReturn:
+        error = self._ended
+        assert error is not None
+        raise type(error)(str(error)) from error
+
+    async def aclose(self) -> None:
+        """Delete the session on the server, and close the client if it is the transport's own.
+
+        Waits at most `close_timeout` seconds for the server; idempotent, and
+        safe on a broken channel. Requests in flight end; afterwards `send` and
+        `receive` raise `ConnectionClosed`.
+        """
+        if self._aclosed:
+            return
+        self._aclosed = True
+        self._inbox.clear()
+        for scope in list(self._scopes):
+            scope.cancel()
+        self._wake()
+        client = self._client
+        if client is None:
+            return
+        try:
+            url = self._session_url
+            if url is not None:
+                with anyio.move_on_after(self.close_timeout):
+                    try:
+                        request = httpx.Request(
+                            "DELETE", url, headers=self._get_headers, extensions={"timeout": self._timeout(0.0)}
+                        )
+                        await client.send(request, follow_redirects=False)
+                    except (httpx.HTTPError, httpx.StreamError, RuntimeError):
+                        pass  # the server will reap the session when it has been idle long enough
+        finally:
+            if self._given_client is None:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close (see `aclose`)."""
+        await self.aclose()
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before retry number ``attempt``.
+
+    None before the first (a keep-alive connection the server closed is
+    routine), then 0.1 s, tripling up to 5 s.
+    """
+    if attempt <= 1:
+        return 0.0
+    return float(min(0.1 * 3 ** (attempt - 2), 5.0))

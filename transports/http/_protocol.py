@@ -1,0 +1,81 @@
+"""The HTTP long-polling protocol's names and limits, shared by its client and its server.
+
+The whole protocol is documented in ``docs/http-polling.md``; in short, under the
+server's base path:
+
+| route                              | does                                                |
+|------------------------------------|-----------------------------------------------------|
+| ``POST   /poll/sessions``          | create a session; ``201`` with its id               |
+| ``POST   /poll/sessions/{id}/frames`` | send one request frame (``OpenEnv-Seq``), get a reply |
+| ``GET    /poll/sessions/{id}/frames`` | long-poll for the next reply frame                |
+| ``DELETE /poll/sessions/{id}``     | end the session                                     |
+
+Frames travel as whole HTTP bodies, exactly the bytes the other transports carry.
+Each frame is numbered in its direction (``OpenEnv-Seq``); the client
+acknowledges the replies it holds (``OpenEnv-Ack``), and the server keeps every
+reply until it is acknowledged, so a request retried after a network error is
+never executed twice and a reply is never lost.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from openenv import Dialect
+
+__all__ = [
+    "ACK_HEADER",
+    "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_MAX_WAIT",
+    "ERROR_HEADER",
+    "FRAMES_PATH",
+    "IDEMPOTENCY_KEY_HEADER",
+    "MEDIA_TYPES",
+    "RECEIVED_HEADER",
+    "SEQ_HEADER",
+    "SESSIONS_PATH",
+    "SESSION_PATH",
+    "WAIT_HEADER",
+    "dialect_for",
+]
+
+#: Creates a session (``POST``).
+SESSIONS_PATH: Final = "/poll/sessions"
+#: Ends a session (``DELETE``); ``{session_id}`` is the id ``POST /poll/sessions`` gave.
+SESSION_PATH: Final = "/poll/sessions/{session_id}"
+#: Takes request frames (``POST``) and hands out reply frames (``GET``, and ``POST`` responses).
+FRAMES_PATH: Final = "/poll/sessions/{session_id}/frames"
+
+#: The sequence number of the frame in the message's body: the client's numbering
+#: in a request (1, 2, 3, ... per session), the server's in a response.
+SEQ_HEADER: Final = "OpenEnv-Seq"
+#: On a frame request: the highest reply sequence number the client holds; the
+#: server forgets those replies, and sends the next one.
+ACK_HEADER: Final = "OpenEnv-Ack"
+#: On a frame request: the seconds the server may hold the response waiting for a reply.
+WAIT_HEADER: Final = "OpenEnv-Wait"
+#: On a frame response: the highest request sequence number the server has accepted.
+RECEIVED_HEADER: Final = "OpenEnv-Received"
+#: On the ``503`` of a refused session: the error code of the frame in its body.
+ERROR_HEADER: Final = "OpenEnv-Error"
+#: On ``POST /poll/sessions``: makes a retried creation return the same session.
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+
+#: The media type of the frames of each encoding.
+MEDIA_TYPES: Final = {"json": "application/json", "msgpack": "application/msgpack"}
+
+#: The largest body the server accepts by default: 100 MiB, as over WebSocket.
+DEFAULT_MAX_BODY_SIZE: Final = 100 * 1024 * 1024
+#: The longest the server holds a frame request by default, in seconds.
+DEFAULT_MAX_WAIT: Final = 60.0
+
+
+def dialect_for(encoding: str) -> Dialect:
+    """The dialect of a session that asked for ``encoding``: request ids are always on.
+
+    Raises:
+        ValueError: An unknown encoding.
+    """
+    if encoding not in MEDIA_TYPES:
+        raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")
+    return Dialect(encoding="msgpack" if encoding == "msgpack" else "json", request_ids=True)

@@ -1,0 +1,684 @@
+"""The server end of the HTTP long-polling transport: the ``/poll/sessions`` routes, as raw ASGI.
+
+A session outlives the HTTP requests that drive it, so each one runs
+`openenv.server.host_session` in a task of the endpoint's own, which the app's
+lifespan keeps (`HTTPPollingEndpoint.run`). Requests hand it frames and take its
+replies:
+
+- ``POST /poll/sessions/{id}/frames`` queues the request frame numbered
+  ``OpenEnv-Seq`` for the session, unless it has it already (a retry: it is not
+  queued again), then answers like a ``GET``;
+- ``GET /poll/sessions/{id}/frames`` answers with the oldest reply the client has
+  not acknowledged (``OpenEnv-Ack``), waiting up to ``OpenEnv-Wait`` seconds for
+  one; ``204`` if none came, ``410`` once the session has ended and every reply
+  was fetched.
+
+The server forgets a reply only once the client acknowledges it, so a response
+lost on the way is sent again; and it queues each request number once, so a
+retried ``POST`` is never executed twice. Sessions take slots in the app's
+`SessionRegistry` like WebSocket connections, and are reaped when idle: a
+client that vanishes without a ``DELETE`` cannot be seen leaving.
+
+Like ``/ws``, this is a server's hot path: it reads and writes ASGI messages
+directly, without Starlette's request and response objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import msgspec
+from anyio.abc import TaskGroup
+from starlette.routing import BaseRoute, Route
+
+from openenv import ConnectionClosed, Dialect
+from openenv.channel import FrameQueue, QueueClosed
+from openenv.server import encode_fatal_error, host_session
+
+from .._sessions import SessionLease, SessionRegistry
+from ._protocol import (
+    ACK_HEADER,
+    DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_MAX_WAIT,
+    ERROR_HEADER,
+    FRAMES_PATH,
+    IDEMPOTENCY_KEY_HEADER,
+    MEDIA_TYPES,
+    RECEIVED_HEADER,
+    SEQ_HEADER,
+    SESSION_PATH,
+    SESSIONS_PATH,
+    WAIT_HEADER,
+    dialect_for,
+)
+
+__all__ = ["DEFAULT_IDLE_TIMEOUT", "HTTPPollingEndpoint"]
+
+logger = logging.getLogger("openenv.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+#: The idle timeout of HTTP sessions unless the app sets another: their clients
+#: cannot be seen leaving, so a session nobody deletes must end some time.
+DEFAULT_IDLE_TIMEOUT: Final = 300.0
+
+# Seconds an ended session's record stays, so its client can still fetch the
+# replies it has not acknowledged and learn why it ended (410, then 404).
+_LINGER: Final = 60.0
+
+# Requests a session may hold whose replies the client has not acknowledged.
+# Our client has one in flight (and a few abandoned by timeouts at most); this
+# bounds what a client that never acknowledges can make the server keep.
+_MAX_UNACKNOWLEDGED: Final = 64
+
+# Times a frame request lets other tasks run before it waits for a reply: twice,
+# as trio may run the woken session after the request's task once.
+_YIELDS_BEFORE_WAITING: Final = 2
+
+# The largest body of POST /poll/sessions (a small JSON object).
+_MAX_CREATE_BODY: Final = 64 * 1024
+
+# The accepted spellings of each encoding's media type, in requests.
+_ACCEPTED_MEDIA_TYPES: Final = {
+    "json": frozenset({"application/json"}),
+    "msgpack": frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}),
+}
+
+_SEQ = SEQ_HEADER.lower().encode()
+_ACK = ACK_HEADER.lower().encode()
+_WAIT = WAIT_HEADER.lower().encode()
+_IDEMPOTENCY_KEY = IDEMPOTENCY_KEY_HEADER.lower().encode()
+_RECEIVED = RECEIVED_HEADER.lower().encode()
+_CONTENT_TYPE = b"content-type"
+_CONTENT_LENGTH = b"content-length"
+_NO_STORE = (b"cache-control", b"no-store")
+_JSON_TYPE = (b"content-type", b"application/json")
+
+_IDEMPOTENCY_KEY_LENGTHS: Final = range(16, 256)
+
+
+class _CreateRequest(msgspec.Struct):
+    """The body of ``POST /poll/sessions`` (every field optional; unknown fields ignored)."""
+
+    encoding: str = "json"
+
+
+class _Created(msgspec.Struct):
+    """The body of the ``201`` that creates a session."""
+
+    session_id: str
+    encoding: str
+    max_body_size: int
+    max_wait: float
+
+
+class _ErrorBody(msgspec.Struct):
+    code: str
+    message: str
+
+
+class _Error(msgspec.Struct):
+    """The JSON body of every error response of the protocol's own (4xx, 503 ``not_running``)."""
+
+    error: _ErrorBody
+
+
+_json_encode = msgspec.json.Encoder().encode
+_decode_create = msgspec.json.Decoder(_CreateRequest).decode
+
+
+class _HTTPError(Exception):
+    """An error response, raised from anywhere in a request's handling."""
+
+    def __init__(self, status: int, code: str, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = list(headers)
+
+
+class _Disconnected(Exception):
+    """The client went away while its request was being read."""
+
+
+class _Session:
+    """One HTTP session: the frames queued for its environment, and its replies until acknowledged.
+
+    Request frames are numbered by the client (``received`` is the highest one
+    queued), replies by the server (``sent``). ``outbox`` holds each reply not
+    yet acknowledged, with the number of the request it answers, so a request
+    whose reply the client has acknowledged is known to be done with (``answered``).
+    """
+
+    __slots__ = (
+        "acked",
+        "answered",
+        "current",
+        "deleted",
+        "dialect",
+        "end_reason",
+        "forgotten",
+        "id",
+        "idempotency_key",
+        "inbox",
+        "lease",
+        "media_type",
+        "new_event",
+        "outbox",
+        "received",
+        "scope",
+        "sent",
+        "served",
+        "waiter",
+    )
+
+    def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event]) -> None:
+        self.id = session_id
+        self.dialect = dialect
+        self.media_type = MEDIA_TYPES[dialect.encoding].encode()
+        self.lease: SessionLease | None = None
+        self.scope = anyio.CancelScope()
+        self.inbox: FrameQueue[tuple[int, bytes]] = FrameQueue()
+        self.outbox: deque[tuple[int, int, bytes]] = deque()  # (reply seq, request seq, frame)
+        self.received = 0
+        self.sent = 0
+        self.acked = 0
+        self.answered = 0
+        self.current = 0  # the request being handled (0 before any)
+        self.served = False  # whether the environment was built and asked for a request
+        self.end_reason: str | None = None  # set once the session has ended
+        self.deleted = False
+        self.idempotency_key: str | None = None
+        self.new_event = new_event
+        self.waiter: anyio.Event | None = None  # set when a reply comes or the session ends
+        self.forgotten = new_event()  # set when the record is dropped (DELETE)
+
+    # -- the environment's side (host_session's receive and send) ------------------
+
+    async def receive_request(self) -> bytes:
+        lease = self.lease
+        assert lease is not None
+        if lease.close_reason is not None:  # asked to end while it was busy
+            raise ConnectionClosed(lease.close_reason)
+        if self.deleted:  # frames queued behind the DELETE never run
+            raise ConnectionClosed("the client deleted the session")
+        self.served = True
+        inbox = self.inbox
+        if not inbox:
+            lease.touch()  # waiting for the client: the idle clock runs
+        try:
+            seq, frame = await inbox.get()
+        except QueueClosed:
+            raise ConnectionClosed("the client deleted the session") from None
+        lease.mark_busy()
+        self.current = seq
+        return frame
+
+    async def send_reply(self, frame: bytes) -> None:
+        if self.deleted:
+            raise ConnectionClosed("the client deleted the session")
+        self.push(frame)
+
+    def push(self, frame: bytes) -> None:
+        """Keep a reply for the client until it acknowledges it, and wake whoever waits for one."""
+        self.sent += 1
+        self.outbox.append((self.sent, self.current, frame))
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
+
+    def end(self, reason: str) -> None:
+        """Note that the session has ended (its environment is closed); wake every waiter."""
+        if self.end_reason is None:
+            self.end_reason = reason
+        self.inbox.close()
+        self._wake()
+
+    def delete(self) -> None:
+        """End the session at the client's request: after the request in hand, if any."""
+        self.deleted = True
+        if self.end_reason is None:
+            self.end_reason = "the client deleted the session"
+        self.inbox.close()
+        self.forgotten.set()
+        self._wake()
+
+    # -- the client's side (the HTTP requests) -----------------------------------
+
+    def acknowledge(self, ack: int) -> None:
+        """Forget the replies up to ``ack``; the client holds them."""
+        if ack <= self.acked:
+            return
+        outbox = self.outbox
+        while outbox and outbox[0][0] <= ack:
+            request_seq = outbox.popleft()[1]
+            if request_seq > self.answered:
+                self.answered = request_seq
+        self.acked = ack
+
+    async def next_reply(self, wait: float) -> tuple[int, bytes] | None:
+        """The oldest unacknowledged reply, waiting up to ``wait`` seconds; ``None`` if none came."""
+        outbox = self.outbox
+        if outbox:
+            reply = outbox[0]
+            return reply[0], reply[2]
+        if self.end_reason is not None or wait <= 0:
+            return None
+        # A request just queued is often answered at once (an async environment
+        # steps on the event loop): let the session run before arming a timed
+        # wait, which costs more than such a step.
+        for _ in range(_YIELDS_BEFORE_WAITING):
+            await anyio.lowlevel.checkpoint()
+            if outbox:
+                reply = outbox[0]
+                return reply[0], reply[2]
+        with anyio.move_on_after(wait):
+            while not outbox and self.end_reason is None:
+                waiter = self.waiter
+                if waiter is None:
+                    waiter = self.waiter = self.new_event()
+                await waiter.wait()
+        if outbox:
+            reply = outbox[0]
+            return reply[0], reply[2]
+        return None
+
+
+def _header_int(value: bytes, name: str, minimum: int) -> int:
+    if not value.isdigit() or int(value) < minimum:
+        raise _HTTPError(400, "invalid_header", f"{name} must be an integer of at least {minimum}, not {value!r}")
+    return int(value)
+
+
+def _header_seconds(value: bytes, name: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise _HTTPError(400, "invalid_header", f"{name} must be a number of seconds (0 or more), not {value!r}")
+    return seconds
+
+
+def _media_type(value: bytes) -> str:
+    return value.split(b";", 1)[0].strip().lower().decode("latin-1")
+
+
+async def _read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
+    """Read a request's whole body; ``413`` past ``limit`` bytes."""
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        raise _HTTPError(413, "body_too_large", f"the body of {int(content_length)} bytes exceeds {limit} bytes")
+    message = await receive()
+    if message["type"] != "http.request":
+        raise _Disconnected
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > limit:
+            raise _HTTPError(413, "body_too_large", f"the body exceeds {limit} bytes")
+        return body
+    chunks = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _HTTPError(413, "body_too_large", f"the body exceeds {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> None:
+    headers.append((_CONTENT_LENGTH, b"%d" % len(body)))
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except OSError:  # the client is gone: what it did not get, it will ask for again
+        pass
+
+
+async def _respond_error(send: Send, error: _HTTPError) -> None:
+    body = _json_encode(_Error(_ErrorBody(error.code, error.message)))
+    await _respond(send, error.status, [_JSON_TYPE, _NO_STORE, *error.headers], body)
+
+
+class _Handler:
+    """A bound method as an ASGI app (Starlette routes call methods as request/response endpoints)."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: Callable[[Scope, Receive, Send], Any]) -> None:
+        self._handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._handle(scope, receive, send)
+        except _HTTPError as error:
+            await _respond_error(send, error)
+        except _Disconnected:
+            pass
+
+
+class HTTPPollingEndpoint:
+    """The ``/poll/sessions`` routes: one environment session per HTTP session.
+
+    Mount its `routes` in the app and run `run` for the app's lifetime (its
+    lifespan does both, in `transports.app.create_app`); sessions are tasks of
+    `run`'s, so they outlive the requests that drive them. Each session takes a
+    slot in ``registry`` (or the client gets ``503`` with the
+    ``CAPACITY_REACHED`` error frame), runs `openenv.server.host_session` until
+    the client sends ``close`` or ``DELETE``s it, or the registry ends it (idle
+    past its timeout, or the server stopping). Its record then stays a while, so
+    the client can fetch the replies it has not acknowledged and learn that it
+    ended (``410``); then its id is unknown (``404``).
+
+    Args:
+        factory: Builds one environment per session.
+        registry: The app's session registry (capacity and idle reaping); idle
+            HTTP sessions are reaped after its ``idle_timeout_of("http")``.
+        max_wait: The longest the server holds a frame request waiting for a
+            reply, in seconds; a client asking for longer gets this.
+        max_body_size: The largest request frame accepted, in bytes (``413`` beyond).
+        linger: Seconds an ended session's record stays before its id is forgotten.
+
+    Raises:
+        ValueError: ``max_wait`` or ``max_body_size`` is not positive, or ``linger`` is negative.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        max_wait: float = DEFAULT_MAX_WAIT,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        linger: float = _LINGER,
+    ) -> None:
+        if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
+            raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
+        self.factory = factory
+        self.registry = registry
+        self.max_wait = max_wait
+        self.max_body_size = max_body_size
+        self.linger = linger
+        self._sessions: dict[str, _Session] = {}
+        self._created: dict[str, _Session] = {}  # by idempotency key, until the first frame
+        self._task_group: TaskGroup | None = None
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {len(self._sessions)} sessions>"
+
+    @property
+    def session_count(self) -> int:
+        """The sessions known now, live or ended but not yet forgotten."""
+        return len(self._sessions)
+
+    def routes(self) -> list[BaseRoute]:
+        """The Starlette routes to mount: ``/poll/sessions``, ``/poll/sessions/{id}``, ``.../frames``."""
+        return [
+            Route(FRAMES_PATH, _Handler(self._frames), name="poll_frames"),
+            Route(SESSION_PATH, _Handler(self._session), name="poll_session"),
+            Route(SESSIONS_PATH, _Handler(self._create), name="poll_sessions"),
+        ]
+
+    async def run(self) -> None:
+        """Host the sessions until cancelled (the app's lifespan runs it); then end them all."""
+        # The backend's event class, called directly: anyio.Event() looks the
+        # backend up on every call, and each long poll may make one.
+        self._new_event = type(anyio.Event())
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._task_group = task_group
+                await anyio.sleep_forever()
+        finally:
+            self._task_group = None
+            for session in list(self._sessions.values()):
+                session.end("the server stopped")
+            self._sessions.clear()
+            self._created.clear()
+
+    # -- POST /poll/sessions -----------------------------------------------------
+
+    async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            raise _HTTPError(405, "method_not_allowed", "use POST to create a session", [(b"allow", b"POST")])
+        content_type = content_length = key = None
+        for name, value in scope["headers"]:
+            if name == _CONTENT_TYPE:
+                content_type = value
+            elif name == _CONTENT_LENGTH:
+                content_length = value
+            elif name == _IDEMPOTENCY_KEY:
+                key = value
+        body = await _read_body(receive, _MAX_CREATE_BODY, content_length)
+        if body.strip():
+            if content_type is None or _media_type(content_type) != "application/json":
+                raise _HTTPError(415, "unsupported_media_type", "the body of POST /poll/sessions must be JSON")
+            try:
+                options = _decode_create(body)
+            except msgspec.DecodeError as exc:
+                raise _HTTPError(400, "invalid_body", f"invalid body: {exc}") from None
+        else:
+            options = _CreateRequest()
+        try:
+            dialect = dialect_for(options.encoding)
+        except ValueError as exc:
+            raise _HTTPError(400, "invalid_body", str(exc)) from None
+        idempotency_key = None
+        if key is not None:
+            idempotency_key = key.decode("latin-1")
+            if len(idempotency_key) not in _IDEMPOTENCY_KEY_LENGTHS or not idempotency_key.isprintable():
+                raise _HTTPError(
+                    400, "invalid_header", f"{IDEMPOTENCY_KEY_HEADER} must be 16 to 255 printable characters"
+                )
+            existing = self._created.get(idempotency_key)
+            if existing is not None:
+                if existing.dialect != dialect:
+                    raise _HTTPError(
+                        409,
+                        "idempotency_key_reused",
+                        f"this {IDEMPOTENCY_KEY_HEADER} created a session with other options",
+                    )
+                await self._respond_created(send, existing)
+                return
+        task_group = self._task_group
+        if task_group is None:
+            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
+
+        session_id = secrets.token_urlsafe(32)
+        session = _Session(session_id, dialect, self._new_event)
+        lease = self.registry.open(transport="http", on_close=session.scope.cancel)
+        if lease is None:
+            await self._refuse_at_capacity(send, dialect)
+            return
+        session.lease = lease
+        self._sessions[session_id] = session
+        if idempotency_key is not None:
+            session.idempotency_key = idempotency_key
+            self._created[idempotency_key] = session
+        task_group.start_soon(self._run_session, session)
+        await self._respond_created(send, session)
+
+    async def _respond_created(self, send: Send, session: _Session) -> None:
+        body = _json_encode(_Created(session.id, session.dialect.encoding, self.max_body_size, self.max_wait))
+        location = SESSION_PATH.replace("{session_id}", session.id).encode()
+        await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
+
+    async def _refuse_at_capacity(self, send: Send, dialect: Dialect) -> None:
+        registry = self.registry
+        active, limit = registry.active, registry.max_sessions
+        frame = encode_fatal_error(
+            dialect,
+            "CAPACITY_REACHED",
+            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
+            active_sessions=active,
+            max_sessions=limit,
+        )
+        headers = [
+            (_CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
+            _NO_STORE,
+            (ERROR_HEADER.lower().encode(), b"CAPACITY_REACHED"),
+            (b"retry-after", b"1"),
+        ]
+        await _respond(send, 503, headers, frame)
+
+    async def _run_session(self, session: _Session) -> None:
+        lease = session.lease
+        assert lease is not None
+        reason = "the server stopped"  # unless it ends otherwise
+        try:
+            try:
+                with session.scope:
+                    await host_session(
+                        self.factory, session.receive_request, session.send_reply, dialect=session.dialect
+                    )
+                reason = "the client closed the session" if session.served else "the environment could not be created"
+            except Exception:
+                logger.exception("HTTP session failed")
+                session.push(encode_fatal_error(session.dialect, "SESSION_ERROR", "the session failed on the server"))
+                reason = "the session failed on the server"
+            finally:
+                lease.release()
+                # The first reason given sticks: the registry's (idle, shutdown), a DELETE's, then ours.
+                session.end(lease.close_reason or session.end_reason or reason)
+                self._forget_key(session)
+            with anyio.move_on_after(self.linger):
+                await session.forgotten.wait()
+        finally:
+            if self._sessions.get(session.id) is session:
+                del self._sessions[session.id]
+
+    def _forget_key(self, session: _Session) -> None:
+        key, session.idempotency_key = session.idempotency_key, None
+        if key is not None and self._created.get(key) is session:
+            del self._created[key]
+
+    # -- DELETE /poll/sessions/{id} ----------------------------------------------
+
+    async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "DELETE":
+            raise _HTTPError(405, "method_not_allowed", "use DELETE to end a session", [(b"allow", b"DELETE")])
+        session = self._sessions.pop(scope["path_params"]["session_id"], None)
+        if session is None:
+            raise _not_found()
+        self._forget_key(session)
+        session.delete()
+        await _respond(send, 204, [_NO_STORE])
+
+    # -- POST and GET /poll/sessions/{id}/frames ---------------------------------
+
+    async def _frames(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        posting = method == "POST"
+        if not posting and method != "GET":
+            raise _HTTPError(405, "method_not_allowed", "use POST or GET", [(b"allow", b"GET, POST")])
+        session = self._sessions.get(scope["path_params"]["session_id"])
+        if session is None:
+            raise _not_found()
+        seq = ack = 0
+        wait = self.max_wait
+        content_type = content_length = None
+        for name, value in scope["headers"]:
+            if name == _SEQ:
+                seq = _header_int(value, SEQ_HEADER, 1)
+            elif name == _ACK:
+                ack = _header_int(value, ACK_HEADER, 0)
+            elif name == _WAIT:
+                wait = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
+            elif name == _CONTENT_TYPE:
+                content_type = value
+            elif name == _CONTENT_LENGTH:
+                content_length = value
+        if ack > session.sent:
+            raise _HTTPError(
+                409,
+                "ack_out_of_range",
+                f"{ACK_HEADER} {ack} acknowledges replies never sent (the last is {session.sent})",
+            )
+        if posting:
+            if seq == 0:
+                raise _HTTPError(400, "invalid_header", f"a frame needs its {SEQ_HEADER}")
+            encoding = session.dialect.encoding
+            if content_type is None or _media_type(content_type) not in _ACCEPTED_MEDIA_TYPES[encoding]:
+                raise _HTTPError(
+                    415,
+                    "unsupported_media_type",
+                    f"this session's frames are {MEDIA_TYPES[encoding]}, not "
+                    f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
+                )
+            frame = await _read_body(receive, self.max_body_size, content_length)
+            session.acknowledge(ack)
+            self._accept(session, seq, frame)
+        else:
+            session.acknowledge(ack)
+        reply = await session.next_reply(wait)
+        received = (_RECEIVED, b"%d" % session.received)
+        if session.end_reason is not None and reply is None:
+            raise _HTTPError(410, "session_ended", f"the session has ended: {session.end_reason}", [received])
+        # A 2xx to a POST says the server has every frame up to its OpenEnv-Seq,
+        # and no cache keeps a POST's response: two headers fewer on the hot path.
+        headers = [] if posting else [received, _NO_STORE]
+        if reply is not None:
+            headers.append((_CONTENT_TYPE, session.media_type))
+            headers.append((_SEQ, b"%d" % reply[0]))
+            await _respond(send, 200, headers, reply[1])
+        else:
+            await _respond(send, 204, headers)
+
+    def _accept(self, session: _Session, seq: int, frame: bytes) -> None:
+        """Queue a request frame for the session, once; a retry of one queued already is not queued again."""
+        received = session.received
+        if seq <= received:
+            if seq <= session.answered:
+                raise _HTTPError(
+                    409,
+                    "sequence_acknowledged",
+                    f"{SEQ_HEADER} {seq} was answered and its reply acknowledged already; nothing to replay",
+                )
+            return  # a retry: answer it with the reply (or "pending"), never run it twice
+        if seq > received + 1:
+            raise _HTTPError(
+                409, "sequence_gap", f"{SEQ_HEADER} {seq} skips ahead: the next frame expected is {received + 1}"
+            )
+        if session.end_reason is not None:
+            raise _HTTPError(
+                410,
+                "session_ended",
+                f"the session has ended: {session.end_reason}",
+                [(_RECEIVED, b"%d" % received)],
+            )
+        if received - session.answered >= _MAX_UNACKNOWLEDGED:
+            raise _HTTPError(
+                409,
+                "too_many_unacknowledged",
+                f"{_MAX_UNACKNOWLEDGED} requests await an acknowledged reply; acknowledge replies first",
+            )
+        session.received = seq
+        session.inbox.put((seq, frame))
+        assert session.lease is not None
+        session.lease.mark_busy()  # a request in hand: not idle, even before the session takes it
+        if seq == 1:
+            self._forget_key(session)
+
+
+def _not_found() -> _HTTPError:
+    return _HTTPError(404, "session_not_found", "no such session: it never existed, or it ended and was forgotten")
