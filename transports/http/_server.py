@@ -29,7 +29,7 @@ import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import anyio
@@ -42,6 +42,7 @@ from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import encode_fatal_error, host_session
 
+from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry
 from ._protocol import (
     ACK_HEADER,
@@ -62,11 +63,6 @@ from ._protocol import (
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "HTTPPollingEndpoint"]
 
 logger = logging.getLogger("openenv.server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
 
 #: The idle timeout of HTTP sessions unless the app sets another: their clients
 #: cannot be seen leaving, so a session nobody deletes must end some time.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -25,17 +25,13 @@ import msgspec
 from openenv import ConnectionClosed, Dialect
 from openenv.server import encode_fatal_error, host_session
 
+from .._asgi import Receive, Scope, Send
 from .._sessions import SessionRegistry
 from ._subprotocols import PLAIN, SUBPROTOCOLS
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
 logger = logging.getLogger("openenv.server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
 
 # Close codes (RFC 6455).
 NORMAL_CLOSURE = 1000
