@@ -192,7 +192,16 @@ def wait_for_health(url: str, process: subprocess.Popen[str], timeout: float = 3
 def test_openenv_serve_command(backend: str) -> None:
     port = free_port()
     args = [*CLI, "serve", "openenv.examples.echo:EchoEnvironment", "--port", str(port), "--backend", backend]
-    options = ["--max-sessions", "4", "--http-idle-timeout", "30", "--log-level", "warning"]
+    options = [
+        "--max-sessions",
+        "4",
+        "--http-idle-timeout",
+        "30",
+        "--max-message-size",
+        "65536",
+        "--log-level",
+        "warning",
+    ]
     with running([*args, *options]) as process:
         response = wait_for_health(f"http://127.0.0.1:{port}", process)
         assert response.json() == {"status": "healthy"}
@@ -201,6 +210,14 @@ def test_openenv_serve_command(backend: str) -> None:
         created = httpx.post(f"http://127.0.0.1:{port}/poll/sessions", timeout=5)
         assert created.status_code == 201
         session = f"http://127.0.0.1:{port}/poll/sessions/{created.json()['session_id']}"
+        # --max-message-size bounds HTTP request frames too.
+        oversize = httpx.post(
+            f"{session}/frames",
+            content=b'{"type":"step","id":1,"data":{"pad":"' + b"x" * 70_000 + b'"}}',
+            headers={"Content-Type": "application/json", "OpenEnv-Seq": "1", "OpenEnv-Ack": "0", "OpenEnv-Wait": "0"},
+            timeout=5,
+        )
+        assert oversize.status_code == 413
         assert httpx.delete(session, timeout=5).status_code == 204
         # Ctrl-C: a graceful shutdown, and a clean exit.
         process.send_signal(signal.SIGINT)

@@ -67,6 +67,13 @@ def main() -> None:
     show_default=True,
     help="The same for HTTP long-polling sessions, whose clients cannot be seen leaving.",
 )
+@click.option(
+    "--max-message-size",
+    type=click.IntRange(min=1),
+    default=100 * 1024 * 1024,
+    show_default=True,
+    help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
     "--app-dir",
@@ -84,6 +91,7 @@ def serve(
     max_sessions: int | None,
     session_idle_timeout: float | None,
     http_idle_timeout: float,
+    max_message_size: int,
     log_level: str,
     app_dir: str,
 ) -> None:
@@ -117,6 +125,7 @@ def serve(
         max_sessions=max_sessions,
         session_idle_timeout=session_idle_timeout,
         http_idle_timeout=http_idle_timeout,
+        http_max_body_size=max_message_size,
     )
     try:
         run(
@@ -126,6 +135,7 @@ def serve(
             backend=backend,  # type: ignore[arg-type]
             server=server,  # type: ignore[arg-type]
             log_level=log_level,
+            max_message_size=max_message_size,
             on_ready=announce,
         )
     except OSError as exc:
