@@ -39,6 +39,9 @@ from collections.abc import Callable, Mapping
 
 import anyio
 
+from openenv import Dialect
+from openenv.server import encode_fatal_error
+
 __all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry"]
 
 logger = logging.getLogger("openenv.server")
@@ -246,6 +249,24 @@ class SessionRegistry:
             if timeout is not None
         ]
         return min(timeouts) if timeouts else None
+
+    def capacity_reached_frame(self, dialect: Dialect) -> bytes:
+        """The ``CAPACITY_REACHED`` error frame for a client turned away now, worded as the reference words it.
+
+        Args:
+            dialect: The dialect of the client's channel.
+
+        Returns:
+            The encoded frame, with ``active_sessions`` and ``max_sessions``.
+        """
+        active, limit = self.active, self.max_sessions
+        return encode_fatal_error(
+            dialect,
+            "CAPACITY_REACHED",
+            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
+            active_sessions=active,
+            max_sessions=limit,
+        )
 
     def leases(self) -> list[SessionLease]:
         """Return the leases held now, oldest first (a snapshot)."""

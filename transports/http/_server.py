@@ -520,15 +520,7 @@ class HTTPPollingEndpoint:
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
 
     async def _refuse_at_capacity(self, send: Send, dialect: Dialect) -> None:
-        registry = self.registry
-        active, limit = registry.active, registry.max_sessions
-        frame = encode_fatal_error(
-            dialect,
-            "CAPACITY_REACHED",
-            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
-            active_sessions=active,
-            max_sessions=limit,
-        )
+        frame = self.registry.capacity_reached_frame(dialect)
         headers = [
             (_CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
             _NO_STORE,

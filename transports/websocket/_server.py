@@ -206,15 +206,7 @@ class WebSocketEndpoint:
         await _close(asgi_send, close_code, reason)
 
     async def _refuse_at_capacity(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
-        registry = self.registry
-        active, limit = registry.active, registry.max_sessions
-        frame = encode_fatal_error(
-            dialect,
-            "CAPACITY_REACHED",
-            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
-            active_sessions=active,
-            max_sessions=limit,
-        )
+        frame = self.registry.capacity_reached_frame(dialect)
         try:
             if dialect.encoding == "msgpack":
                 await asgi_send({"type": "websocket.send", "bytes": frame})
