@@ -12,30 +12,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Awaitable, Callable
 
 import anyio
 
 from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment
+from tests.benchmarks._timing import timed_rate
 
 ACTION = CallToolAction(tool_name="echo_message", arguments={"message": "hello"})
 
 
 async def rate(step: Callable[[], Awaitable[object]], seconds: float) -> float:
     """Calls of ``step`` per second, over about ``seconds`` (checked every 256 calls)."""
-    for _ in range(200):  # warm up
-        await step()
-    count = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    while True:
-        for _ in range(256):
-            await step()
-        count += 256
-        now = time.perf_counter()
-        if now >= deadline:
-            return count / (now - start)
+    return (await timed_rate(step, seconds, batch=256))["rate"]
 
 
 async def measure(seconds: float, runs: int) -> dict[str, float]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import anyio
 import httpx
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from tests.benchmarks._timing import timed_rate
 from transports.runner import serve
 
 REQUEST = b'{"type":"step","id":1,"data":{"message":"hello"}}'
@@ -45,17 +45,9 @@ async def run_server() -> None:
 
 async def run_client(url: str, seconds: float) -> dict[str, float]:
     async with httpx.AsyncClient() as client:
-        for _ in range(200):
+        for _ in range(200):  # warm up, checking every answer
             (await client.post(url, content=REQUEST, headers=HEADERS)).raise_for_status()
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while time.perf_counter() < deadline:
-            for _ in range(64):
-                await client.post(url, content=REQUEST, headers=HEADERS)
-            steps += 64
-        elapsed = time.perf_counter() - start
-    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed}
+        return await timed_rate(lambda: client.post(url, content=REQUEST, headers=HEADERS), seconds, warmup=0)
 
 
 def main() -> None:

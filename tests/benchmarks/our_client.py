@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import anyio
 
 from openenv import EnvClient, State
+from tests.benchmarks._timing import timed_rate
 from tests.envs import MessageAction, MessageObservation
 
 
@@ -25,24 +25,11 @@ async def measure(url: str, seconds: float, options: dict[str, str]) -> dict[str
     action = MessageAction(message="hello")
     async with MessageEnv(url, **options) as env:
         await env.reset()
-        for _ in range(200):  # warm up
-            await env.step(action)
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while time.perf_counter() < deadline:
-            for _ in range(64):
-                await env.step(action)
-            steps += 64
-        elapsed = time.perf_counter() - start
+        figures: dict[str, object] = dict(await timed_rate(lambda: env.step(action), seconds))
         assert env.transport is not None
         dialect = env.transport.dialect
-    return {
-        "steps": steps,
-        "seconds": elapsed,
-        "rate": steps / elapsed,
-        "dialect": [dialect.encoding, dialect.request_ids],
-    }
+    figures["dialect"] = [dialect.encoding, dialect.request_ids]
+    return figures
 
 
 def main() -> None:

@@ -12,10 +12,11 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
+
+from tests.benchmarks._timing import timed_rate
 
 REQUEST = b'{"type":"step","data":{"message":"hello"}}'
 REPLY = b'{"type":"observation","data":{"observation":{"echoed_message":"hello"},"reward":5.0,"done":false}}'
@@ -35,19 +36,12 @@ async def run_server(port: int) -> None:
 async def run_client(url: str, seconds: float) -> dict[str, float]:
     text = REQUEST.decode()
     async with connect(url, max_size=100 * 2**20) as connection:
-        for _ in range(200):
+
+        async def round_trip() -> object:
             await connection.send(text)
-            await connection.recv()
-        steps = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while time.perf_counter() < deadline:
-            for _ in range(64):
-                await connection.send(text)
-                await connection.recv()
-            steps += 64
-        elapsed = time.perf_counter() - start
-    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed}
+            return await connection.recv()
+
+        return await timed_rate(round_trip, seconds)
 
 
 def main() -> None:
