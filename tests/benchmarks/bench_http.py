@@ -23,21 +23,13 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.benchmarks.bench_websocket import ROOT, _client_rate, _our_env, _process, our_server
+from tests.benchmarks._servers import client_rate, http_floor_server, our_server
 
 FACTORY = "tests.envs:AsyncMessageEchoEnv"
-
-
-@contextmanager
-def floor_server(backend: str) -> Iterator[str]:
-    command = [sys.executable, "-m", "tests.benchmarks.http_floor", "server", "--backend", backend]
-    with _process(command, None) as port:
-        yield f"http://127.0.0.1:{port}/step"
 
 
 @dataclass
@@ -85,16 +77,16 @@ def main() -> None:
     rates: dict[str, list[float]] = {pair.label: [] for pair in pairs}
     with ExitStack() as stack:
         servers = {
-            "floor-asyncio": stack.enter_context(floor_server("asyncio")),
-            "floor-trio": stack.enter_context(floor_server("trio")),
-            "ours-asyncio": stack.enter_context(our_server(FACTORY, "asyncio")),
-            "ours-trio": stack.enter_context(our_server(FACTORY, "trio")),
+            "floor-asyncio": stack.enter_context(http_floor_server("asyncio")).url,
+            "floor-trio": stack.enter_context(http_floor_server("trio")).url,
+            "ours-asyncio": stack.enter_context(our_server(FACTORY, "asyncio")).url,
+            "ours-trio": stack.enter_context(our_server(FACTORY, "trio")).url,
         }
         timeout = args.seconds + 60
         for run in range(args.runs):
             for pair in pairs:
                 url = servers[pair.server].replace("http://", f"{pair.scheme}://", 1)
-                rate = _client_rate([*pair.client, url], _our_env(), ROOT, timeout)
+                rate = client_rate([*pair.client, url], timeout=timeout)
                 rates[pair.label].append(rate)
                 print(f"run {run + 1}/{args.runs}  {pair.label:62} {rate:>9,.0f}/s", file=sys.stderr, flush=True)
 

@@ -16,100 +16,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.interop.reference_venv import ReferenceServer, ensure_reference_python, reference_env
-
-ROOT = Path(__file__).resolve().parents[2]
-REFERENCE_CLIENT = ROOT / "tests" / "interop" / "reference_bench_client.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"no server on port {port} after {timeout} s")
-
-
-def _our_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-@contextmanager
-def _process(command: Sequence[str], port: int | None) -> Iterator[int]:
-    """Run a server process; yield its port (read from ``READY <port>`` when ``port`` is None)."""
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=_our_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
-    try:
-        if port is None:
-            assert process.stdout is not None
-            line = process.stdout.readline().decode()
-            if not line.startswith("READY "):
-                raise RuntimeError(f"server did not start: {line!r}")
-            port = int(line.split()[1])
-        else:
-            _wait_for_port(port, process)
-        yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
-
-
-@contextmanager
-def our_server(factory: str, backend: str) -> Iterator[str]:
-    port = _free_port()
-    command = [sys.executable, "-m", "transports.cli", "serve", factory, "--port", str(port), "--backend", backend]
-    with _process(command, port):
-        yield f"http://127.0.0.1:{port}"
-
-
-@contextmanager
-def floor_server() -> Iterator[str]:
-    with _process([sys.executable, "-m", "tests.benchmarks.ws_floor", "server"], None) as port:
-        yield f"ws://127.0.0.1:{port}"
-
-
-@contextmanager
-def reference_server(python: Path, *, async_step: bool) -> Iterator[str]:
-    extra = ["--async-step"] if async_step else []
-    with ReferenceServer(python, max_sessions=4, extra_args=extra) as server:
-        yield server.base_url
-
-
-def _client_rate(command: Sequence[str], env: dict[str, str], cwd: Path, timeout: float) -> float:
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"client failed: {' '.join(command)}\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+from tests.benchmarks._servers import (
+    REFERENCE_CLIENT,
+    client_rate,
+    our_server,
+    reference_server,
+    ws_floor_server,
+)
+from tests.interop.reference_venv import ensure_reference_python
 
 
 @dataclass
@@ -159,13 +79,13 @@ def main() -> None:
     rates: dict[str, list[float]] = {pair.label: [] for pair in pairs}
     with ExitStack() as stack:
         servers = {
-            "ref-sync": stack.enter_context(reference_server(python, async_step=False)),
-            "ref-async": stack.enter_context(reference_server(python, async_step=True)),
-            "ours-asyncio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "asyncio")),
-            "ours-asyncio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "asyncio")),
-            "ours-trio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "trio")),
-            "ours-trio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "trio")),
-            "floor": stack.enter_context(floor_server()),
+            "ref-sync": stack.enter_context(reference_server(python)).url,
+            "ref-async": stack.enter_context(reference_server(python, "--async-step")).url,
+            "ours-asyncio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "asyncio")).url,
+            "ours-asyncio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "asyncio")).url,
+            "ours-trio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "trio")).url,
+            "ours-trio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "trio")).url,
+            "floor": stack.enter_context(ws_floor_server()).url,
         }
         timeout = args.seconds + 60
         for run in range(args.runs):
@@ -173,9 +93,9 @@ def main() -> None:
                 url = servers[pair.server]
                 if pair.reference:
                     command = [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(args.seconds)]
-                    rate = _client_rate(command, reference_env(), REFERENCE_CLIENT.parent, timeout)
+                    rate = client_rate(command, timeout=timeout, reference=True)
                 else:
-                    rate = _client_rate([*pair.client, url], _our_env(), ROOT, timeout)
+                    rate = client_rate([*pair.client, url], timeout=timeout)
                 rates[pair.label].append(rate)
                 print(f"run {run + 1}/{args.runs}  {pair.label:60} {rate:>9,.0f}/s", file=sys.stderr, flush=True)
 
