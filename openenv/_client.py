@@ -51,7 +51,10 @@ class _UseClientDefault(enum.Enum):
 
 
 USE_CLIENT_DEFAULT = _UseClientDefault.USE_CLIENT_DEFAULT
-"""The default of a per-call ``timeout``: use the client's own timeout."""
+"""The default of a per-call ``timeout``: use the client's own `EnvClient.timeout`.
+
+Pass ``timeout=None`` to wait without a limit, or a number of seconds.
+"""
 
 
 class _ClientState(enum.Enum):
@@ -67,34 +70,76 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     no parsing code, and every reply is decoded and validated straight into them.
     A client without types gets plain dicts.
 
-    Example:
-        ```python
-        class EchoEnv(EnvClient[CallToolAction, EchoObservation, EchoState]):
-            pass
-
-        async with EchoEnv("ws://127.0.0.1:8000") as env:
-            result = await env.reset()
-            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
-            print(result.observation.echoed_message, result.reward)
-        ```
+    One client is one session on the server: connect it with ``async with`` (or
+    `connect` and `close`), then call `reset`, `step` and `state`. It runs under
+    asyncio and trio alike; `sync` gives a blocking facade for code without an
+    event loop.
 
     One session serves one request at a time: concurrent callers of one client
     are served in turn, never interleaved. A call that times out or is cancelled
     may still complete on the server; its late reply is recognised and dropped,
     never handed to the next call.
 
+    Constructing a client does no I/O; the transport is built and connected when
+    the client is entered.
+
+    Examples:
+        A typed client: name the action, observation and state types once, and
+        every reply arrives decoded and validated into them.
+
+        ```python
+        from openenv import EnvClient
+        from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
+
+
+        class EchoEnv(EnvClient[CallToolAction, EchoObservation, EchoState]):
+            pass
+
+
+        async with EchoEnv("ws://127.0.0.1:8000") as env:
+            result = await env.reset()
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+            print(result.observation.echoed_message, result.reward, result.done)
+            state = await env.state()
+            print(state.step_count)  # 1
+        ```
+
+        An untyped client sends and receives plain dicts; the URL's scheme picks
+        the transport, and a call may set its own timeout.
+
+        ```python
+        from openenv import EnvClient
+
+        async with EnvClient("http+poll://127.0.0.1:8000", timeout=30.0) as env:
+            await env.reset(seed=42)
+            action = {"tool_name": "echo_with_length", "arguments": {"message": "hi"}}
+            result = await env.step(action, timeout=5.0)
+            print(result.observation["result"])  # {'message': 'hi', 'length': 2}
+        ```
+
     Args:
         base_url: The server's URL; its scheme picks the transport (``ws://``,
             ``wss://``, ``http://``, ``https://``, ``http+poll://``,
-            ``https+poll://``, ``inproc://module:Factory``, or any registered one).
-        transport: A transport to use instead of the one the URL would pick.
-        timeout: Seconds to wait for each reply (``None``: no limit). A call can
-            override it with its own ``timeout=``.
+            ``https+poll://``, ``inproc://module:Factory``, or any registered one;
+            see `openenv.create_transport`).
+        transport: An unconnected transport to use instead of the one the URL
+            would pick; the client enters and closes it.
+        timeout: Seconds to wait for each reply, 60 by default (``None``: no
+            limit). A call can override it with its own ``timeout=``.
         action_type: Overrides the action type given as a type parameter.
         observation_type: Overrides the observation type (``dict`` for untyped).
         state_type: Overrides the state type (``dict`` for untyped).
         **transport_options: Passed to the transport the URL picks (for example
-            ``connect_timeout``, ``headers``); see each transport.
+            ``connect_timeout``, ``headers``); see each transport. Ignored when
+            ``transport`` is given.
+
+    Attributes:
+        base_url: The URL the client was given, or ``None``.
+        timeout: The default reply timeout of every call, in seconds (``None``:
+            no limit); it may be changed between calls.
+        action_type: The type of the actions `step` sends (``dict`` if untyped).
+        observation_type: The type observations are decoded into (``dict`` if untyped).
+        state_type: The type `state` decodes into (``dict`` if untyped).
 
     Raises:
         ValueError: Neither ``base_url`` nor ``transport`` was given.
@@ -153,7 +198,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     @property
     def transport(self) -> Transport | None:
-        """The transport in use, once there is one."""
+        """The transport in use: the one given, or the one the URL picked once connected; else ``None``."""
         return self._transport
 
     @property
@@ -164,7 +209,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     # -- lifecycle -------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        """Connect (see `connect`); the block's end closes the client."""
+        """Connect (see `connect`); the end of the ``async with`` block closes the client.
+
+        Returns:
+            The client itself.
+
+        Raises:
+            ConnectError: The transport could not connect.
+            ClientStateError: The client was already connected or closed.
+            UnsupportedSchemeError: No transport handles the URL's scheme.
+            ValueError: The transport rejected the URL or an option.
+            TypeError: The transport does not take an option given, or msgspec
+                cannot decode into the client's types.
+        """
         if self._state is not _ClientState.UNOPENED:
             raise ClientStateError(
                 "an EnvClient can be connected only once"
@@ -206,15 +263,31 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Connect to the server without a ``with`` block; pair it with `close`.
 
         Prefer ``async with client:``. A transport may run background tasks, so
-        `connect` and `close` must be called from the same task.
+        `connect` and `close` must be called from the same task. A client
+        connects once; after `close`, create a new one.
 
         Returns:
             The client itself.
 
         Raises:
-            ConnectError: The transport could not connect.
+            ConnectError: The transport could not connect (refused, unreachable,
+                handshake failed, ``connect_timeout`` elapsed).
             ClientStateError: The client was already connected or closed.
             UnsupportedSchemeError: No transport handles the URL's scheme.
+            ValueError: The transport rejected the URL or an option.
+            TypeError: The transport does not take an option given, or msgspec
+                cannot decode into the client's types.
+
+        Examples:
+            ```python
+            from openenv.examples.echo import EchoEnv
+
+            env = await EchoEnv("ws://127.0.0.1:8000").connect()
+            try:
+                await env.reset()
+            finally:
+                await env.close()
+            ```
         """
         await self.__aenter__()
         self._entered_by_connect = True
@@ -223,7 +296,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def close(self) -> None:
         """End the session: tell the server, then close the transport. Idempotent.
 
-        Never raises for a connection that is already broken.
+        The server is told with a ``close`` frame, best effort: a broken or slow
+        connection is given up after a second. Never raises for a connection that
+        is already broken; it is safe on a client never connected. Afterwards
+        every request raises `ClientStateError`.
         """
         await self._close()
         if self._entered_by_connect:
@@ -257,13 +333,25 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     def sync(self, *, backend: str = "asyncio") -> SyncEnvClient[ActT, ObsT, StateT]:
         """Return a blocking facade of this client, for code without an event loop.
 
+        Nothing connects yet: the facade connects the client when it is entered.
+
         Args:
             backend: The event loop to run the client on, in a background thread:
-                ``"asyncio"`` or ``"trio"``.
+                ``"asyncio"`` (the default) or ``"trio"``.
 
         Returns:
             A `SyncEnvClient` with the same methods, blocking; use it as a context
             manager (``with EchoEnv(url).sync() as env: ...``).
+
+        Examples:
+            ```python
+            from openenv.examples.echo import CallToolAction, EchoEnv
+
+            with EchoEnv("ws://127.0.0.1:8000").sync() as env:
+                env.reset()
+                result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+                print(result.observation.echoed_message)  # hi
+            ```
         """
         from ._sync import SyncEnvClient
 
@@ -277,7 +365,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Start a new episode.
 
         Args:
-            timeout: Seconds to wait for the reply, instead of the client's.
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
             **kwargs: Passed to the environment's ``reset`` (``seed``, ``episode_id``,
                 ...); the server drops those the environment does not accept.
 
@@ -285,10 +374,27 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             The first observation, with its reward and done flag.
 
         Raises:
-            ServerError: The server answered with an error (a subclass per code).
-            TimeoutError: No reply within the timeout.
-            TransportError: The connection failed or was closed.
-            ClientStateError: The client is not connected.
+            ExecutionError: The environment raised in ``reset``; the session survives.
+            CapacityReachedError: The server had no free session for this client
+                (reported at the first request); the connection is closed.
+            ServerError: Any other error frame (a subclass per code, see
+                `openenv.ServerError`).
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            ProtocolError: The server sent something that is not a reply frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: A keyword argument cannot be encoded.
+            ClientStateError: The client is not connected, or is closed.
+
+        Examples:
+            ```python
+            from openenv.examples.echo import EchoEnv
+
+            async with EchoEnv("ws://127.0.0.1:8000") as env:
+                result = await env.reset(seed=7, episode_id="episode-1")
+                state = await env.state()
+                print(state.episode_id, result.done)  # episode-1 False
+            ```
         """
         codec = self._codec_or_raise()
         reply = await self._request(lambda request_id: codec.reset(kwargs, request_id), timeout)
@@ -300,19 +406,44 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Take one step.
 
         Args:
-            action: The action to apply.
-            timeout: Seconds to wait for the reply, instead of the client's.
+            action: The action to apply: an instance of `action_type` (a Struct),
+                or a dict of its fields for an untyped client.
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
 
         Returns:
-            The observation that followed, with its reward and done flag.
+            The observation that followed, with its reward and done flag (also
+            set on the observation itself, when it is a Struct).
 
         Raises:
-            ValidationError: The server rejected the action.
-            ExecutionError: The environment raised while stepping.
-            ServerError: Any other error frame (a subclass per code).
-            TimeoutError: No reply within the timeout.
-            TransportError: The connection failed or was closed.
-            ClientStateError: The client is not connected.
+            ValidationError: The server rejected the action; the session survives.
+            ExecutionError: The environment raised while stepping; the session survives.
+            CapacityReachedError: The server had no free session for this client
+                (reported at the first request); the connection is closed.
+            ServerError: Any other error frame (a subclass per code, see
+                `openenv.ServerError`).
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            ProtocolError: The server sent something that is not a reply frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: The action cannot be encoded.
+            ClientStateError: The client is not connected, or is closed.
+
+        Examples:
+            ```python
+            import openenv
+            from openenv.examples.echo import CallToolAction, EchoEnv
+
+            async with EchoEnv("ws://127.0.0.1:8000") as env:
+                await env.reset()
+                result = await env.step(CallToolAction(tool_name="echo_with_length", arguments={"message": "abc"}))
+                print(result.observation.result, result.reward)  # {'message': 'abc', 'length': 3} 0.3...
+                try:
+                    await env.step(CallToolAction(tool_name="no_such_tool"))
+                except openenv.ExecutionError as exc:
+                    print(exc.code)  # EXECUTION_ERROR; the session goes on
+                result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "still here"}))
+            ```
         """
         codec = self._codec_or_raise()
         reply = await self._request(lambda request_id: codec.step(action, request_id), timeout)
@@ -322,16 +453,21 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """Ask for the environment's current state.
 
         Args:
-            timeout: Seconds to wait for the reply, instead of the client's.
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
 
         Returns:
             The state, of the client's state type (a dict for an untyped client).
 
         Raises:
-            ServerError: The server answered with an error (a subclass per code).
-            TimeoutError: No reply within the timeout.
-            TransportError: The connection failed or was closed.
-            ClientStateError: The client is not connected.
+            ExecutionError: The environment raised reading its state; the session survives.
+            ServerError: Any other error frame (a subclass per code, see
+                `openenv.ServerError`).
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            ProtocolError: The server sent something that is not a state reply.
+            ReplyValidationError: The reply does not fit the client's state type.
+            ClientStateError: The client is not connected, or is closed.
         """
         reply = await self._request(self._codec_or_raise().state, timeout)
         if not isinstance(reply, StateReply):
@@ -342,7 +478,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     # They await the reply like the methods above; this is not Gymnasium's
     # send-now-wait-later.
     reset_async = reset
+    """The same coroutine function as `reset`, by the name OpenEnv's client gives it."""
     step_async = step
+    """The same coroutine function as `step`, by the name OpenEnv's client gives it."""
 
     def _codec_or_raise(self) -> ClientCodec[ActT, ObsT, StateT]:
         if self._state is not _ClientState.OPENED:

@@ -49,22 +49,44 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
 
     Get one from `EnvClient.sync`. It runs the async client on an event loop in a
     background thread (anyio's blocking portal, shared by all sync clients of a
-    backend), so it behaves exactly as the async client does, under asyncio or
-    trio.
+    backend, started with the first and stopped with the last), so it behaves
+    exactly as the async client does, under asyncio or trio, and raises the same
+    exceptions.
 
-    Example:
+    Every method raises `ClientStateError` when called from inside a running
+    event loop, where blocking would stall it: there, await the `EnvClient`
+    itself.
+
+    Examples:
         ```python
+        from openenv.examples.echo import CallToolAction, EchoEnv
+
         with EchoEnv("ws://127.0.0.1:8000").sync() as env:
             result = env.reset()
-            result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+            for message in ("one", "two"):
+                result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": message}))
+            print(result.observation.echoed_message, env.state().step_count)  # two 2
+        ```
+
+        Without a ``with`` block, pair `connect` with `close`:
+
+        ```python
+        from openenv.examples.echo import EchoEnv
+
+        env = EchoEnv("ws://127.0.0.1:8000").sync(backend="trio").connect()
+        try:
+            env.reset()
+        finally:
+            env.close()
         ```
 
     Args:
         client: The async client to drive; it must not be connected yet.
-        backend: The event loop to run it on: ``"asyncio"`` or ``"trio"``.
+        backend: The event loop to run it on: ``"asyncio"`` (the default) or ``"trio"``.
 
-    Every method raises `ClientStateError` when called from inside a running
-    event loop, where blocking would stall it.
+    Attributes:
+        client: The async client this facade drives.
+        backend: The event loop it runs on.
     """
 
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
@@ -78,7 +100,15 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         return f"<SyncEnvClient of {self.client!r}>"
 
     def __enter__(self) -> Self:
-        """Connect (see `connect`)."""
+        """Connect (see `connect`); the end of the ``with`` block closes the client.
+
+        Returns:
+            This facade.
+
+        Raises:
+            ConnectError: The transport could not connect.
+            ClientStateError: Already connected or closed, or called inside an event loop.
+        """
         return self.connect()
 
     def __exit__(
@@ -98,6 +128,10 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         Raises:
             ConnectError: The transport could not connect.
             ClientStateError: Already connected or closed, or called inside an event loop.
+            UnsupportedSchemeError: No transport handles the URL's scheme.
+            ValueError: The transport rejected the URL or an option.
+            TypeError: The transport does not take an option given, or msgspec
+                cannot decode into the client's types.
         """
         _refuse_inside_event_loop("connect")
         if self._portal is not None:
@@ -115,7 +149,11 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         return self
 
     def close(self) -> None:
-        """Close the client and release the event-loop thread. Idempotent."""
+        """Close the client (see `EnvClient.close`) and release the event-loop thread. Idempotent.
+
+        Raises:
+            ClientStateError: Called inside an event loop.
+        """
         _refuse_inside_event_loop("close")
         client_cm, portal_cm = self._client_cm, self._portal_cm
         self._client_cm = self._portal_cm = self._portal = None
@@ -135,16 +173,70 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def reset(
         self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> StepResult[ObsT]:
-        """Start a new episode; see `EnvClient.reset`."""
+        """Start a new episode, blocking; see `EnvClient.reset`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+            **kwargs: Passed to the environment's ``reset`` (``seed``, ``episode_id``, ...).
+
+        Returns:
+            The first observation, with its reward and done flag.
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: A keyword argument cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
         portal = self._portal_or_raise("reset")
         return portal.call(lambda: self.client.reset(timeout=timeout, **kwargs))
 
     def step(self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
-        """Take one step; see `EnvClient.step`."""
+        """Take one step, blocking; see `EnvClient.step`.
+
+        Args:
+            action: The action to apply.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            The observation that followed, with its reward and done flag.
+
+        Raises:
+            ValidationError: The server rejected the action; the session survives.
+            ExecutionError: The environment raised while stepping; the session survives.
+            ServerError: Any other error frame (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: The action cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
         portal = self._portal_or_raise("step")
         return portal.call(lambda: self.client.step(action, timeout=timeout))
 
     def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
-        """Ask for the environment's state; see `EnvClient.state`."""
+        """Ask for the environment's state, blocking; see `EnvClient.state`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            The state, of the client's state type (a dict for an untyped client).
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's state type.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
         portal = self._portal_or_raise("state")
         return portal.call(lambda: self.client.state(timeout=timeout))
