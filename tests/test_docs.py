@@ -28,16 +28,23 @@ An HTML comment on the line right before a fence changes how it runs:
 - ``<!-- docs-test: file=path/name.py -->``: written to that path in a temporary
   directory that is on ``sys.path`` for the rest of the page (a module the page
   then serves or loads with ``inproc://``).
+
+A shell block's ``openenv serve FACTORY ...`` command does what it says: from
+there on, the page's ``127.0.0.1:8000`` is a server of FACTORY (say, the module
+a ``file=`` block wrote), started on an ephemeral port and stopped at the end of
+the page. No other shell command runs.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
 import inspect
 import linecache
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -69,6 +76,7 @@ _FILE = re.compile(r"^file\s*=\s*(?P<path>\S+)$")
 _DOCS_ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):8000\b")
 _AUTODOC = re.compile(r"^:::\s*(?P<name>[\w.]+)\s*$", re.MULTILINE)
 _PYTHON = {"python", "py", "python3"}
+_SHELL = {"bash", "sh", "shell", "console", "zsh"}
 
 
 # -- finding the blocks --------------------------------------------------------------
@@ -81,8 +89,8 @@ class Block:
     source: str  # "docs/quickstart.md", or "docstring of openenv.EnvClient"
     line: int  # 1-based line of the first code line, in the page or the docstring
     code: str
-    mode: str = "run"  # "run", "skip", "reference", "file" or "invalid"
-    argument: str = ""  # the skip's reason, the file's path, or what was invalid
+    mode: str = "run"  # "run", "skip", "reference", "file", "serve" or "invalid"
+    argument: str = ""  # the skip's reason, the file's path, the factory served, or what was invalid
 
     @property
     def is_async(self) -> bool:
@@ -136,8 +144,45 @@ def python_blocks(text: str, source: str) -> list[Block]:
             mode, argument = marker or ("run", "")
             code = "\n".join(body) + "\n"
             blocks.append(Block(source, index + 2, code, mode, argument))
+        elif language in _SHELL:
+            blocks += _serve_commands(body, source, index + 2)
         index = end + 1
     return blocks
+
+
+def _serve_commands(body: list[str], source: str, first_line: int) -> list[Block]:
+    """The ``openenv serve FACTORY`` commands of a shell block, as blocks that serve FACTORY."""
+    found: list[Block] = []
+    line_number, command = first_line, ""
+    for offset, line in enumerate(body):
+        if not command:
+            line_number = first_line + offset
+        command += line.rstrip().removesuffix("\\") + " "
+        if line.rstrip().endswith("\\"):
+            continue
+        for segment in re.split(r"&&|\|\||;", command):
+            try:
+                words = shlex.split(segment, comments=True)
+            except ValueError:
+                continue
+            for at, word in enumerate(words[:-1]):
+                if Path(word).name == "openenv" and words[at + 1] == "serve":
+                    command_text = " ".join(segment.split())
+                    found.append(Block(source, line_number, command_text, "serve", _serve_factory(words[at + 2 :])))
+        command = ""
+    return found
+
+
+def _serve_factory(arguments: list[str]) -> str:
+    """The FACTORY argument of ``openenv serve``'s arguments (every option of it takes a value)."""
+    words = iter(arguments)
+    for word in words:
+        if word.startswith("-"):
+            if "=" not in word and word not in ("-h", "--help"):
+                next(words, None)
+            continue
+        return word
+    return ""
 
 
 def _pages() -> list[Path]:
@@ -301,14 +346,43 @@ class Namespace:
         return _in_thread(lambda: anyio.run(main, backend=backend), BLOCK_LIMIT + 10)
 
 
-def run_blocks(blocks: list[Block], name: str, filename: str, address: str, backend: str, tmp: Path) -> None:
-    """Run a group of blocks in order, in one namespace; fail with the first block that fails."""
+class Servers:
+    """The echo server every page starts with, and a way to serve others from the same event loop."""
+
+    def __init__(self, portal: anyio.from_thread.BlockingPortal, echo: str) -> None:
+        self.portal = portal
+        self.echo = echo
+
+    @contextlib.contextmanager
+    def serving(self, factory: str) -> Iterator[str]:
+        """Serve ``factory`` for the ``with`` block; its host:port."""
+        options = {"port": 0, "startup_timeout": 30.0, "shutdown_timeout": 5.0}
+        with self.portal.wrap_async_context_manager(openenv.serve(factory, **options)) as server:
+            yield f"{server.host}:{server.port}"
+
+
+def run_blocks(blocks: list[Block], name: str, filename: str, servers: Servers, backend: str, tmp: Path) -> None:
+    """Run a group of blocks in order, in one namespace; fail with the first block that fails.
+
+    An ``openenv serve FACTORY`` command of the page does what it says: from there
+    on, the page's ``127.0.0.1:8000`` is a server of FACTORY (the module a
+    ``file=`` block wrote earlier, say), as it would be for a reader.
+    """
     slug = re.sub(r"\W", "_", name)
-    with Namespace(f"docs_example_{slug}_{backend}", tmp) as namespace:
+    address = servers.echo
+    with Namespace(f"docs_example_{slug}_{backend}", tmp) as namespace, contextlib.ExitStack() as page_servers:
         for block in blocks:
             code = _DOCS_ADDRESS.sub(address, block.code)
             if block.mode == "file":
                 namespace.write(dataclasses.replace(block, code=code))
+            elif block.mode == "serve":
+                if block.argument == SERVER_FACTORY:
+                    address = servers.echo
+                    continue
+                try:
+                    address = page_servers.enter_context(servers.serving(block.argument))
+                except Exception as exc:
+                    _fail(block, code, "openenv serve", exc)
             elif block.mode == "run":
                 where = filename
                 if not filename.endswith(".md"):
@@ -321,24 +395,23 @@ def run_blocks(blocks: list[Block], name: str, filename: str, address: str, back
 
 
 @pytest.fixture(scope="module")
-def echo_server() -> Iterator[str]:
-    """The echo environment served for the whole module (WebSocket and HTTP polling); its host:port."""
+def servers() -> Iterator[Servers]:
+    """The echo environment served for the whole module (WebSocket and HTTP polling)."""
     with anyio.from_thread.start_blocking_portal("asyncio") as portal:
-        serving = portal.wrap_async_context_manager(
-            openenv.serve(SERVER_FACTORY, port=0, startup_timeout=30.0, shutdown_timeout=5.0)
-        )
-        with serving as server:
-            yield f"{server.host}:{server.port}"
+        servers = Servers(portal, "")
+        with servers.serving(SERVER_FACTORY) as echo:
+            servers.echo = echo
+            yield servers
 
 
 @pytest.mark.parametrize(("page", "backend"), _cases(PAGES))
-def test_page_examples_run(page: str, backend: str, echo_server: str, tmp_path: Path) -> None:
-    run_blocks(PAGES[page], page, str(DOCS / page), echo_server, backend, tmp_path)
+def test_page_examples_run(page: str, backend: str, servers: Servers, tmp_path: Path) -> None:
+    run_blocks(PAGES[page], page, str(DOCS / page), servers, backend, tmp_path)
 
 
 @pytest.mark.parametrize(("name", "backend"), _cases(DOCSTRINGS))
-def test_docstring_examples_run(name: str, backend: str, echo_server: str, tmp_path: Path) -> None:
-    run_blocks(DOCSTRINGS[name], name, name, echo_server, backend, tmp_path)
+def test_docstring_examples_run(name: str, backend: str, servers: Servers, tmp_path: Path) -> None:
+    run_blocks(DOCSTRINGS[name], name, name, servers, backend, tmp_path)
 
 
 # The reference's client as a script: top-level await runs under asyncio.
@@ -360,13 +433,13 @@ _REFERENCE_PAGES = {page: [b for b in blocks if b.mode == "reference"] for page,
 
 @pytest.mark.interop
 @pytest.mark.parametrize("page", [page for page, blocks in _REFERENCE_PAGES.items() if blocks])
-def test_reference_examples_run(page: str, echo_server: str, tmp_path: Path) -> None:
+def test_reference_examples_run(page: str, servers: Servers, tmp_path: Path) -> None:
     """The "before" examples of pages on coming from OpenEnv run on the reference implementation."""
     python = ensure_reference_python()
     runner = tmp_path / "run_reference_block.py"
     runner.write_text(_REFERENCE_RUNNER, encoding="utf-8")
     for block in _REFERENCE_PAGES[page]:
-        code = _DOCS_ADDRESS.sub(echo_server, block.code)
+        code = _DOCS_ADDRESS.sub(servers.echo, block.code)
         script = tmp_path / f"block_{block.line}.py"
         # Padded so the reference's tracebacks give the page's line numbers.
         script.write_text("\n" * (block.line - 1) + code, encoding="utf-8")
@@ -424,7 +497,9 @@ def test_the_runner_finds_blocks_and_markers() -> None:
         # Page
 
         ```bash
-        openenv serve my_env:MyEnv
+        pip install openenv && openenv serve --host 127.0.0.1 \\
+            my_env:MyEnv --port 8000  # a comment
+        openenv demo
         ```
 
         <!-- docs-test: file=my_env.py -->
@@ -445,11 +520,12 @@ def test_the_runner_finds_blocks_and_markers() -> None:
     )
     blocks = python_blocks(text, "page.md")
     assert [(b.line, b.mode, b.argument, b.code) for b in blocks] == [
-        (9, "file", "my_env.py", "X = 1\n"),
-        (15, "skip", "serves forever", "openenv.run(MyEnv)\n"),
-        (19, "run", "", "await something()\n"),
+        (4, "serve", "my_env:MyEnv", "openenv serve --host 127.0.0.1 my_env:MyEnv --port 8000 # a comment"),
+        (11, "file", "my_env.py", "X = 1\n"),
+        (17, "skip", "serves forever", "openenv.run(MyEnv)\n"),
+        (21, "run", "", "await something()\n"),
     ]
-    assert [b.is_async for b in blocks] == [False, False, True]
+    assert [b.is_async for b in blocks] == [False, False, False, True]
     assert _DOCS_ADDRESS.sub("127.0.0.1:4321", "ws://localhost:8000 http://127.0.0.1:8000/ws :80001") == (
         "ws://127.0.0.1:4321 http://127.0.0.1:4321/ws :80001"
     )
