@@ -1,0 +1,111 @@
+"""Where a benchmark gets an environment's action schema: the server's ``GET /schema``, or the factory itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+
+from openenv import ConnectError
+
+__all__ = ["SchemaUnavailable", "fetch_action_schema", "schema_url"]
+
+# The HTTP scheme of each network transport's server, which serves /schema beside it.
+_HTTP_SCHEMES = {
+    "ws": "http",
+    "wss": "https",
+    "http": "http",
+    "https": "https",
+    "http+poll": "http",
+    "https+poll": "https",
+}
+
+_INPROC = "inproc"
+
+
+class SchemaUnavailable(LookupError):
+    """The environment's action schema cannot be had (no such endpoint, an unknown scheme, ...)."""
+
+
+def schema_url(url: str) -> str | None:
+    """The URL of the ``GET /schema`` endpoint beside an environment URL's server.
+
+    ``ws://host:8000/env`` and ``http+poll://host:8000/env`` both give
+    ``http://host:8000/env/schema``; ``wss://`` and ``https+poll://`` give
+    ``https://``. A query string is kept; a fragment is dropped.
+
+    Args:
+        url: An environment URL.
+
+    Returns:
+        The schema's URL, or ``None`` for a scheme not served over HTTP
+        (``inproc://``, third-party transports).
+    """
+    scheme, separator, rest = url.partition("://")
+    http_scheme = _HTTP_SCHEMES.get(scheme.lower()) if separator else None
+    if http_scheme is None:
+        return None
+    rest = rest.partition("#")[0]
+    rest, question_mark, query = rest.partition("?")
+    return f"{http_scheme}://{rest.rstrip('/')}/schema{question_mark}{query}"
+
+
+async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict[str, Any]:
+    """Get the action JSON Schema of the environment behind an environment URL.
+
+    Over the network, from the server's ``GET /schema`` (openenv's server and
+    OpenEnv's reference server both answer ``{"action", "observation", "state"}``).
+    For ``inproc://module:Factory``, from the factory's types, by the function
+    that builds our server's ``/schema`` (`transports.app.environment_schemas`).
+
+    Args:
+        url: An environment URL.
+        timeout: Seconds to wait for the server; ``None`` for no limit.
+
+    Returns:
+        The action's JSON Schema, with any ``$defs`` it refers to.
+
+    Raises:
+        SchemaUnavailable: The scheme offers no schema, the server has no
+            ``/schema`` or answers something else.
+        ConnectError: The server cannot be reached.
+    """
+    scheme = url.partition("://")[0].lower()
+    if scheme == _INPROC:
+        return _inprocess_action_schema(url)
+    address = schema_url(url)
+    if address is None:
+        raise SchemaUnavailable(f"the {scheme}:// transport offers no action schema")
+    try:
+        with anyio.fail_after(timeout):
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(address, headers={"accept": "application/json"})
+    except TimeoutError as exc:
+        raise ConnectError(f"no answer from {address} within {timeout} s") from exc
+    except httpx.HTTPError as exc:
+        raise ConnectError(f"cannot reach {address}: {exc or type(exc).__name__}") from exc
+    if response.status_code != 200:
+        raise SchemaUnavailable(f"GET {address} answered HTTP {response.status_code}")
+    try:
+        schemas = response.json()
+    except ValueError as exc:
+        raise SchemaUnavailable(f"GET {address} answered something other than JSON") from exc
+    action = schemas.get("action") if isinstance(schemas, dict) else None
+    if not isinstance(action, dict):
+        raise SchemaUnavailable(f"GET {address} answered no action schema")
+    return action
+
+
+def _inprocess_action_schema(url: str) -> dict[str, Any]:
+    from openenv.server import load_factory
+
+    try:
+        from transports.app import environment_schemas
+    except ImportError as exc:  # the server extra (starlette) is missing
+        raise SchemaUnavailable(f"the schema needs the server extra: pip install 'openenv[server]' ({exc})") from exc
+    try:
+        factory = load_factory(url.partition("://")[2])
+    except (ImportError, ValueError, TypeError) as exc:
+        raise ConnectError(f"cannot load the environment factory of {url!r}: {exc}") from exc
+    return environment_schemas(factory)["action"]
