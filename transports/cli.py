@@ -5,6 +5,8 @@ openenv serve package.module:Factory [--host H] [--port P] [--backend asyncio|tr
                                      [--max-sessions N] [--session-idle-timeout S]
                                      [--http-idle-timeout S]
 openenv demo [--backend asyncio|trio|both]
+openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action JSON|@FILE]
+                            [--warmup N] [--timeout S] [--backend asyncio|trio] [--json] [--no-progress]
 openenv --version
 ```
 """
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import click
@@ -309,6 +314,164 @@ def demo(backend: str) -> None:
     if not passed:
         raise click.ClickException("the demo failed")
     click.secho("all good", fg="green")
+
+
+# -- bench -----------------------------------------------------------------------
+
+
+def _parse_action(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    """``--action``: a JSON object, given inline or as ``@FILE``."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {value[1:]}: {exc.strerror or exc}") from exc
+    try:
+        action = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}") from exc
+    if not isinstance(action, dict):
+        raise click.BadParameter('the action must be a JSON object, such as \'{"message": "hi"}\'')
+    return action
+
+
+@main.command()
+@click.argument("urls", nargs=-1, required=True, metavar="URL [URL ...]")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Steps to take in all, over all sessions.  [default: 1000, unless --seconds]",
+)
+@click.option(
+    "--seconds", type=click.FloatRange(min=0, min_open=True), default=None, help="Measure for this long instead."
+)
+@click.option(
+    "--sessions", type=click.IntRange(min=1), default=1, show_default=True, help="Concurrent sessions (clients)."
+)
+@click.option(
+    "--action",
+    callback=_parse_action,
+    help="The action to step with: a JSON object, or @FILE holding one. By default, the smallest action "
+    "the environment's action schema allows.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Steps each session takes before the measurement starts (not measured).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for a connection, and for each reply (a step that times out is an error).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["asyncio", "trio"]),
+    default="asyncio",
+    show_default=True,
+    help="The event loop the clients run on.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of a table.")
+@click.option(
+    "--no-progress",
+    is_flag=True,
+    help="No progress bar (there is none anyway with --json, or when stderr is not a terminal).",
+)
+def bench(
+    urls: tuple[str, ...],
+    steps: int | None,
+    seconds: float | None,
+    sessions: int,
+    action: dict[str, Any] | None,
+    warmup: int,
+    timeout: float,
+    backend: str,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Measure environment servers: steps per second and step latency, one row per URL.
+
+    Each URL is measured in turn; its scheme picks the transport (ws://, http://,
+    http+poll://, inproc://module:Factory, ...). SESSIONS clients connect, reset
+    and warm up, then step together until STEPS steps are taken in all or
+    SECONDS have passed; each step's latency is the wall time of its call. A
+    step that says done is followed by a reset, which is not measured.
+
+    Exits non-zero if a URL cannot be measured (no server, no action, no
+    capacity), or if not one of its steps succeeded.
+    """
+    import anyio
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import DEFAULT_STEPS, BenchmarkError, BenchResult, json_document, print_table, run_benchmark
+
+    if steps is not None and seconds is not None:
+        raise click.UsageError("give --steps or --seconds, not both")
+    if backend == "trio" and importlib.util.find_spec("trio") is None:
+        raise click.ClickException("trio is not installed (pip install 'openenv[trio]')")
+
+    stderr = Console(stderr=True)
+    counter = MofNCompleteColumn() if seconds is None else TextColumn("{task.completed:.1f}/{task.total:g} s")
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        counter,
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        # rich would only print the last frame to a file; show nothing there instead.
+        disable=no_progress or as_json or not stderr.is_terminal,
+    )
+
+    async def measure_all() -> list[BenchResult]:
+        results = []
+        with progress:
+            for url in urls:
+                task = progress.add_task(url, total=seconds if seconds is not None else steps or DEFAULT_STEPS)
+
+                def show(taken: int, elapsed: float, task: Any = task) -> None:
+                    progress.update(task, completed=taken if seconds is None else min(elapsed, seconds))
+
+                result = await run_benchmark(
+                    url,
+                    action=action,
+                    sessions=sessions,
+                    steps=steps,
+                    seconds=seconds,
+                    warmup=warmup,
+                    timeout=timeout,
+                    on_progress=None if progress.disable else show,
+                )
+                results.append(result)
+        return results
+
+    # In-process environments run here: their errors are counted and shown, not logged with tracebacks.
+    quiet = logging.NullHandler()
+    server_logger = logging.getLogger("openenv.server")
+    server_logger.addHandler(quiet)
+    try:
+        results = anyio.run(measure_all, backend=backend)
+    except BenchmarkError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        server_logger.removeHandler(quiet)
+    if as_json:
+        click.echo(json.dumps(json_document(results, backend=backend), indent=2))
+    else:
+        print_table(results, Console())
+    failed = [result.url for result in results if result.steps == 0]
+    if failed:
+        hint = "" if action is not None else " with the action built from its schema: pass one with --action"
+        raise click.ClickException(f"not one step succeeded at {', '.join(failed)}{hint}")
 
 
 if __name__ == "__main__":  # python -m transports.cli
