@@ -17,6 +17,18 @@ __all__ = ["Environment", "EnvironmentMetadata"]
 class EnvironmentMetadata(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What ``GET /metadata`` tells about an environment, as OpenEnv's servers do.
 
+    By default built from the environment class (`Environment.metadata`);
+    override that classmethod, or pass one to `transports.app.create_app`, to
+    say more.
+
+    Examples:
+        ```python
+        import openenv
+
+        metadata = openenv.EnvironmentMetadata(name="Echo", description="Echoes messages back.", version="1.0")
+        print(metadata.name, metadata.version)  # Echo 1.0
+        ```
+
     Attributes:
         name: The environment's name.
         description: One line on what it is.
@@ -45,26 +57,68 @@ class Environment(Generic[ActT, ObsT, StateT]):
     The type parameters tell the server how to decode actions and describe the
     schema; an unparametrised environment takes and gives plain dicts. One
     instance serves one session; the server builds a fresh one per session from
-    the factory it was given (usually the class itself).
+    the factory it was given (usually the class itself), and calls `close` when
+    the session ends.
 
-    Example:
+    An exception raised by `reset`, `step` or `state` reaches the client as an
+    `openenv.ExecutionError` (its type and message; the traceback is logged on the
+    server), and the session goes on. An action that does not fit ``action_type``
+    never reaches `step`: the client gets an `openenv.ValidationError`.
+
+    Examples:
+        A counter, served in-process (the same class serves over the network
+        with ``openenv serve module:CounterEnv``):
+
         ```python
+        from typing import Any
+
+        from openenv import Action, EnvClient, Environment, Observation, State
+        from transports.inprocess import InProcessTransport
+
+
+        class Increment(Action):
+            by: int = 1
+
+
+        class CounterObservation(Observation):
+            count: int
+
+
         class CounterEnv(Environment[Increment, CounterObservation, State]):
             def __init__(self) -> None:
                 self._state = State()
+                self._count = 0
 
-            def reset(self, **kwargs: Any) -> CounterObservation:
-                self._state = State(episode_id=kwargs.get("episode_id"))
+            def reset(self, episode_id: str | None = None, **kwargs: Any) -> CounterObservation:
+                self._state = State(episode_id=episode_id)
+                self._count = 0
                 return CounterObservation(count=0)
 
             def step(self, action: Increment) -> CounterObservation:
                 self._state.step_count += 1
-                return CounterObservation(count=self._state.step_count * action.by)
+                self._count += action.by
+                return CounterObservation(count=self._count, reward=float(action.by), done=self._count >= 10)
 
             @property
             def state(self) -> State:
                 return self._state
+
+
+        class CounterClient(EnvClient[Increment, CounterObservation, State]):
+            pass
+
+
+        async with CounterClient(transport=InProcessTransport(factory=CounterEnv)) as env:
+            await env.reset()
+            result = await env.step(Increment(by=3))
+            print(result.observation.count, result.reward, result.done)  # 3 3.0 False
         ```
+
+    Attributes:
+        action_type: The type actions are decoded into (``dict`` if unparametrised);
+            set from the first type parameter, or in the class body.
+        observation_type: The observation type, for ``GET /schema``.
+        state_type: The state type, for ``GET /schema``.
     """
 
     action_type: Any = dict
@@ -87,6 +141,10 @@ class Environment(Generic[ActT, ObsT, StateT]):
 
         Returns:
             The first observation (or an awaitable of it, for an async override).
+
+        Raises:
+            NotImplementedError: Not overridden. Whatever an override raises
+                reaches the client as an `openenv.ExecutionError`.
         """
         raise NotImplementedError
 
@@ -99,21 +157,44 @@ class Environment(Generic[ActT, ObsT, StateT]):
         Returns:
             The observation, with ``reward`` and ``done`` set as needed (or an
             awaitable of it, for an async override).
+
+        Raises:
+            NotImplementedError: Not overridden. Whatever an override raises
+                reaches the client as an `openenv.ExecutionError`.
         """
         raise NotImplementedError
 
     @property
     def state(self) -> StateT | Awaitable[StateT]:
-        """The environment's current state (a property; it may return an awaitable)."""
+        """The environment's current state (a property; it may return an awaitable).
+
+        Raises:
+            NotImplementedError: Not overridden.
+        """
         raise NotImplementedError
 
     def close(self) -> Awaitable[None] | None:
-        """Release what the environment holds; called once, when its session ends."""
+        """Release what the environment holds; called once, when its session ends.
+
+        Called however the session ends: the client closed it, went away, or
+        was idle too long, or the server is stopping. What it raises is logged
+        and otherwise ignored. The default does nothing.
+
+        Returns:
+            ``None``, or an awaitable, for an async override (``async def close``).
+        """
         return None
 
     @classmethod
     def metadata(cls) -> EnvironmentMetadata:
-        """Describe the environment for ``GET /metadata``; by default from the class itself."""
+        """Describe the environment for ``GET /metadata``; by default from the class itself.
+
+        Override it to say more (a version, an author, a documentation URL).
+
+        Returns:
+            The metadata: the class's name, the first line of its own docstring
+            as the description, and the whole docstring as ``readme_content``.
+        """
         # The class's own docstring only (not a base class's), dedented.
         doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
         return EnvironmentMetadata(

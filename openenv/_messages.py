@@ -1,14 +1,16 @@
 """The wire messages, as msgspec Structs.
 
-Every frame is a tagged union on ``type``, exactly as OpenEnv speaks it::
+Every frame is a tagged union on ``type``, exactly as OpenEnv speaks it:
 
-    client -> server   {"type": "reset", "data": {...reset kwargs}}
-                       {"type": "step",  "data": {...action fields}}
-                       {"type": "state"}
-                       {"type": "close"}
-    server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}
-                       {"type": "state", "data": {...state fields}}
-                       {"type": "error", "data": {"message": "...", "code": "...", ...}}
+```text
+client -> server   {"type": "reset", "data": {...reset kwargs}}
+                   {"type": "step",  "data": {...action fields}}
+                   {"type": "state"}
+                   {"type": "close"}
+server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}
+                   {"type": "state", "data": {...state fields}}
+                   {"type": "error", "data": {"message": "...", "code": "...", ...}}
+```
 
 A dialect that negotiated request ids adds ``"id": n`` to each request and
 echoes it in the reply; plain OpenEnv frames never carry it.
@@ -39,11 +41,22 @@ __all__ = [
 class Dialect(msgspec.Struct, frozen=True):
     """How the frames of one session are written, as negotiated by its transport.
 
+    The default, ``Dialect()``, is plain OpenEnv: JSON and no request ids. A
+    transport sets its `Transport.dialect` on connect (the WebSocket transport
+    from the subprotocol the server selected); the client reads it there.
+
+    Examples:
+        ```python
+        import openenv
+        from openenv.examples.echo import EchoEnv
+
+        async with EchoEnv("ws://127.0.0.1:8000") as env:
+            print(env.transport.dialect)  # Dialect(encoding='json', request_ids=True)
+        ```
+
     Attributes:
         encoding: ``"json"`` (text frames, OpenEnv's) or ``"msgpack"`` (binary frames).
         request_ids: Whether each request carries an ``id`` that its reply echoes.
-
-    The default, ``Dialect()``, is plain OpenEnv: JSON and no request ids.
     """
 
     encoding: Literal["json", "msgpack"] = "json"

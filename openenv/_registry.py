@@ -4,10 +4,12 @@ Transports join the ``openenv.transports`` entry-point group: the entry point's
 name is the URL scheme and its object is a factory called as
 ``factory(url, **options)`` that returns a `Transport` (usually the transport
 class itself). The built-in transports are registered this way too, in
-openenv's own ``pyproject.toml``; a third party does the same in theirs::
+openenv's own ``pyproject.toml``; a third party does the same in theirs:
 
-    [project.entry-points."openenv.transports"]
-    grpc = "my_package.transport:GRPCTransport"
+```toml
+[project.entry-points."openenv.transports"]
+grpc = "my_package.transport:GRPCTransport"
+```
 
 `register_transport` adds one at run time (tests, applications).
 """
@@ -32,8 +34,10 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "openenv.transports"
+"""The entry-point group transports join: the name is the URL scheme, the object its factory."""
 
 TransportFactory = Callable[..., Transport]
+"""What builds a transport: called as ``factory(url, **options)``, returns an unconnected `Transport`."""
 
 _lock = threading.Lock()
 _registered: dict[str, TransportFactory] = {}
@@ -51,21 +55,55 @@ def _discovered() -> dict[str, Any]:
 def register_transport(scheme: str, factory: TransportFactory) -> None:
     """Register (or replace) the transport for a URL scheme, for this process.
 
+    A registration wins over an entry point of the same scheme, so it can also
+    replace a built-in transport. Schemes are case-insensitive.
+
     Args:
         scheme: The URL scheme, without ``://`` (``"ws"``, ``"http+poll"``).
-        factory: Called as ``factory(url, **options)``; returns a `Transport`.
+        factory: Called as ``factory(url, **options)`` with the client's URL and
+            its transport options; returns an unconnected `Transport` (usually
+            the transport class itself).
+
+    Examples:
+        A scheme that serves the echo environment in-process, whatever the URL:
+
+        ```python
+        import openenv
+        from openenv.examples.echo import EchoEnv, EchoEnvironment
+        from transports.inprocess import InProcessTransport
+
+
+        def local_echo(url: str, **options: object) -> openenv.Transport:
+            return InProcessTransport(url, factory=EchoEnvironment)
+
+
+        openenv.register_transport("echo", local_echo)
+        async with EchoEnv("echo://anything") as env:
+            await env.reset()
+        print("echo" in openenv.registered_schemes())  # True
+        ```
     """
     with _lock:
         _registered[scheme.lower()] = factory
 
 
 def registered_schemes() -> list[str]:
-    """Return every scheme that has a transport, sorted."""
+    """List every URL scheme that has a transport: the entry points' and the registered ones.
+
+    Returns:
+        The schemes, lower-case and sorted (``["http", "http+poll", ..., "ws", "wss"]``).
+    """
     return sorted(set(_discovered()) | set(_registered))
 
 
 def url_scheme(url: str) -> str:
     """Return the lower-cased scheme of ``url``.
+
+    Args:
+        url: A URL (``"WS://host:8000"``).
+
+    Returns:
+        Its scheme, lower-cased (``"ws"``).
 
     Raises:
         UnsupportedSchemeError: The URL has no ``scheme://`` prefix.
@@ -97,15 +135,30 @@ def _factory_for(scheme: str) -> TransportFactory:
 def create_transport(url: str, **options: Any) -> Transport:
     """Build the transport for ``url``, chosen by its scheme.
 
+    `EnvClient` calls it when it connects; call it to hold the transport
+    yourself, or to check a URL's options early.
+
     Args:
         url: The server's URL (``ws://host:8000``, ``inproc://package.module:Factory``, ...).
-        **options: Passed on to the transport's factory.
+        **options: Passed on to the transport's factory (``connect_timeout``,
+            ``headers``, ...: see each transport).
 
     Returns:
-        An unconnected transport; enter it to connect.
+        An unconnected transport; enter it to connect, or hand it to
+        ``EnvClient(transport=...)``.
 
     Raises:
-        UnsupportedSchemeError: No transport is registered for the scheme; the
-            message names the ones that are.
+        UnsupportedSchemeError: No transport is registered for the scheme (or
+            the URL has none); the message names the ones that are.
+        ValueError: The transport rejected the URL or an option.
+        TypeError: The transport does not take an option given.
+
+    Examples:
+        ```python
+        import openenv
+
+        transport = openenv.create_transport("ws://127.0.0.1:8000", connect_timeout=5.0)
+        print(type(transport).__name__, transport.url)  # WebSocketTransport ws://127.0.0.1:8000/ws
+        ```
     """
     return _factory_for(url_scheme(url))(url, **options)

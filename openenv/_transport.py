@@ -36,6 +36,52 @@ class Transport(ABC):
     into openenv's exceptions (`ConnectError`, `ConnectionClosed`,
     `ProtocolError`); none escapes. Cancellation always passes through untouched.
 
+    A transport is registered for a URL scheme with `register_transport` (or the
+    ``openenv.transports`` entry-point group), or handed to a client directly as
+    ``EnvClient(transport=...)``; the client enters it, and closes it.
+
+    Examples:
+        A transport that wraps another and counts the frames it carries:
+
+        ```python
+        import openenv
+        from openenv.examples.echo import EchoEnv
+        from transports.websocket import WebSocketTransport
+
+
+        class CountingTransport(openenv.Transport):
+            def __init__(self, inner: openenv.Transport) -> None:
+                self.inner = inner
+                self.frames = 0
+
+            async def __aenter__(self) -> "CountingTransport":
+                await self.inner.__aenter__()
+                self.dialect = self.inner.dialect  # speak what the inner one negotiated
+                return self
+
+            async def __aexit__(self, *exc_info: object) -> None:
+                await self.inner.__aexit__(None, None, None)  # stops the inner one's tasks too
+
+            async def send(self, frame: bytes) -> None:
+                await self.inner.send(frame)
+                self.frames += 1
+
+            async def receive(self) -> bytes:
+                frame = await self.inner.receive()
+                self.frames += 1
+                return frame
+
+            async def aclose(self) -> None:
+                await self.inner.aclose()
+
+
+        transport = CountingTransport(WebSocketTransport("ws://127.0.0.1:8000"))
+        async with EchoEnv(transport=transport) as env:
+            await env.reset()
+            await env.state()
+        print(transport.frames)  # 5: two requests, two replies, and the close request
+        ```
+
     Attributes:
         dialect: How frames are written on this channel, as negotiated on connect.
             Plain OpenEnv (``Dialect()``) unless the transport negotiated more;
@@ -46,7 +92,10 @@ class Transport(ABC):
 
     @abstractmethod
     async def __aenter__(self) -> Any:
-        """Open the channel; return the transport itself.
+        """Open the channel, and set `dialect` to what was negotiated.
+
+        Returns:
+            The transport itself.
 
         Raises:
             ConnectError: The channel could not be opened.
@@ -58,26 +107,44 @@ class Transport(ABC):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close the channel (see `aclose`)."""
+        """Close the channel (see `aclose`); a transport with background tasks also stops them here.
+
+        Args:
+            exc_type: The type of the exception that ended the block, if any.
+            exc_value: That exception, if any.
+            traceback: Its traceback, if any.
+        """
         await self.aclose()
 
     @abstractmethod
     async def send(self, frame: bytes) -> None:
-        """Send one frame.
+        """Send one frame, whole.
+
+        Args:
+            frame: The encoded frame, in the `dialect`'s encoding.
 
         Raises:
-            ConnectionClosed: The channel is closed or broken.
+            ConnectionClosed: The channel is closed or broken (or was never opened).
         """
 
     @abstractmethod
     async def receive(self) -> bytes:
-        """Receive the next frame.
+        """Receive the next frame from the server, waiting for it.
+
+        Frames that arrived before the channel closed are returned first.
+
+        Returns:
+            The frame, as the server encoded it.
 
         Raises:
-            ConnectionClosed: The peer closed the channel, or it broke.
+            ConnectionClosed: The peer closed the channel, or it broke, or
+                `aclose` was called.
             ProtocolError: The peer sent something that is not a frame.
         """
 
     @abstractmethod
     async def aclose(self) -> None:
-        """Close the channel; idempotent, and safe on a broken channel."""
+        """Close the channel; idempotent, and never raises for a broken channel.
+
+        Afterwards `send` and `receive` raise `ConnectionClosed`.
+        """

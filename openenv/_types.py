@@ -12,14 +12,24 @@ __all__ = ["Action", "ActT", "ObsT", "Observation", "State", "StateT", "StepResu
 class Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base class of an environment's actions.
 
-    Subclass it with the action's fields. On the wire a step's ``data`` is the
-    action's fields themselves; unknown fields are rejected, as OpenEnv does.
+    Subclass it with the action's fields (a msgspec Struct: keyword-only, typed,
+    validated on decoding). On the wire a step's ``data`` is the action's fields
+    themselves; unknown fields are rejected, as OpenEnv does.
 
-    Example:
+    Examples:
         ```python
+        import msgspec
+
+        import openenv
+
+
         class MoveAction(openenv.Action):
             direction: str
             distance: int = 1
+
+
+        action = MoveAction(direction="north")
+        print(msgspec.json.encode(action))  # b'{"direction":"north","distance":1}'
         ```
     """
 
@@ -27,14 +37,29 @@ class Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class Observation(msgspec.Struct, kw_only=True):
     """Base class of an environment's observations.
 
+    Subclass it with the observation's fields. On the wire ``done`` and
+    ``reward`` travel at the top of the reply's ``data``, beside the other fields,
+    which travel under ``observation``; the client sets them back on the
+    observation it decodes, and also returns them in the `StepResult`.
+
+    Examples:
+        ```python
+        import openenv
+
+
+        class GridObservation(openenv.Observation):
+            position: tuple[int, int] = (0, 0)
+
+
+        observation = GridObservation(position=(2, 3), reward=1.0)
+        print(observation.position, observation.reward, observation.done)  # (2, 3) 1.0 False
+        ```
+
     Attributes:
         done: Whether the episode has ended.
         reward: The reward of the last step, if any.
         metadata: Free-form data kept on the server side; as in OpenEnv it is not
             sent over the wire.
-
-    On the wire ``done`` and ``reward`` travel at the top of the reply's ``data``,
-    beside the other fields, which travel under ``observation``.
     """
 
     done: bool = False
@@ -44,6 +69,8 @@ class Observation(msgspec.Struct, kw_only=True):
 
 class State(msgspec.Struct, kw_only=True):
     """Base class of an environment's state.
+
+    Use it as it is, or subclass it with more fields; `EnvClient.state` returns it.
 
     Attributes:
         episode_id: The id of the current episode, if one was given or made.
@@ -55,12 +82,18 @@ class State(msgspec.Struct, kw_only=True):
 
 
 ActT = TypeVar("ActT")
+"""The action type of an `EnvClient` or an `Environment`."""
 ObsT = TypeVar("ObsT")
+"""The observation type of an `EnvClient` or an `Environment`."""
 StateT = TypeVar("StateT")
+"""The state type of an `EnvClient` or an `Environment`."""
 
 
 class StepResult(msgspec.Struct, Generic[ObsT], frozen=True):
     """What `EnvClient.reset` and `EnvClient.step` return.
+
+    It is frozen. ``reward`` and ``done`` are the ones the server sent beside the
+    observation; a typed observation carries them too.
 
     Attributes:
         observation: The observation, of the client's observation type (a dict for
