@@ -34,6 +34,7 @@ from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
 
 __version__ = "0.1.0"
+"""The version of this openenv package."""
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -50,9 +50,27 @@ class ServerSession:
     environment is never entered from two threads at once. Async methods are
     awaited directly.
 
+    Examples:
+        A session needs no I/O: frames in, frames out.
+
+        ```python
+        from openenv.examples.echo import EchoEnvironment
+        from openenv.server import ServerSession
+
+        session = ServerSession(EchoEnvironment())
+        await session.handle(b'{"type": "reset", "data": {}}')
+        step = b'{"type": "step", "data": {"tool_name": "echo_message", "arguments": {"message": "hi"}}}'
+        print(await session.handle(step))  # b'{"type":"observation","data":{"observation":{"echoed_message":"hi",...
+        await session.aclose()
+        ```
+
     Args:
-        env: The environment instance this session owns.
-        dialect: The dialect its transport negotiated.
+        env: The environment instance this session owns (it closes it).
+        dialect: The dialect its transport negotiated; plain OpenEnv by default.
+
+    Attributes:
+        env: The environment instance.
+        dialect: The dialect of its frames.
     """
 
     def __init__(self, env: Any, *, dialect: Dialect = Dialect()) -> None:
@@ -103,13 +121,16 @@ class ServerSession:
     async def handle(self, frame: bytes) -> bytes | None:
         """Handle one request frame.
 
+        Never raises for a bad frame or a raising environment: those get an error
+        reply (``INVALID_JSON``, ``UNKNOWN_TYPE``, ``VALIDATION_ERROR``,
+        ``EXECUTION_ERROR``), and the session goes on.
+
         Args:
             frame: The request, as the client encoded it.
 
         Returns:
             The reply frame, or ``None`` for a close request (which ends the
-            session, and gets no reply). A bad frame or a raising environment gets
-            an error reply; the session goes on.
+            session, and gets no reply).
         """
         request_id: int | None = None
         try:
@@ -194,7 +215,14 @@ def encode_fatal_error(dialect: Dialect, code: str, message: str, **extra: Any) 
 
 
 def factory_name(factory: Callable[[], Any]) -> str:
-    """A readable name of an environment factory, for logs and ``FACTORY_ERROR`` frames."""
+    """A readable name of an environment factory, for logs and ``FACTORY_ERROR`` frames.
+
+    Args:
+        factory: The factory: a class, a function, or any callable.
+
+    Returns:
+        ``"module:qualified.name"``, or the best name the object has.
+    """
     module = getattr(factory, "__module__", None)
     name = getattr(factory, "__qualname__", None) or repr(factory)
     return f"{module}:{name}" if module else name

@@ -24,18 +24,27 @@ T = TypeVar("T")
 
 
 class QueueClosed(Exception):
-    """The queue was closed and every item put before that has been taken."""
+    """The queue was closed: raised by `FrameQueue.put` at once, by `FrameQueue.get` once it is drained."""
 
 
 class FrameQueue(Generic[T]):
     """An unbounded queue with one consumer, that waits only when empty.
 
-    Example:
+    ``len(queue)`` is the number of items waiting.
+
+    Examples:
         ```python
+        from openenv.channel import FrameQueue, QueueClosed
+
         frames: FrameQueue[bytes] = FrameQueue()
-        frames.put(b"...")          # from the reader task; never blocks
-        frame = await frames.get()  # from the caller; waits only if empty
-        frames.close()              # get() raises QueueClosed once drained
+        frames.put(b"first")  # from the reader task; never blocks
+        frames.put(b"second")
+        frames.close()  # get() raises QueueClosed once drained
+        print(await frames.get(), await frames.get())  # b'first' b'second'
+        try:
+            await frames.get()
+        except QueueClosed:
+            print("drained")
         ```
     """
 
@@ -55,7 +64,10 @@ class FrameQueue(Generic[T]):
         return self._closed
 
     def put(self, item: T) -> None:
-        """Add an item and wake the consumer.
+        """Add an item and wake the consumer; never blocks.
+
+        Args:
+            item: The item to queue.
 
         Raises:
             QueueClosed: The queue was closed.
@@ -76,6 +88,9 @@ class FrameQueue(Generic[T]):
         """Take the oldest item, waiting for one if the queue is empty.
 
         A cancelled wait takes nothing, so no item is ever lost.
+
+        Returns:
+            The oldest item.
 
         Raises:
             QueueClosed: The queue is closed and empty.

@@ -63,19 +63,35 @@ class EchoEnvironment(Environment[CallToolAction, EchoObservation, EchoState]):
     """Echoes messages back; the reward is a tenth of the message's length.
 
     Its methods are coroutines: the work is trivial, so it runs on the event loop
-    rather than in a worker thread.
+    rather than in a worker thread. Episodes never end by themselves (``done`` is
+    always false).
     """
 
     def __init__(self) -> None:
         self._state = EchoState(episode_id=str(uuid.uuid4()))
 
     async def reset(self, seed: int | None = None, episode_id: str | None = None) -> EchoObservation:
-        """Start a new episode; ``seed`` is accepted and unused (echoing is deterministic)."""
+        """Start a new episode.
+
+        Args:
+            seed: Accepted and unused (echoing is deterministic).
+            episode_id: The new episode's id; a fresh UUID when not given.
+
+        Returns:
+            An empty observation, with reward 0.
+        """
         self._state = EchoState(episode_id=episode_id or str(uuid.uuid4()))
         return EchoObservation(echoed_message="", result=None, reward=0.0, done=False)
 
     async def step(self, action: CallToolAction) -> EchoObservation:
         """Run the tool the action names.
+
+        Args:
+            action: The tool to call, and its ``message`` argument.
+
+        Returns:
+            The echoed message and the tool's result, with a reward of a tenth
+            of the message's length.
 
         Raises:
             ValueError: An unknown tool, or a ``message`` that is not a string; the
@@ -100,4 +116,16 @@ class EchoEnvironment(Environment[CallToolAction, EchoObservation, EchoState]):
 
 
 class EchoEnv(EnvClient[CallToolAction, EchoObservation, EchoState]):
-    """The typed client of the echo environment: no parsing code needed."""
+    """The typed client of the echo environment: no parsing code needed.
+
+    Examples:
+        ```python
+        from openenv.examples.echo import CallToolAction, EchoEnv
+
+        async with EchoEnv("ws://127.0.0.1:8000") as env:
+            await env.reset()
+            result = await env.step(CallToolAction(tool_name="echo_with_length", arguments={"message": "Hello!"}))
+            print(result.observation.result)  # {'message': 'Hello!', 'length': 6}
+            print((await env.state()).step_count)  # 1
+        ```
+    """
