@@ -14,11 +14,13 @@ Everything a further transport's routes need is kept on ``app.state``:
 ``max_sessions`` counts all sessions), ``app.state.factory``,
 ``app.state.schemas`` and ``app.state.metadata``. A transport that adds routes
 appends them with `mount_routes`, before the app serves its first request, with
-any task they need running for the app's lifetime::
+any task they need running for the app's lifetime:
 
-    app = create_app(EchoEnvironment, max_sessions=8)
-    endpoint = MyEndpoint(app.state.factory, registry=app.state.sessions)
-    mount_routes(app, endpoint.routes(), lifespan_tasks=[endpoint.run])
+```text
+app = create_app(EchoEnvironment, max_sessions=8)
+endpoint = MyEndpoint(app.state.factory, registry=app.state.sessions)
+mount_routes(app, endpoint.routes(), lifespan_tasks=[endpoint.run])
+```
 """
 
 from __future__ import annotations
@@ -183,8 +185,32 @@ def mount_routes(
     ``app.state.sessions`` (capacity and idle reaping) and ``app.state.factory``
     with ``/ws`` and ``/poll``. Call it before the app serves.
 
+    Examples:
+        A route that reports how many sessions are open:
+
+        ```python
+        import httpx
+        from starlette.requests import Request
+        from starlette.responses import PlainTextResponse
+        from starlette.routing import Route
+
+        import openenv
+        from openenv.examples.echo import EchoEnvironment
+        from transports.app import create_app, mount_routes
+
+
+        async def active_sessions(request: Request) -> PlainTextResponse:
+            return PlainTextResponse(str(request.app.state.sessions.active))
+
+
+        app = create_app(EchoEnvironment)
+        mount_routes(app, [Route("/sessions", active_sessions)])
+        async with openenv.serve(app) as server, httpx.AsyncClient() as client:
+            print((await client.get(f"{server.url}/sessions")).text)  # 0
+        ```
+
     Args:
-        app: The app.
+        app: The app, made by `create_app`.
         routes: Starlette routes to append.
         lifespan_tasks: Coroutine functions to run, each as a task, for the
             app's lifetime (cancelled when it stops).
@@ -203,6 +229,24 @@ def create_app(
     http_max_body_size: int = DEFAULT_MAX_BODY_SIZE,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
+
+    One app speaks every server-side transport: WebSocket at ``/ws``, HTTP
+    long-polling under ``/poll/sessions``; plus ``/health``, ``/schema`` and
+    ``/metadata``. Serve it with `transports.runner.serve` or
+    `transports.runner.run`, or with any ASGI server (``uvicorn module:app``).
+
+    Examples:
+        ```python
+        from openenv.examples.echo import EchoEnv, EchoEnvironment
+        from transports.app import create_app
+        from transports.runner import serve
+
+        app = create_app(EchoEnvironment, max_sessions=4, session_idle_timeout=300.0)
+        async with serve(app) as server:
+            async with EchoEnv(server.url) as env:
+                await env.reset()
+            print(sorted(app.state.schemas))  # ['action', 'observation', 'state']
+        ```
 
     Args:
         factory: Builds one environment per session: an `openenv.Environment`

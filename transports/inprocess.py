@@ -25,10 +25,32 @@ from openenv.server import host_session, load_factory
 __all__ = ["InProcessTransport"]
 
 SCHEME = "inproc://"
+"""The prefix of the URLs this transport takes."""
 
 
 class InProcessTransport(Transport):
     """Serves a fresh environment in this event loop, as a session of its own.
+
+    Registered for ``inproc://``. Each transport builds one environment from the
+    factory on connect, and closes it when the transport closes. A factory
+    that raises gives the client a `openenv.FactoryError` at its first request,
+    as a network server does.
+
+    Examples:
+        ```python
+        from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment
+        from transports.inprocess import InProcessTransport
+
+        # By URL: the module:attribute form uvicorn uses.
+        async with EchoEnv("inproc://openenv.examples.echo:EchoEnvironment") as env:
+            await env.reset()
+
+        # Or with the factory itself (a class, or any callable without arguments).
+        async with EchoEnv(transport=InProcessTransport(factory=EchoEnvironment)) as env:
+            await env.reset()
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "hi"}))
+            print(result.observation.echoed_message)  # hi
+        ```
 
     Args:
         url: ``inproc://package.module:Factory``; unused when ``factory`` is given.
@@ -36,7 +58,12 @@ class InProcessTransport(Transport):
         dialect: The dialect to speak. The default, JSON with request ids, is what
             our WebSocket server negotiates; ``Dialect()`` speaks plain OpenEnv.
         close_grace: Seconds to let the session finish its current request and
-            close its environment before it is cancelled.
+            close its environment before it is cancelled (5 by default).
+
+    Attributes:
+        url: The URL given, or ``None``.
+        dialect: The dialect the session speaks.
+        close_grace: Seconds the session gets to finish when the transport closes.
 
     Raises:
         ValueError: Neither ``url`` nor ``factory`` was given.
@@ -75,7 +102,15 @@ class InProcessTransport(Transport):
             raise ConnectError(f"cannot load the environment factory of {self.url!r}: {exc}") from exc
 
     async def __aenter__(self) -> InProcessTransport:
-        """Start the session task; raises `ConnectError` if the factory cannot be loaded."""
+        """Start the session task, which builds the environment.
+
+        Returns:
+            The transport itself.
+
+        Raises:
+            ConnectError: The URL is not an ``inproc://`` URL, or its factory
+                cannot be imported or is not callable.
+        """
         factory = self._load_factory()
         to_server, from_server = self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
         self._session_done = anyio.Event()
@@ -107,7 +142,14 @@ class InProcessTransport(Transport):
             self._session_done.set()
 
     async def send(self, frame: bytes) -> None:
-        """Queue one frame for the session; `ConnectionClosed` once it has ended."""
+        """Queue one frame for the session; never blocks.
+
+        Args:
+            frame: The encoded request.
+
+        Raises:
+            ConnectionClosed: The transport is not connected, or the session has ended.
+        """
         if self._to_server is None:
             raise ConnectionClosed("the transport is not connected")
         try:
@@ -116,7 +158,15 @@ class InProcessTransport(Transport):
             raise ConnectionClosed("the in-process session has ended") from None
 
     async def receive(self) -> bytes:
-        """Return the session's next frame; `ConnectionClosed` once it has ended."""
+        """Return the session's next frame, waiting for it.
+
+        Returns:
+            The reply frame.
+
+        Raises:
+            ConnectionClosed: The transport is not connected, or the session has
+                ended and every frame it sent was returned.
+        """
         if self._from_server is None:
             raise ConnectionClosed("the transport is not connected")
         try:
@@ -125,13 +175,17 @@ class InProcessTransport(Transport):
             raise ConnectionClosed("the in-process session has ended") from None
 
     async def aclose(self) -> None:
-        """End the channel: the session sees end-of-stream after its current request."""
+        """End the channel: the session sees end-of-stream after its current request. Idempotent."""
         for queue in (self._to_server, self._from_server):
             if queue is not None:
                 queue.close()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close, give the session `close_grace` seconds to finish, then cancel it."""
+        """Close, give the session `close_grace` seconds to finish, then cancel it.
+
+        Args:
+            *exc_info: The exception that ended the block, if any (unused).
+        """
         await self.aclose()
         task_group, self._task_group = self._task_group, None
         if task_group is None:

@@ -35,9 +35,10 @@ __all__ = ["DEFAULT_WS_MAX_SIZE", "RunningServer", "ServerName", "current_backen
 logger = logging.getLogger("openenv.server")
 
 ServerName = Literal["uvicorn", "hypercorn"]
+"""The ASGI servers that can run the app: uvicorn (asyncio only) or hypercorn (asyncio or trio)."""
 
-#: The largest WebSocket message the server accepts: 100 MiB, as OpenEnv's client allows.
 DEFAULT_WS_MAX_SIZE = 100 * 1024 * 1024
+"""The largest WebSocket message the server accepts: 100 MiB, as OpenEnv's client allows."""
 
 # Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
 _WS_PING_INTERVAL = 20.0
@@ -48,6 +49,12 @@ _PROBE_INTERVAL = 0.01
 
 class RunningServer:
     """A server started by `serve`, and where to reach it.
+
+    Args:
+        app: The ASGI app being served.
+        host: The address it listens on.
+        port: The port it listens on.
+        server: Which ASGI server runs it.
 
     Attributes:
         app: The ASGI app being served.
@@ -79,6 +86,9 @@ class RunningServer:
 
 def current_backend() -> str:
     """Name the async library running the current task: ``"asyncio"`` or ``"trio"``.
+
+    Returns:
+        The name of the library.
 
     Raises:
         RuntimeError: No event loop is running in this thread.
@@ -463,9 +473,15 @@ async def serve(
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
-    Example:
+    `openenv.serve` is the same function, imported on demand.
+
+    Examples:
         ```python
-        async with serve(EchoEnvironment) as server:
+        from openenv.examples.echo import EchoEnv, EchoEnvironment
+        from transports.runner import serve
+
+        async with serve(EchoEnvironment, max_sessions=2) as server:
+            print(server.url, server.ws_url)  # http://127.0.0.1:<port> ws://127.0.0.1:<port>/ws
             async with EchoEnv(server.url) as env:
                 await env.reset()
         ```
@@ -561,7 +577,9 @@ def run(
 
     The first signal shuts the server down gracefully (open sessions get
     ``shutdown_timeout`` seconds); a second one exits at once. Call it from the
-    main thread, with no event loop running.
+    main thread, with no event loop running. It is what ``openenv serve
+    package.module:Factory --port 8000`` runs; in a script, write
+    ``run(MyEnvironment, port=8000)`` under ``if __name__ == "__main__":``.
 
     Args:
         app_or_factory: As for `serve`.

@@ -212,15 +212,21 @@ class HTTPPollingTransport(Transport):
     and ``docs/http-polling.md``). The URL is the server's base URL with the
     scheme ``http+poll`` (or ``https+poll``); plain ``http://`` stays WebSocket.
 
-    Example:
+    Examples:
         ```python
-        async with EchoEnv("http+poll://127.0.0.1:8000") as env:
-            await env.reset()
+        import httpx
 
-        # Through a proxy, with a header on every request:
-        client = httpx.AsyncClient(proxy="http://proxy:3128", headers={"Authorization": "Bearer ..."})
-        async with EchoEnv("https+poll://envs.example.com/echo", client=client) as env:
-            ...
+        from openenv.examples.echo import EchoEnv
+
+        async with EchoEnv("http+poll://127.0.0.1:8000", poll_timeout=10.0) as env:
+            await env.reset()
+            print(env.transport.session_id is not None)  # True
+
+        # Your own httpx client: its proxy (proxy="http://proxy:3128"), TLS
+        # settings, auth, headers and cookies apply to every request.
+        async with httpx.AsyncClient(headers={"Authorization": "Bearer ..."}) as client:
+            async with EchoEnv("http+poll://127.0.0.1:8000", client=client) as env:
+                await env.reset()
         ```
 
     Args:
@@ -770,7 +776,13 @@ class HTTPPollingTransport(Transport):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close (see `aclose`)."""
+        """Close (see `aclose`).
+
+        Args:
+            exc_type: The type of the exception that ended the block, if any.
+            exc_value: That exception, if any.
+            traceback: Its traceback, if any.
+        """
         await self.aclose()
 
 

@@ -187,11 +187,25 @@ class WebSocketTransport(Transport):
     a keepalive task pings the server: an idle or busy caller is never dropped for
     silence, and a dead server is noticed.
 
-    Example:
+    Examples:
+        Its options are the client's transport options:
+
         ```python
-        async with WebSocketTransport("http://127.0.0.1:8000") as transport:
+        from openenv.examples.echo import EchoEnv
+
+        async with EchoEnv("ws://127.0.0.1:8000", encoding="msgpack", headers={"Authorization": "Bearer ..."}) as env:
+            await env.reset()
+            print(env.transport.subprotocol)  # openenv.v1.msgpack
+        ```
+
+        On its own, it carries frames (here, plain OpenEnv: no subprotocol):
+
+        ```python
+        from transports.websocket import WebSocketTransport
+
+        async with WebSocketTransport("http://127.0.0.1:8000", subprotocols=[]) as transport:
             await transport.send(b'{"type": "reset", "data": {}}')
-            reply = await transport.receive()
+            print(await transport.receive())  # b'{"type":"observation","data":{"observation":...'
         ```
 
     Args:
@@ -812,7 +826,13 @@ class WebSocketTransport(Transport):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close the connection (see `aclose`) and stop the background tasks."""
+        """Close the connection (see `aclose`) and stop the background tasks.
+
+        Args:
+            exc_type: The type of the exception that ended the block, if any.
+            exc_value: That exception, if any.
+            traceback: Its traceback, if any.
+        """
         try:
             await self.aclose()
         finally:

@@ -18,13 +18,17 @@ from openenv import Dialect
 __all__ = ["JSON_SUBPROTOCOL", "MSGPACK_SUBPROTOCOL", "PLAIN", "SUBPROTOCOLS", "offered_subprotocols"]
 
 JSON_SUBPROTOCOL = "openenv.v1.json"
+"""OpenEnv's JSON text frames, with request ids."""
 MSGPACK_SUBPROTOCOL = "openenv.v1.msgpack"
+"""The same frames in MessagePack, as binary WebSocket frames, with request ids."""
 
 PLAIN = Dialect()
+"""The dialect of a connection that selected no subprotocol: plain OpenEnv."""
 SUBPROTOCOLS: dict[str, Dialect] = {
     JSON_SUBPROTOCOL: Dialect(encoding="json", request_ids=True),
     MSGPACK_SUBPROTOCOL: Dialect(encoding="msgpack", request_ids=True),
 }
+"""Every subprotocol openenv speaks, and the dialect it selects."""
 
 
 def offered_subprotocols(encoding: str = "json") -> list[str]:
