@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import anyio
 import msgspec
@@ -192,3 +192,55 @@ class AsyncMessageEchoEnv(MessageEchoEnv):
             await anyio.sleep(float(action.message.split(":", 1)[1]))
             action = MessageAction(message="slept")
         return MessageEchoEnv.step(self, action)
+
+
+class BenchTarget(msgspec.Struct):
+    x: int
+    y: int = 0
+
+
+class BenchRichAction(Action):
+    """An action whose schema has the shapes `openenv bench` must fill in: $ref, enum, arrays, bounds, unions."""
+
+    kind: Literal["move", "look"]
+    target: BenchTarget
+    path: Annotated[list[BenchTarget], msgspec.Meta(min_length=2)]
+    speed: Annotated[float, msgspec.Meta(gt=0, le=10)]
+    count: Annotated[int, msgspec.Meta(ge=3)]
+    label: str | None
+    pair: tuple[str, int]
+    name: Annotated[str, msgspec.Meta(min_length=3)]
+
+
+class BenchRichEnv(Environment[BenchRichAction, Observation, State]):
+    """Takes a `BenchRichAction`; its server-side validation is what the bench's generated action must pass."""
+
+    async def reset(self, **kwargs: Any) -> Observation:
+        return Observation(reward=0.0)
+
+    async def step(self, action: BenchRichAction) -> Observation:
+        return Observation(reward=float(len(action.path)))
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class EveryThirdStepFailsEnv(Environment):  # type: ignore[type-arg]
+    """Untyped; its every third step raises (an ``EXECUTION_ERROR``), the others succeed."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    async def reset(self, **kwargs: Any) -> dict[str, Any]:
+        return {"done": False}
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        self.steps += 1
+        if self.steps % 3 == 0:
+            raise RuntimeError(f"step {self.steps} fails, as every third does")
+        return {"steps": self.steps, "done": False}
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"steps": self.steps}
