@@ -70,23 +70,64 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         return request_id if self._request_ids else None
 
     def reset(self, kwargs: dict[str, Any], request_id: int) -> bytes:
-        """Encode a reset request carrying ``kwargs``."""
+        """Encode a reset request carrying ``kwargs``.
+
+        Args:
+            kwargs: The keyword arguments of ``reset``.
+            request_id: The request's id, written only if the dialect has ids.
+
+        Returns:
+            The frame.
+
+        Raises:
+            TypeError: A value of a type msgspec cannot encode.
+            msgspec.EncodeError: A value msgspec cannot encode (an integer out of range, ...).
+        """
         return self._encode(ResetRequest(data=kwargs, id=self._id(request_id)))
 
     def step(self, action: Any, request_id: int) -> bytes:
-        """Encode a step request carrying ``action``."""
+        """Encode a step request carrying ``action``.
+
+        Args:
+            action: The action (a Struct or a dict).
+            request_id: The request's id, written only if the dialect has ids.
+
+        Returns:
+            The frame.
+
+        Raises:
+            TypeError: A value of a type msgspec cannot encode.
+            msgspec.EncodeError: A value msgspec cannot encode (an integer out of range, ...).
+        """
         return self._encode(StepRequest(data=action, id=self._id(request_id)))
 
     def state(self, request_id: int) -> bytes:
-        """Encode a state request."""
+        """Encode a state request.
+
+        Args:
+            request_id: The request's id, written only if the dialect has ids.
+
+        Returns:
+            The frame.
+        """
         return self._encode(StateRequest(id=self._id(request_id)))
 
     def close(self) -> bytes:
-        """Encode a close request (it gets no reply)."""
+        """Encode a close request (it gets no reply).
+
+        Returns:
+            The frame.
+        """
         return self._encode(CloseRequest())
 
     def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply:
         """Decode one reply frame.
+
+        Args:
+            frame: The frame, as the transport received it.
+
+        Returns:
+            The reply, its data decoded into the client's types.
 
         Raises:
             ProtocolError: The frame is not a reply of the protocol at all.
@@ -104,7 +145,14 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
             raise ProtocolError(f"malformed reply frame: {exc}") from exc
 
     def reply_id(self, frame: bytes) -> int | None:
-        """Read just the request id of a reply that failed to decode, if it has one."""
+        """Read just the request id of a reply that failed to decode, if it has one.
+
+        Args:
+            frame: The frame.
+
+        Returns:
+            Its ``id``, or ``None`` if it has none or cannot be read at all.
+        """
         try:
             return self._decode_loose(frame).id  # type: ignore[no-any-return]
         except msgspec.DecodeError:
@@ -113,6 +161,12 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
 
 class RequestError(Exception):
     """A request frame the server session cannot take; becomes an error reply.
+
+    Args:
+        code: The OpenEnv error code.
+        message: The human-readable message.
+        extra: More fields for the error frame's ``data``.
+        request_id: The request's id, when it could be read.
 
     Attributes:
         code: The OpenEnv error code.
@@ -192,6 +246,9 @@ class ServerCodec(Generic[ActT]):
     def decode_request(self, frame: bytes) -> tuple[str, Any, int | None]:
         """Decode one request frame.
 
+        Args:
+            frame: The frame, as the client encoded it.
+
         Returns:
             ``(type, data, id)``: ``data`` is the action for a step, the keyword
             arguments for a reset, ``None`` otherwise; ``id`` is ``None`` unless the
@@ -240,7 +297,19 @@ class ServerCodec(Generic[ActT]):
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
 
     def observation(self, observation: Any, request_id: int | None) -> bytes:
-        """Encode an observation reply, lifting ``done`` and ``reward`` beside it."""
+        """Encode an observation reply, lifting ``done`` and ``reward`` beside it.
+
+        Args:
+            observation: What the environment returned: a Struct, a dict, or
+                anything msgspec turns into a dict.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+
+        Raises:
+            TypeError: The observation is not a Struct or a dict, or cannot be encoded.
+        """
         if isinstance(observation, msgspec.Struct):
             fields = msgspec.structs.asdict(observation)
         elif isinstance(observation, dict):
@@ -256,13 +325,31 @@ class ServerCodec(Generic[ActT]):
         return self._encode(reply)
 
     def state(self, state: Any, request_id: int | None) -> bytes:
-        """Encode a state reply."""
+        """Encode a state reply.
+
+        Args:
+            state: What the environment's ``state`` gave.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+        """
         return self._encode(StateReply(data=state, id=request_id))
 
     def error(
         self, code: str, message: str, *, extra: dict[str, Any] | None = None, request_id: int | None = None
     ) -> bytes:
-        """Encode an error reply with ``message``, ``code`` and any ``extra`` fields."""
+        """Encode an error reply with ``message``, ``code`` and any ``extra`` fields.
+
+        Args:
+            code: The OpenEnv error code.
+            message: The human-readable message.
+            extra: More fields for the frame's ``data``.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+        """
         data: dict[str, Any] = {"message": message, "code": code}
         if extra:
             data.update(extra)

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 __all__ = ["TYPE_ATTRIBUTES", "bind_type_attributes", "resolve_type_arguments"]
 
-#: The class attributes an ``[ActT, ObsT, StateT]`` generic keeps its types in.
 TYPE_ATTRIBUTES = ("action_type", "observation_type", "state_type")
+"""The class attributes an ``[ActT, ObsT, StateT]`` generic keeps its types in."""
 
 
 def resolve_type_arguments(cls: type, base: type, count: int) -> tuple[Any, ...] | None:
@@ -37,6 +37,10 @@ def bind_type_attributes(cls: type, base: type) -> None:
 
     An attribute written in the subclass body wins over its type argument; an
     argument left as a type variable leaves the inherited attribute alone.
+
+    Args:
+        cls: The subclass being created (called from its ``__init_subclass__``).
+        base: The generic base class: `EnvClient` or `Environment`.
     """
     args = resolve_type_arguments(cls, base, len(TYPE_ATTRIBUTES))
     if args is None:

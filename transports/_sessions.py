@@ -46,10 +46,10 @@ __all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionReg
 
 logger = logging.getLogger("openenv.server")
 
-#: `SessionLease.close_reason` of a session ended for idleness.
 IDLE_TIMEOUT_REASON = "session idle timeout"
-#: `SessionLease.close_reason` of a session ended because the server is stopping.
+"""`SessionLease.close_reason` of a session ended for idleness."""
 SHUTDOWN_REASON = "server shutting down"
+"""`SessionLease.close_reason` of a session ended because the server is stopping."""
 
 # How often the reaper looks, as a fraction of the idle timeout, and its bounds (s).
 _REAP_FRACTION = 0.25
@@ -75,6 +75,14 @@ class SessionLease:
             (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
         idle_timeout: Seconds it may stay idle before the reaper ends it
             (``None``: never), as its registry and transport set it.
+
+    Args:
+        registry: The registry that made it (leases come from `SessionRegistry.open`).
+        lease_id: Its number.
+        transport: Which transport holds the session.
+        on_close: Called once when the registry asks the session to end, or ``None``.
+        now: The registry clock's reading when it was taken.
+        idle_timeout: Seconds it may stay idle (``None``: never).
     """
 
     __slots__ = (
@@ -126,6 +134,9 @@ class SessionLease:
 
         Args:
             now: The registry clock's current reading; read from it when omitted.
+
+        Returns:
+            The seconds since the last `touch`.
         """
         registry, idle_since = self._registry, self.idle_since
         if registry is None or idle_since is None:
@@ -269,7 +280,11 @@ class SessionRegistry:
         )
 
     def leases(self) -> list[SessionLease]:
-        """Return the leases held now, oldest first (a snapshot)."""
+        """Return the leases held now, oldest first.
+
+        Returns:
+            A snapshot: a new list, which later changes do not touch.
+        """
         return list(self._leases.values())
 
     def open(

@@ -39,39 +39,49 @@ __all__ = [
     "dialect_for",
 ]
 
-#: Creates a session (``POST``).
 SESSIONS_PATH: Final = "/poll/sessions"
-#: Ends a session (``DELETE``); ``{session_id}`` is the id ``POST /poll/sessions`` gave.
+"""Creates a session (``POST``)."""
 SESSION_PATH: Final = "/poll/sessions/{session_id}"
-#: Takes request frames (``POST``) and hands out reply frames (``GET``, and ``POST`` responses).
+"""Ends a session (``DELETE``); ``{session_id}`` is the id ``POST /poll/sessions`` gave."""
 FRAMES_PATH: Final = "/poll/sessions/{session_id}/frames"
+"""Takes request frames (``POST``) and hands out reply frames (``GET``, and ``POST`` responses)."""
 
-#: The sequence number of the frame in the message's body: the client's numbering
-#: in a request (1, 2, 3, ... per session), the server's in a response.
 SEQ_HEADER: Final = "OpenEnv-Seq"
-#: On a frame request: the highest reply sequence number the client holds; the
-#: server forgets those replies, and sends the next one.
+"""The sequence number of the frame in the message's body.
+
+The client's numbering in a request (1, 2, 3, ... per session), the server's in a response.
+"""
 ACK_HEADER: Final = "OpenEnv-Ack"
-#: On a frame request: the seconds the server may hold the response waiting for a reply.
+"""On a frame request: the highest reply sequence number the client holds.
+
+The server forgets those replies, and sends the next one.
+"""
 WAIT_HEADER: Final = "OpenEnv-Wait"
-#: On a frame response: the highest request sequence number the server has accepted.
+"""On a frame request: the seconds the server may hold the response waiting for a reply."""
 RECEIVED_HEADER: Final = "OpenEnv-Received"
-#: On the ``503`` of a refused session: the error code of the frame in its body.
+"""On a frame response: the highest request sequence number the server has accepted."""
 ERROR_HEADER: Final = "OpenEnv-Error"
-#: On ``POST /poll/sessions``: makes a retried creation return the same session.
+"""On the ``503`` of a refused session: the error code of the frame in its body."""
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+"""On ``POST /poll/sessions``: makes a retried creation return the same session."""
 
-#: The media type of the frames of each encoding.
 MEDIA_TYPES: Final = {"json": "application/json", "msgpack": "application/msgpack"}
+"""The media type of the frames of each encoding."""
 
-#: The largest body the server accepts by default: 100 MiB, as over WebSocket.
 DEFAULT_MAX_BODY_SIZE: Final = 100 * 1024 * 1024
-#: The longest the server holds a frame request by default, in seconds.
+"""The largest body the server accepts by default: 100 MiB, as over WebSocket."""
 DEFAULT_MAX_WAIT: Final = 60.0
+"""The longest the server holds a frame request by default, in seconds."""
 
 
 def dialect_for(encoding: str) -> Dialect:
     """The dialect of a session that asked for ``encoding``: request ids are always on.
+
+    Args:
+        encoding: ``"json"`` or ``"msgpack"``.
+
+    Returns:
+        The dialect.
 
     Raises:
         ValueError: An unknown encoding.

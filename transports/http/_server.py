@@ -64,9 +64,11 @@ __all__ = ["DEFAULT_IDLE_TIMEOUT", "HTTPPollingEndpoint"]
 
 logger = logging.getLogger("openenv.server")
 
-#: The idle timeout of HTTP sessions unless the app sets another: their clients
-#: cannot be seen leaving, so a session nobody deletes must end some time.
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
+"""The idle timeout of HTTP sessions, in seconds, unless the app sets another.
+
+Their clients cannot be seen leaving, so a session nobody deletes must end some time.
+"""
 
 # Seconds an ended session's record stays, so its client can still fetch the
 # replies it has not acknowledged and learn why it ended (410, then 404).
@@ -429,7 +431,11 @@ class HTTPPollingEndpoint:
         return len(self._sessions)
 
     def routes(self) -> list[BaseRoute]:
-        """The Starlette routes to mount: ``/poll/sessions``, ``/poll/sessions/{id}``, ``.../frames``."""
+        """The Starlette routes to mount: ``/poll/sessions``, ``/poll/sessions/{id}``, ``.../frames``.
+
+        Returns:
+            The routes, for `transports.app.mount_routes` (`transports.app.create_app` mounts them).
+        """
         return [
             Route(FRAMES_PATH, _Handler(self._frames), name="poll_frames"),
             Route(SESSION_PATH, _Handler(self._session), name="poll_session"),

@@ -111,7 +111,16 @@ class WebSocketEndpoint:
         self.registry = registry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one WebSocket connection (the ASGI entry point)."""
+        """Serve one WebSocket connection (the ASGI entry point).
+
+        Args:
+            scope: The connection's ASGI scope.
+            receive: The ASGI ``receive`` callable.
+            send: The ASGI ``send`` callable.
+
+        Raises:
+            RuntimeError: The scope is not a ``websocket`` one.
+        """
         if scope["type"] != "websocket":  # pragma: no cover - the router only sends websockets
             raise RuntimeError(f"{type(self).__name__} serves websocket scopes, not {scope['type']!r}")
         message = await receive()
