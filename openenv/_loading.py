@@ -24,6 +24,14 @@ def load_factory(spec: str) -> Callable[[], Any]:
         ValueError: ``spec`` is not of the ``module:attribute`` form.
         ImportError: The module cannot be imported, or has no such attribute.
         TypeError: The object is not callable.
+
+    Examples:
+        ```python
+        from openenv.server import load_factory
+
+        factory = load_factory("openenv.examples.echo:EchoEnvironment")
+        print(factory.__name__)  # EchoEnvironment
+        ```
     """
     module_name, separator, attribute = spec.partition(":")
     if not separator or not module_name or not attribute:

@@ -248,7 +248,40 @@ async def host_session(
         dialect: The dialect the channel negotiated.
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
-    session ends. The environment is closed however the session ends.
+    session ends. The environment is closed however the session ends. It returns
+    when the client sends ``close`` or goes away (``receive`` raised
+    `ConnectionClosed`); cancelling it ends the session too.
+
+    Examples:
+        A session over two in-memory queues, as an endpoint would run it over a
+        connection:
+
+        ```python
+        from openenv import ConnectionClosed
+        from openenv.channel import FrameQueue, QueueClosed
+        from openenv.examples.echo import EchoEnvironment
+        from openenv.server import host_session
+
+        requests: FrameQueue[bytes] = FrameQueue()
+        replies: FrameQueue[bytes] = FrameQueue()
+
+
+        async def receive() -> bytes:
+            try:
+                return await requests.get()
+            except QueueClosed:
+                raise ConnectionClosed("the client went away") from None
+
+
+        async def send(frame: bytes) -> None:
+            replies.put(frame)
+
+
+        requests.put(b'{"type": "reset", "data": {}}')
+        requests.put(b'{"type": "close"}')
+        await host_session(EchoEnvironment, receive, send)  # returns at the close request
+        print(await replies.get())  # b'{"type":"observation","data":{"observation":{"echoed_message":"",...
+        ```
     """
     try:
         env = factory()
