@@ -296,10 +296,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def close(self) -> None:
         """End the session: tell the server, then close the transport. Idempotent.
 
-        The server is told with a ``close`` frame, best effort: a broken or slow
-        connection is given up after a second. Never raises for a connection that
-        is already broken; it is safe on a client never connected. Afterwards
-        every request raises `ClientStateError`.
+        The server is told with a ``close`` frame, best effort (given up after a
+        second on a slow connection); then the transport closes, within its own
+        bound (``close_timeout``, ``close_grace``). Never raises for a connection that is already broken;
+        it is safe on a client never connected. Afterwards every request raises
+        `ClientStateError`.
         """
         await self._close()
         if self._entered_by_connect:
