@@ -5,17 +5,19 @@ live sessions of every transport together (WebSocket connections now, HTTP
 long-polling sessions later), so ``max_sessions`` bounds them all at once.
 
 An endpoint takes a `SessionLease` before it builds the environment and gives it
-back, always, when the session ends::
+back, always, when the session ends:
 
-    lease = registry.open(transport="websocket", on_close=scope.cancel)
-    if lease is None:
-        ...  # send CAPACITY_REACHED (registry.active, registry.max_sessions) and close
-    try:
-        with scope:
-            ...  # serve: lease.touch() when waiting for the client (end the session
-            ...  # there if lease.close_reason is set), lease.mark_busy() on a request
-    finally:
-        lease.release()
+```text
+lease = registry.open(transport="websocket", on_close=scope.cancel)
+if lease is None:
+    ...  # send CAPACITY_REACHED (registry.active, registry.max_sessions) and close
+try:
+    with scope:
+        ...  # serve: lease.touch() when waiting for the client (end the session
+        ...  # there if lease.close_reason is set), lease.mark_busy() on a request
+finally:
+    lease.release()
+```
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),

@@ -5,7 +5,7 @@ The action calls one of two tools: ``echo_message`` echoes ``arguments["message"
 message's length. Serve it with ``openenv serve openenv.examples.echo:EchoEnvironment``
 or use it in-process as ``inproc://openenv.examples.echo:EchoEnvironment``.
 
-Example:
+Examples:
     ```python
     from openenv.examples.echo import CallToolAction, EchoEnv
 
