@@ -129,7 +129,7 @@ def reference_server(python: Path, *options: str, max_sessions: int = 4) -> Iter
 
 
 def run_client(command: Sequence[str], *, timeout: float, reference: bool = False) -> dict[str, object]:
-    """Run a client process to completion; return the JSON object on its last stdout line.
+    """Run a client process to completion; return the JSON object it printed (alone, or on its last line).
 
     ``reference`` runs it as the reference's clients must run: its venv's
     environment, from a folder holding no ``openenv`` package.
@@ -138,7 +138,10 @@ def run_client(command: Sequence[str], *, timeout: float, reference: bool = Fals
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"client failed: {' '.join(command)}\n{done.stderr[-3000:]}")
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    try:  # one (maybe indented) JSON document, as openenv bench --json prints
+        result: dict[str, object] = json.loads(done.stdout)
+    except ValueError:  # or log lines first, then a JSON line
+        result = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 

@@ -1,8 +1,10 @@
 """Round trips per second of openenv's EnvClient against a server URL, on either backend.
 
-    python -m tests.benchmarks.our_client URL --backend asyncio|trio --seconds 3
+    python -m tests.benchmarks.our_client URL --backend asyncio|trio --seconds 3 [--observation echo|blob]
 
-Prints one JSON line: {"steps": N, "seconds": S, "rate": N/S, "dialect": ...}.
+Prints one JSON line: {"steps": N, "seconds": S, "rate": N/S, "dialect": ..., "payload_bytes": ...}.
+``--observation blob`` decodes the 1 MiB observations of `tests.benchmarks.envs.BlobEnv`;
+``payload_bytes`` is the size of the last observation's ``data`` (0 for the echo).
 """
 
 from __future__ import annotations
@@ -14,21 +16,30 @@ import anyio
 
 from openenv import EnvClient, State
 from tests.benchmarks._timing import timed_rate
-from tests.envs import MessageAction, MessageObservation
+from tests.benchmarks.envs import BlobObservation, MessageAction, MessageObservation
 
 
 class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
     pass
 
 
-async def measure(url: str, seconds: float, options: dict[str, str]) -> dict[str, object]:
+class BlobEnvClient(EnvClient[MessageAction, BlobObservation, State]):
+    pass
+
+
+async def measure(url: str, seconds: float, options: dict[str, str], blob: bool) -> dict[str, object]:
     action = MessageAction(message="hello")
-    async with MessageEnv(url, **options) as env:
+    client = BlobEnvClient if blob else MessageEnv
+    async with client(url, **options) as env:
         await env.reset()
-        figures: dict[str, object] = dict(await timed_rate(lambda: env.step(action), seconds))
+        # Few big steps per second: a smaller batch keeps the timed span close to ``seconds``.
+        rate = await timed_rate(lambda: env.step(action), seconds, warmup=20 if blob else 200, batch=4 if blob else 64)
+        figures: dict[str, object] = dict(rate)
+        last = await env.step(action)
         assert env.transport is not None
         dialect = env.transport.dialect
     figures["dialect"] = [dialect.encoding, dialect.request_ids]
+    figures["payload_bytes"] = len(last.observation.data) if isinstance(last.observation, BlobObservation) else 0
     return figures
 
 
@@ -38,9 +49,11 @@ def main() -> None:
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--encoding", choices=["json", "msgpack"], default=None)
+    parser.add_argument("--observation", choices=["echo", "blob"], default="echo")
     args = parser.parse_args()
     options = {"encoding": args.encoding} if args.encoding else {}
-    print(json.dumps(anyio.run(measure, args.url, args.seconds, options, backend=args.backend)), flush=True)
+    blob = args.observation == "blob"
+    print(json.dumps(anyio.run(measure, args.url, args.seconds, options, blob, backend=args.backend)), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ The environment (matches shared/reference/openenv-wire.md):
   state        {episode_id, step_count}
   reset        accepts ``seed`` and ``episode_id`` only (no **kwargs), so the
                reference server drops any other reset keys.
+With ``--blob-bytes N`` it serves instead an env whose every step observation
+is {data: base64 of N seeded random bytes} (for the large-observation benchmark).
 Triggers:
   message == "raise"  -> step raises RuntimeError  -> EXECUTION_ERROR frame
   message == "done"   -> observation done=True
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import os
+import random
 import socket
 import sys
 import threading
@@ -103,11 +107,35 @@ class AsyncEchoEnvironment(EchoEnvironment):
         return EchoObservation(echoed_message=message, reward=float(len(message)), done=message == "done")
 
 
-def build_app(max_sessions: int, async_step: bool = False):
+class BlobObservation(Observation):
+    data: str = Field(default="", description="base64 of the payload bytes")
+
+
+def blob_environment(size: int) -> type[Environment]:
+    """An env answering every step with ``size`` seeded random bytes, base64 in ``data``.
+
+    Base64 because the reference's pydantic observations write ``bytes`` as
+    UTF-8 text, which random bytes are not; it is what msgspec writes for bytes.
+    """
+    payload = base64.b64encode(random.Random(0).randbytes(size)).decode()
+
+    class BlobEnvironment(EchoEnvironment):
+        async def step_async(self, action: EchoAction, timeout_s: float | None = None, **kwargs) -> BlobObservation:  # type: ignore[override]
+            self._state.step_count += 1
+            return BlobObservation(data=payload, reward=1.0, done=False)
+
+    return BlobEnvironment
+
+
+def build_app(max_sessions: int, async_step: bool = False, blob_bytes: int = 0):
+    if blob_bytes:
+        env, observation = blob_environment(blob_bytes), BlobObservation
+    else:
+        env, observation = (AsyncEchoEnvironment if async_step else EchoEnvironment), EchoObservation
     return create_app(
-        AsyncEchoEnvironment if async_step else EchoEnvironment,
+        env,
         EchoAction,
-        EchoObservation,
+        observation,
         env_name="echo_env",
         max_concurrent_envs=max_sessions,
     )
@@ -122,10 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ws", default="auto", help="uvicorn ws implementation (default auto = websockets-sansio)")
     p.add_argument("--stdin-watchdog", action="store_true", help="exit when stdin reaches EOF (parent died)")
     p.add_argument("--async-step", action="store_true", help="serve the env variant that overrides step_async")
+    p.add_argument("--blob-bytes", type=int, default=0, help="serve the env whose observations carry N bytes")
     p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
     args = p.parse_args(argv)
 
-    app = build_app(args.max_sessions, async_step=args.async_step)
+    app = build_app(args.max_sessions, async_step=args.async_step, blob_bytes=args.blob_bytes)
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,0 +1,220 @@
+"""The benchmark page (docs/benchmarks.md), written from the results of `tests.benchmarks.compare`.
+
+Ratios are the headline; absolute figures stand beside them, because on a shared,
+noisy machine only what was measured in the same run compares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ONE_COMMAND = (
+    'python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]"'
+    " && .venv/bin/python -m tests.benchmarks.compare"
+)
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"**{value / base:.2f}x**" if value and base else "-"
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}" if value is not None else "-"
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    return {row["key"]: row["median"] for row in rows}
+
+
+def _headline(results: dict[str, Any]) -> list[str]:
+    echo, blob = _medians(results["echo"]), _medians(results["blob"])
+    lines = []
+
+    def line(text: str, value: float | None, base: float | None) -> None:
+        if value and base:
+            lines.append(f"- {text}: **{value / base:.2f}x**")
+
+    line("openenv ws client and server ÷ the reference's, sync env", echo.get("ws-asyncio-sync"), echo.get("ref-sync"))
+    line("openenv ws client and server ÷ the reference's, async env", echo.get("ws-asyncio"), echo.get("ref-async"))
+    line("openenv ws client ÷ the reference client, both against the reference server", echo.get("ws-to-ref"),
+         echo.get("ref-sync"))  # fmt: skip
+    line("openenv ws ÷ the raw websockets floor (how much of the stack's ceiling is left)", echo.get("ws-asyncio"),
+         echo.get("ws-floor"))  # fmt: skip
+    line("openenv http+poll ÷ a bare httpx POST loop", echo.get("poll-asyncio"), echo.get("http-floor"))
+    line("1 MiB observations, openenv ws msgpack ÷ the reference (MB/s)", blob.get("ws-msgpack"), blob.get("ref-blob"))
+    line("1 MiB observations, openenv ws json ÷ the reference (MB/s)", blob.get("ws-json"), blob.get("ref-blob"))
+    scale = {(row["target"], row["sessions"]): row for row in results["scale"]}
+    counts = sorted({row["sessions"] for row in results["scale"]})
+    if counts:
+        most = counts[-1]
+        ours, ref = scale.get(("ws", most)), scale.get(("reference", most))
+        one = scale.get(("ws", counts[0]))
+        if ours and one:
+            line(f"openenv ws aggregate steps/s with {most} sessions ÷ with {counts[0]}", ours["steps_per_second"],
+                 one["steps_per_second"])  # fmt: skip
+        if ours and ref:
+            line(f"openenv ws ÷ the reference, aggregate steps/s with {most} sessions", ours["steps_per_second"],
+                 ref["steps_per_second"])  # fmt: skip
+            if ref["error"]:
+                lines.append(f"- the reference with {most} sessions: failed ({ref['error']})")
+    return lines
+
+
+def _echo_table(rows: list[dict[str, Any]], runs: int) -> list[str]:
+    medians = _medians(rows)
+    out = [
+        "| pair | x reference | x floor | steps/s (median) |",
+        "|---|--:|--:|--:|",
+    ]
+    for row in rows:
+        refs = [key for key in row["versus"] if key.startswith("ref")]
+        floors = [key for key in row["versus"] if key.endswith("floor")]
+        ref = _ratio(row["median"], medians.get(refs[0])) if refs else ""
+        floor = _ratio(row["median"], medians.get(floors[0])) if floors else ""
+        figure = _number(row["median"]) if row["median"] else f"failed: {row['error']}"
+        out.append(f"| {row['label']} | {ref} | {floor} | {figure} |")
+    return out
+
+
+def _blob_table(rows: list[dict[str, Any]]) -> list[str]:
+    medians = _medians(rows)
+    out = ["| pair | x reference | MB/s of payload | steps/s |", "|---|--:|--:|--:|"]
+    for row in rows:
+        ratio = _ratio(row["median"], medians.get(row["versus"][0])) if row["versus"] else ""
+        if row["median"]:
+            megabytes = row["median"] * row["payload_bytes"] / 1e6
+            out.append(f"| {row['label']} | {ratio} | {megabytes:,.1f} | {_number(row['median'], 1)} |")
+        else:
+            out.append(f"| {row['label']} | - | cannot: {row['error']} | - |")
+    return out
+
+
+def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
+    out = [
+        "| server | sessions | steps/s x 1 session | p99 x 1 session | ÷ reference (steps/s) "
+        "| aggregate steps/s | p99 ms | server KiB per session | errors |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    by_key = {(row["target"], row["sessions"]): row for row in rows}
+    counts = sorted({row["sessions"] for row in rows})
+    for row in rows:
+        if row["steps_per_second"] is None:
+            out.append(f"| {row['label']} | {row['sessions']} | - | - | - | failed: {row['error']} | - | - | - |")
+            continue
+        one = by_key.get((row["target"], counts[0]), {})
+        ref = by_key.get(("reference", row["sessions"]), {})
+        versus = _ratio(row["steps_per_second"], ref.get("steps_per_second")) if row["target"] != "reference" else ""
+        out.append(
+            f"| {row['label']} | {row['sessions']} | {_ratio(row['steps_per_second'], one.get('steps_per_second'))} "
+            f"| {_ratio(row['p99_ms'], one.get('p99_ms'))} | {versus} | {_number(row['steps_per_second'])} "
+            f"| {_number(row['p99_ms'], 1)} | {_number(row['kib_per_session'], 1)} | {row['errors']} |"
+        )
+    return out
+
+
+def _machine(meta: dict[str, Any]) -> list[str]:
+    machine = meta["machine"]
+    packages = ", ".join(f"{name} {version}" for name, version in machine["packages"].items())
+    reference = ", ".join(f"{name} {version}" for name, version in machine["reference_packages"].items())
+    load = " ".join(f"{x:.2f}" for x in machine["load_average"])
+    after = " ".join(f"{x:.2f}" for x in machine.get("load_average_after", []))
+    return [
+        f"- CPU: {machine['cpu']}, {machine['cores']} cores; {machine['memory_gib']} GiB RAM",
+        f"- OS: {machine['os']}; Python {machine['python']}",
+        f"- ours: {packages}",
+        f"- the reference's venv: {reference}",
+        f"- load average before: {load}; after: {after or '-'}",
+        f"- date: {meta['date']}; `{meta['command']}` took {meta.get('total_s', 0) / 60:.1f} min "
+        f"(echo {meta['durations_s']['echo']:.0f} s, 1 MiB {meta['durations_s']['blob']:.0f} s, "
+        f"scale {meta['durations_s']['scale']:.0f} s)",
+    ]
+
+
+def render(results: dict[str, Any], image: str) -> str:
+    """The whole page, in Markdown; ``image`` is the plot's path relative to the page."""
+    meta = results["meta"]
+    quick = (
+        [
+            '!!! warning "A quick smoke run"',
+            f"    These figures come from `--quick` ({meta['runs']} run of {meta['seconds']} s): "
+            "they show the harness works, not how fast anything is. Run the full comparison for figures.",
+            "",
+        ]
+        if meta["quick"]
+        else []
+    )
+    blob_kib = meta["blob_bytes"] // 1024
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by tests/benchmarks/compare.py: edit that, not this page. -->",
+        "",
+        *quick,
+        "openenv against the reference implementation (openenv-core 0.3.0 from PyPI, in its own",
+        "virtual environment) and against the floors of the stack it is built on, in one run on one",
+        "machine. **Read the ratios**: the absolute figures drift with the machine and its load; the",
+        "ratios between figures measured in the same run, interleaved run by run, do not.",
+        "",
+        "## Headline",
+        "",
+        *_headline(results),
+        "",
+        f"![Steps per second normalised to the reference; aggregate steps/s and p99 against sessions; "
+        f"MB/s of 1 MiB observations]({image})",
+        "",
+        "## Reproduce",
+        "",
+        "From a fresh clone (it builds the reference's throwaway venv on first use):",
+        "",
+        "```bash",
+        ONE_COMMAND,
+        "```",
+        "",
+        "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1 and 16 sessions), `--runs N` (runs per figure,",
+        "the median kept; default 5), `--seconds S` (per echo and 1 MiB run; default 3),",
+        "`--scale-seconds S` (per scale run; default 5), `--sessions 1,16,64,256`, `--out DIR`, and",
+        "`--from-json docs/benchmarks.json` to rewrite this page and the plot from the raw figures",
+        "without measuring again.",
+        "",
+        "## Machine",
+        "",
+        *_machine(meta),
+        "",
+        "## One session, small frames",
+        "",
+        f"Steps per second of one session, the median of {meta['runs']} runs of {meta['seconds']:g} s. Every",
+        "server and client is a process of its own on loopback (inproc:// excepted: one process); all run",
+        "the same echo (action `{message}`, observation `{echoed_message}`). *x reference* divides by the",
+        "reference client against its own server, with the same kind of environment (a sync `step`,",
+        "which the reference runs in a thread, or an async one); *x floor* by the raw `websockets` echo",
+        "(pre-built frames, no protocol) for WebSocket rows, by a bare httpx POST loop against a bare",
+        "Starlette route for http+poll.",
+        "",
+        *_echo_table(results["echo"], meta["runs"]),
+        "",
+        f"## Large observations: {blob_kib} KiB of bytes per step",
+        "",
+        f"Every step's observation carries {blob_kib} KiB of random bytes (five 256x256x3 uint8 images).",
+        "msgspec writes `bytes` as base64 in JSON (4/3 of the size on the wire) and as raw bytes in",
+        "msgpack; the reference's pydantic observations cannot carry raw bytes in JSON, so its",
+        "environment sends the same base64 as a string and its client decodes it, as a user must. Both",
+        "WebSocket clients offer permessage-deflate, which the random payload defeats. MB/s counts the",
+        "decoded payload, 10⁶ bytes a second.",
+        "",
+        *_blob_table(results["blob"]),
+        "",
+        "## Many sessions against one server process",
+        "",
+        f"C sessions open at once, each stepping as fast as its replies come, for {meta['scale_seconds']:g} s",
+        f"after all are open; medians of {meta['runs']} runs. Ours is measured with `openenv bench URL",
+        "--sessions C --seconds T --json` (one client process, asyncio); the reference with",
+        "`tests/interop/reference_bench_client.py --sessions C` (its `GenericEnvClient`, asyncio, sessions",
+        "opened 16 at a time), against its step_async echo env (ours is async too). Each measurement",
+        "starts a fresh server, warms it with one session, reads its RSS (`VmRSS` in `/proc/<pid>/status`)",
+        "as the idle figure, then samples it every 10 ms during the run: *KiB per session* is (peak - idle)",
+        "÷ C. The reference's server holds one thread per session.",
+        "",
+        *_scale_table(results["scale"]),
+        "",
+    ]
+    return "\n".join(lines)

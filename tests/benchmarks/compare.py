@@ -1,0 +1,336 @@
+"""The whole comparison in one run: openenv against the reference and the raw floors; writes docs/benchmarks.md.
+
+Not a test. From a fresh clone:
+
+    python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]" && .venv/bin/python -m tests.benchmarks.compare
+
+    python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1 and 16 sessions
+    python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-seconds 5 --sessions 1,16,64,256
+    python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
+
+Three parts, every server and every client a process of its own on loopback
+(the in-process rows excepted), the same echo logic everywhere (action
+``{message}``, observation ``{echoed_message}``):
+
+1. **Echo**: one session's steps per second, for each client/server pair:
+   ours over ws:// (asyncio and trio clients; uvicorn and hypercorn servers),
+   http+poll:// and inproc://; the reference openenv-core client against its
+   server; and the floors, a raw ``websockets`` echo and a bare httpx POST loop.
+2. **Large observation**: 1 MiB of bytes per step, in MB/s of payload.
+3. **Scale**: C sessions at once against one server process (``openenv bench``
+   for ours, ``reference_bench_client.py --sessions`` for the reference):
+   aggregate steps/s, p99 latency, and server memory per session.
+
+Each figure is the median of ``--runs`` runs, the pairs interleaved run by run so
+that drift hits all alike: compare the ratios, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.benchmarks import _machine, _plot, _report
+from tests.benchmarks._memory import PeakRSS, rss_kib
+from tests.benchmarks._servers import (
+    REFERENCE_CLIENT,
+    ROOT,
+    Server,
+    http_floor_server,
+    our_server,
+    reference_server,
+    run_client,
+    ws_floor_server,
+)
+from tests.benchmarks.envs import BLOB_SIZE
+from tests.interop.reference_venv import ensure_reference_python, reference_versions
+
+ECHO = "tests.benchmarks.envs:AsyncMessageEchoEnv"
+SYNC_ECHO = "tests.benchmarks.envs:MessageEchoEnv"
+BLOB = "tests.benchmarks.envs:BlobEnv"
+ACTION = '{"message": "hello"}'
+DOCS = ROOT / "docs"
+
+
+@dataclass
+class Pair:
+    """One client against one server: how to run it, and what its figure is compared with."""
+
+    key: str
+    label: str
+    group: str  # ws, http+poll, inproc, reference, floor
+    server: str  # a key of the servers dict ("" for in-process)
+    client: Callable[[str], list[str]]  # the client command, given the server's URL
+    reference: bool = False  # runs with the reference's python
+    versus: list[str] = field(default_factory=list)  # keys of the pairs to divide by
+
+
+def _ours(*options: str) -> Callable[[str], list[str]]:
+    def command(url: str) -> list[str]:
+        return [sys.executable, "-m", "tests.benchmarks.our_client", url, *options]
+
+    return command
+
+
+def _scheme(scheme: str, client: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+    return lambda url: client(url.replace("http://", f"{scheme}://", 1))
+
+
+def echo_pairs(python: Path, seconds: float) -> list[Pair]:
+    """The small-frame pairs: ours per transport and backend, the reference, the floors."""
+    s = ["--seconds", str(seconds)]
+    ref = [str(python), str(REFERENCE_CLIENT)]
+    return [
+        Pair("ref-sync", "reference client -> reference server (sync env)", "reference", "ref-sync",
+             lambda url: [*ref, url, *s], reference=True),
+        Pair("ref-async", "reference client -> reference server (step_async env)", "reference", "ref-async",
+             lambda url: [*ref, url, *s], reference=True),
+        Pair("ws-asyncio-sync", "openenv ws [asyncio] -> openenv [uvicorn] (sync env)", "ws", "ours-sync",
+             _ours(*s), versus=["ref-sync", "ws-floor"]),
+        Pair("ws-asyncio", "openenv ws [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
+             _ours(*s), versus=["ref-async", "ws-floor"]),
+        Pair("ws-trio", "openenv ws [trio] -> openenv [uvicorn] (async env)", "ws", "ours",
+             _ours(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+        Pair("ws-trio-hypercorn", "openenv ws [trio] -> openenv [hypercorn, trio] (async env)", "ws", "ours-trio",
+             _ours(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+        Pair("ws-msgpack", "openenv ws msgpack [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
+             _ours(*s, "--encoding", "msgpack"), versus=["ref-async", "ws-floor"]),
+        Pair("ws-to-ref", "openenv ws [asyncio] -> reference server (sync env)", "ws", "ref-sync",
+             _ours(*s), versus=["ref-sync", "ws-floor"]),
+        Pair("poll-asyncio", "openenv http+poll [asyncio] -> openenv [uvicorn] (async env)", "http+poll", "ours",
+             _scheme("http+poll", _ours(*s)), versus=["ref-async", "http-floor"]),
+        Pair("inproc-asyncio", "openenv inproc [asyncio] (async env, one process)", "inproc", "",
+             lambda _: _ours(*s)(f"inproc://{ECHO}"), versus=["ref-async"]),
+        Pair("inproc-trio", "openenv inproc [trio] (async env, one process)", "inproc", "",
+             lambda _: _ours(*s, "--backend", "trio")(f"inproc://{ECHO}"), versus=["ref-async"]),
+        Pair("ws-floor", "raw websockets client -> websockets echo server", "floor", "ws-floor",
+             lambda url: [sys.executable, "-m", "tests.benchmarks.ws_floor", "client", url, *s]),
+        Pair("http-floor", "bare httpx POST loop -> bare Starlette route [uvicorn]", "floor", "http-floor",
+             lambda url: [sys.executable, "-m", "tests.benchmarks.http_floor", "client", url, *s]),
+    ]  # fmt: skip
+
+
+def blob_pairs(python: Path, seconds: float) -> list[Pair]:
+    """The 1 MiB-observation pairs: ours per transport and encoding, the reference over its ws."""
+    s = ["--seconds", str(seconds), "--observation", "blob"]
+    return [
+        Pair("ref-blob", "reference client -> reference server (base64 str)", "reference", "ref-blob",
+             lambda url: [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(seconds), "--blob"],
+             reference=True),
+        Pair("ws-json", "openenv ws json [asyncio] -> openenv [uvicorn]", "ws", "ours-blob",
+             _ours(*s), versus=["ref-blob"]),
+        Pair("ws-msgpack", "openenv ws msgpack [asyncio] -> openenv [uvicorn]", "ws", "ours-blob",
+             _ours(*s, "--encoding", "msgpack"), versus=["ref-blob"]),
+        Pair("poll-json", "openenv http+poll json [asyncio] -> openenv [uvicorn]", "http+poll", "ours-blob",
+             _scheme("http+poll", _ours(*s)), versus=["ref-blob"]),
+        Pair("poll-msgpack", "openenv http+poll msgpack [asyncio] -> openenv [uvicorn]", "http+poll", "ours-blob",
+             _scheme("http+poll", _ours(*s, "--encoding", "msgpack")), versus=["ref-blob"]),
+        Pair("inproc", "openenv inproc [asyncio] (one process)", "inproc", "",
+             lambda _: _ours(*s)(f"inproc://{BLOB}"), versus=["ref-blob"]),
+    ]  # fmt: skip
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_pairs(
+    pairs: list[Pair], servers: dict[str, AbstractContextManager[Server]], runs: int, seconds: float, title: str
+) -> list[dict[str, Any]]:
+    """Run every pair ``runs`` times, interleaved; a pair that fails keeps its error instead of a figure."""
+    rows = {pair.key: {"key": pair.key, "label": pair.label, "group": pair.group, "versus": pair.versus,
+                       "rates": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(server).url for name, server in servers.items()}
+        for run in range(runs):
+            for pair in pairs:
+                row = rows[pair.key]
+                if row["error"]:
+                    continue
+                try:
+                    figures = run_client(
+                        pair.client(urls.get(pair.server, "")), timeout=seconds + 90, reference=pair.reference
+                    )
+                except Exception as error:  # a pair that cannot run is a finding, not the end of the run
+                    row["error"] = str(error).strip().splitlines()[-1][:300]
+                    _say(f"{title} run {run + 1}/{runs}  {pair.label:62} FAILED: {row['error']}")
+                    continue
+                row["rates"].append(float(figures["rate"]))
+                row["payload_bytes"] = int(figures.get("payload_bytes", 0))
+                _say(f"{title} run {run + 1}/{runs}  {pair.label:62} {row['rates'][-1]:>9,.1f}/s")
+    for row in rows.values():
+        row["median"] = statistics.median(row["rates"]) if row["rates"] else None
+    return list(rows.values())
+
+
+@dataclass
+class ScaleTarget:
+    """A server measured at scale, and the client command for C sessions over T seconds."""
+
+    key: str
+    label: str
+    server: Callable[[], AbstractContextManager[Server]]
+    client: Callable[[str, int, float], list[str]]
+    reference: bool = False
+
+
+def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
+    """Our ws and http+poll (``openenv bench``) on uvicorn, and the reference (its own bench client)."""
+    capacity = ["--max-sessions", str(max(max_sessions, 1) * 2)]
+
+    def bench(scheme: str) -> Callable[[str, int, float], list[str]]:
+        def command(url: str, sessions: int, seconds: float) -> list[str]:
+            url = url.replace("http://", f"{scheme}://", 1)
+            options = ["--sessions", str(sessions), "--seconds", str(seconds), "--action", ACTION, "--json"]
+            return [sys.executable, "-m", "transports.cli", "bench", url, *options]
+
+        return command
+
+    def reference(url: str, sessions: int, seconds: float) -> list[str]:
+        return [str(python), str(REFERENCE_CLIENT), url, "--sessions", str(sessions), "--seconds", str(seconds)]
+
+    return [
+        ScaleTarget("ws", "openenv ws [asyncio] -> openenv [uvicorn]", lambda: our_server(ECHO, "asyncio", *capacity),
+                    bench("ws")),
+        ScaleTarget("http+poll", "openenv http+poll [asyncio] -> openenv [uvicorn]",
+                    lambda: our_server(ECHO, "asyncio", *capacity), bench("http+poll")),
+        ScaleTarget("reference", "reference client -> reference server (step_async env)",
+                    lambda: reference_server(python, "--async-step", max_sessions=max(max_sessions, 1) * 2),
+                    reference, reference=True),
+    ]  # fmt: skip
+
+
+def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, seconds: float) -> list[dict[str, Any]]:
+    """Each target at each session count, a fresh server per measurement (so idle memory is idle).
+
+    One session warms the server up first (its first connection loads what it
+    loads lazily); the server's RSS then is the idle figure, and the peak RSS
+    during the C-session run minus it, divided by C, is the memory per session.
+    """
+    rows = {(t.key, c): {"target": t.key, "label": t.label, "sessions": c, "runs": [], "idle_kib": [],
+                         "peak_kib": [], "error": None} for t in targets for c in sessions}  # fmt: skip
+    for run in range(runs):
+        for count in sessions:
+            for target in targets:
+                row = rows[(target.key, count)]
+                if row["error"]:
+                    continue
+                try:
+                    with target.server() as server:
+                        warm = target.client(server.url, 1, 0.3)
+                        run_client(warm, timeout=120, reference=target.reference)
+                        idle = rss_kib(server.pid)
+                        with PeakRSS(server.pid) as peak:
+                            figures = run_client(
+                                target.client(server.url, count, seconds),
+                                timeout=seconds + 180,
+                                reference=target.reference,
+                            )
+                    result = figures["results"][0]
+                    if result["errors"] and not result["steps"]:
+                        raise RuntimeError(f"every session failed: {result['error_examples'][:1]}")
+                except Exception as error:  # recorded: a server that cannot hold C sessions is a finding
+                    row["error"] = str(error).strip().splitlines()[-1][:300]
+                    _say(f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} FAILED: {row['error']}")
+                    continue
+                row["runs"].append(result)
+                row["idle_kib"].append(idle)
+                row["peak_kib"].append(peak.peak)
+                _say(
+                    f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} "
+                    f"{result['steps_per_second']:>8,.0f}/s  p99 {result['latency_ms']['p99']:>7.1f} ms  "
+                    f"{(peak.peak - idle) / count:>7.0f} KiB/session  errors {result['errors']}"
+                )
+    for row in rows.values():
+        results = row["runs"]
+        row["steps_per_second"] = statistics.median(r["steps_per_second"] for r in results) if results else None
+        row["p99_ms"] = statistics.median(r["latency_ms"]["p99"] for r in results) if results else None
+        row["errors"] = sum(r["errors"] for r in results)
+        per_session = [(p - i) / row["sessions"] for p, i in zip(row["peak_kib"], row["idle_kib"], strict=True)]
+        row["kib_per_session"] = statistics.median(per_session) if per_session else None
+    return list(rows.values())
+
+
+@contextmanager
+def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        into[key] = round(time.monotonic() - start, 1)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the three parts; return everything the page and the plot are made from."""
+    python = ensure_reference_python(log=_say)
+    meta: dict[str, Any] = {
+        "quick": args.quick, "runs": args.runs, "seconds": args.seconds, "scale_seconds": args.scale_seconds,
+        "sessions": args.sessions, "blob_bytes": BLOB_SIZE, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "command": " ".join(["python -m tests.benchmarks.compare", *sys.argv[1:]]),
+        "machine": _machine.describe(reference_versions()),
+    }  # fmt: skip
+    results: dict[str, Any] = {"meta": meta}
+    durations: dict[str, Any] = {}
+    with _timer(durations, "echo"):
+        servers = {
+            "ref-sync": reference_server(python),
+            "ref-async": reference_server(python, "--async-step"),
+            "ours-sync": our_server(SYNC_ECHO, "asyncio"),
+            "ours": our_server(ECHO, "asyncio"),
+            "ours-trio": our_server(ECHO, "trio"),
+            "ws-floor": ws_floor_server(),
+            "http-floor": http_floor_server("asyncio"),
+        }
+        results["echo"] = measure_pairs(echo_pairs(python, args.seconds), servers, args.runs, args.seconds, "echo")
+    with _timer(durations, "blob"):
+        servers = {
+            "ref-blob": reference_server(python, "--blob-bytes", str(BLOB_SIZE)),
+            "ours-blob": our_server(BLOB, "asyncio"),
+        }
+        results["blob"] = measure_pairs(blob_pairs(python, args.seconds), servers, args.runs, args.seconds, "1 MiB")
+    with _timer(durations, "scale"):
+        targets = scale_targets(python, max(args.sessions))
+        results["scale"] = measure_scale(targets, args.sessions, args.runs, args.scale_seconds)
+    meta["durations_s"] = durations
+    meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.5 s, 1 run, 1 and 16 sessions")
+    parser.add_argument("--runs", type=int, help="runs per figure, the median kept (default 5; quick 1)")
+    parser.add_argument("--seconds", type=float, help="seconds per echo and 1 MiB run (default 3; quick 0.5)")
+    parser.add_argument("--scale-seconds", type=float, help="seconds per scale run (default 5; quick 1)")
+    parser.add_argument("--sessions", help="session counts for the scale part (default 1,16,64,256; quick 1,16)")
+    parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
+    parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
+    args = parser.parse_args()
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+    else:
+        args.runs = args.runs or (1 if args.quick else 5)
+        args.seconds = args.seconds or (0.5 if args.quick else 3.0)
+        args.scale_seconds = args.scale_seconds or (1.0 if args.quick else 5.0)
+        args.sessions = [int(c) for c in (args.sessions or ("1,16" if args.quick else "1,16,64,256")).split(",")]
+        start = time.monotonic()
+        results = measure(args)
+        results["meta"]["total_s"] = round(time.monotonic() - start, 1)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "benchmarks.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "img").mkdir(parents=True, exist_ok=True)
+    _plot.plot(results, args.out / "img" / "benchmarks.png")
+    (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
+    _say(f"wrote {args.out / 'benchmarks.md'}, {args.out / 'benchmarks.json'}, {args.out / 'img' / 'benchmarks.png'}")
+
+
+if __name__ == "__main__":
+    main()
