@@ -14,7 +14,9 @@ class Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     Subclass it with the action's fields (a msgspec Struct: keyword-only, typed,
     validated on decoding). On the wire a step's ``data`` is the action's fields
-    themselves; unknown fields are rejected, as OpenEnv does.
+    themselves; unknown fields are rejected, as OpenEnv does. Like OpenEnv's
+    ``Action``, every action has a free-form ``metadata`` dict, so an OpenEnv
+    client that sends its action whole (``metadata`` included) is understood.
 
     Examples:
         ```python
@@ -29,9 +31,14 @@ class Action(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
         action = MoveAction(direction="north")
-        print(msgspec.json.encode(action))  # b'{"direction":"north","distance":1}'
+        print(msgspec.json.encode(action))  # b'{"direction":"north","distance":1,"metadata":{}}'
         ```
+
+    Attributes:
+        metadata: Free-form data about the action, as in OpenEnv.
     """
+
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Observation(msgspec.Struct, kw_only=True):

@@ -187,6 +187,18 @@ async def test_reference_client_sees_our_errors(reference_python: Path) -> None:
     assert results[2]["observation"] == {"echoed_message": "after"}
 
 
+async def test_reference_client_sends_pydantic_actions_to_our_server(reference_python: Path) -> None:
+    """A typed OpenEnv client sends its Action whole, ``metadata`` included: our Action has it too."""
+    ops = '[{"op": "reset"}, {"op": "step", "action": {"message": "typed"}, "model": true}, {"op": "close"}]'
+    with anyio.fail_after(LIMIT * 2):
+        async with openenv.serve(MessageEchoEnv, port=0) as server:
+            results = await anyio.to_thread.run_sync(
+                lambda: reference_script(server.url, "--ops", ops, python=reference_python)
+            )
+    assert [r["ok"] for r in results] == [True, True, True], results
+    assert results[1]["observation"] == {"echoed_message": "typed"}
+
+
 async def test_reference_client_at_our_capacity(reference_python: Path) -> None:
     with anyio.fail_after(LIMIT * 2):
         async with openenv.serve(MessageEchoEnv, port=0, max_sessions=1) as server, MessageEnv(server.url) as holder:

@@ -269,7 +269,7 @@ async def test_schema_of_an_environment_class() -> None:
     schemas = response.json()
     assert set(schemas) == {"action", "observation", "state"}
     action = schemas["action"]["$defs"]["CallToolAction"]
-    assert set(action["properties"]) == {"tool_name", "arguments"}
+    assert set(action["properties"]) == {"tool_name", "arguments", "metadata"}
     assert action["required"] == ["tool_name"]
     # The observation as it travels: its own fields under "observation", reward and done beside.
     observation = schemas["observation"]

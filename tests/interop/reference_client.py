@@ -17,7 +17,9 @@ Default ops: reset(seed=42, episode_id="ep-1"), step {"message": "hello"},
 state, step {"messag": "typo"} (expected to fail), step {"message": "again"},
 state, close. ``--ops`` takes a JSON list replacing that, each item one of
 ``{"op": "reset", "args": {...}}``, ``{"op": "step", "action": {...}}``,
-``{"op": "state"}``, ``{"op": "close"}``. A failing op is reported and the
+``{"op": "state"}``, ``{"op": "close"}``; a step with ``"model": true`` sends its
+action as a pydantic subclass of the reference's ``Action`` (which the client
+sends whole, ``metadata`` included), as a typed OpenEnv client does. A failing op is reported and the
 script goes on; exit status is 0 unless the script itself breaks.
 
 ``--sync`` uses the reference's ``.sync()`` wrapper (SyncEnvClient) instead of
@@ -73,6 +75,17 @@ def result_fields(result: Any) -> dict[str, Any]:
     }
 
 
+def action_of(op: dict[str, Any]) -> Any:
+    """The step's action: the dict itself, or a pydantic ``Action`` built from it."""
+    if not op.get("model"):
+        return op["action"]
+    from openenv.core.env_server.types import Action
+    from pydantic import create_model
+
+    fields: dict[str, Any] = {name: (type(value), ...) for name, value in op["action"].items()}
+    return create_model("ScriptAction", __base__=Action, **fields)(**op["action"])
+
+
 def describe(op: dict[str, Any]) -> dict[str, Any]:
     rec = {"op": op["op"]}
     if op["op"] == "reset":
@@ -94,7 +107,7 @@ async def run_async(url: str, ops: list[dict[str, Any]], timeout: float) -> None
                 if kind == "reset":
                     rec.update(result_fields(await client.reset(**op.get("args", {}))))
                 elif kind == "step":
-                    rec.update(result_fields(await client.step(op["action"])))
+                    rec.update(result_fields(await client.step(action_of(op))))
                 elif kind == "state":
                     rec["state"] = await client.state()
                 elif kind == "close":
@@ -123,7 +136,7 @@ def run_sync(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
                 if kind == "reset":
                     rec.update(result_fields(client.reset(**op.get("args", {}))))
                 elif kind == "step":
-                    rec.update(result_fields(client.step(op["action"])))
+                    rec.update(result_fields(client.step(action_of(op))))
                 elif kind == "state":
                     rec["state"] = client.state()
                 elif kind == "close":
