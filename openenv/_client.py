@@ -25,7 +25,7 @@ from ._exceptions import (
     TimeoutError,
     server_error_from_frame,
 )
-from ._generics import bind_type_attributes
+from ._generics import bind_alias_type_attributes, bind_type_attributes
 from ._messages import ErrorReply, ObservationReply, StateReply
 from ._registry import create_transport
 from ._transport import Transport
@@ -67,7 +67,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     """A typed async client of one environment session.
 
     The type parameters drive decoding: a subclass that names concrete types needs
-    no parsing code, and every reply is decoded and validated straight into them.
+    no parsing code, and every reply is decoded and validated straight into them
+    (``EnvClient[A, O, S](url)``, without a subclass, is typed the same way).
     A client without types gets plain dicts.
 
     One client is one session on the server: connect it with ``async with`` (or
@@ -189,9 +190,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         # Ids of requests sent whose replies have not been read yet, oldest first.
         # Replies come in order, so the oldest is always the next one to arrive.
         self._unanswered: deque[int] = deque()
-        obs_config = getattr(self.observation_type, "__struct_config__", None)
-        self._observation_is_struct = obs_config is not None
-        self._observation_is_frozen = bool(obs_config and obs_config.frozen)
+        self._observation_is_struct = False
+        self._observation_is_frozen = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
@@ -238,6 +238,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         except Exception as exc:
             # The contract forbids it, but a third-party transport may still leak one.
             raise ConnectError(f"could not connect to {self.base_url}: {exc}") from exc
+        # `EnvClient[A, O, S](url)` is typed too: the alias is known only now.
+        bind_alias_type_attributes(self)
+        obs_config = getattr(self.observation_type, "__struct_config__", None)
+        self._observation_is_struct = obs_config is not None
+        self._observation_is_frozen = bool(obs_config and obs_config.frozen)
         try:
             self._codec = ClientCodec(
                 self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type

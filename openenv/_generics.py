@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 from typing import Any, TypeVar
 
-__all__ = ["TYPE_ATTRIBUTES", "bind_type_attributes", "resolve_type_arguments"]
+__all__ = ["TYPE_ATTRIBUTES", "bind_alias_type_attributes", "bind_type_attributes", "resolve_type_arguments"]
 
 TYPE_ATTRIBUTES = ("action_type", "observation_type", "state_type")
 """The class attributes an ``[ActT, ObsT, StateT]`` generic keeps its types in."""
@@ -48,3 +48,24 @@ def bind_type_attributes(cls: type, base: type) -> None:
     for name, arg in zip(TYPE_ATTRIBUTES, args, strict=True):
         if arg is not None and name not in cls.__dict__:
             setattr(cls, name, arg)
+
+
+def bind_alias_type_attributes(instance: object) -> None:
+    """Set ``instance``'s `TYPE_ATTRIBUTES` from the alias it was made from (``EnvClient[A, O, S](url)``).
+
+    Calling a subscripted generic records the alias on the new instance as
+    ``__orig_class__``, but only after ``__init__`` has returned, so this runs
+    later (when the client connects). Types given to ``__init__`` win.
+
+    Args:
+        instance: The instance, made by calling ``Base[A, O, S]`` or ``Base``.
+    """
+    alias = instance.__dict__.get("__orig_class__")
+    if alias is None:
+        return
+    args = typing.get_args(alias)
+    if len(args) != len(TYPE_ATTRIBUTES):
+        return
+    for name, arg in zip(TYPE_ATTRIBUTES, args, strict=True):
+        if not isinstance(arg, TypeVar) and name not in instance.__dict__:
+            setattr(instance, name, arg)

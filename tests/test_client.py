@@ -78,6 +78,24 @@ def test_type_parameters_drive_decoding() -> None:
     assert client.observation_type is EchoObservation
 
 
+async def test_a_subscripted_client_is_typed_without_a_subclass() -> None:
+    """``EnvClient[A, O, S](url)`` decodes into O and S, like a subclass would."""
+    with anyio.fail_after(5):
+        async with EnvClient[CountAction, CountObservation, CountState](
+            transport=InProcessTransport(factory=AsyncCounterEnv)
+        ) as env:
+            result = await env.step(CountAction(by=3))
+            assert isinstance(result.observation, CountObservation)
+            assert result.observation.count == 3
+            assert isinstance(await env.state(), CountState)
+        # Types given to the constructor still win over the alias's.
+        async with EnvClient[CountAction, CountObservation, CountState](
+            transport=InProcessTransport(factory=AsyncCounterEnv), observation_type=dict
+        ) as env:
+            assert isinstance((await env.reset()).observation, dict)
+            assert isinstance(await env.state(), CountState)
+
+
 def test_aliases_are_the_native_methods() -> None:
     assert EnvClient.reset_async is EnvClient.reset
     assert EnvClient.step_async is EnvClient.step
