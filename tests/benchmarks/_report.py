@@ -104,10 +104,11 @@ def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
         one = by_key.get((row["target"], counts[0]), {})
         ref = by_key.get(("reference", row["sessions"]), {})
         versus = _ratio(row["steps_per_second"], ref.get("steps_per_second")) if row["target"] != "reference" else ""
+        failed = f"; a later run failed: {row['error']}" if row["error"] else ""
         out.append(
             f"| {row['label']} | {row['sessions']} | {_ratio(row['steps_per_second'], one.get('steps_per_second'))} "
             f"| {_ratio(row['p99_ms'], one.get('p99_ms'))} | {versus} | {_number(row['steps_per_second'])} "
-            f"| {_number(row['p99_ms'], 1)} | {_number(row['kib_per_session'], 1)} | {row['errors']} |"
+            f"| {_number(row['p99_ms'], 1)} | {_number(row['kib_per_session'], 1)} | {row['errors']}{failed} |"
         )
     return out
 
@@ -136,14 +137,17 @@ def render(results: dict[str, Any], image: str) -> str:
     quick = (
         [
             '!!! warning "A quick smoke run"',
-            f"    These figures come from `--quick` ({meta['runs']} run of {meta['seconds']} s): "
+            f"    These figures come from `--quick` ({meta['runs']} run of {meta['seconds']:g} s per figure): "
             "they show the harness works, not how fast anything is. Run the full comparison for figures.",
             "",
         ]
         if meta["quick"]
         else []
     )
-    blob_kib = meta["blob_bytes"] // 1024
+    blob = f"{meta['blob_bytes'] / 2**20:g} MiB"
+    runs = f"{meta['runs']} run{'s' if meta['runs'] != 1 else ''}"
+    scale_runs = meta.get("scale_runs", meta["runs"])
+    scale_runs = f"{scale_runs} run{'s' if scale_runs != 1 else ''}"
     lines = [
         "# Benchmarks",
         "",
@@ -172,7 +176,8 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1 and 16 sessions), `--runs N` (runs per figure,",
         "the median kept; default 5), `--seconds S` (per echo and 1 MiB run; default 3),",
-        "`--scale-seconds S` (per scale run; default 5), `--sessions 1,16,64,256`, `--out DIR`, and",
+        "`--scale-seconds S` (per scale run; default 5), `--scale-runs N` (default 3),",
+        "`--sessions 1,16,64,256`, `--out DIR`, and",
         "`--from-json docs/benchmarks.json` to rewrite this page and the plot from the raw figures",
         "without measuring again.",
         "",
@@ -182,7 +187,7 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         "## One session, small frames",
         "",
-        f"Steps per second of one session, the median of {meta['runs']} runs of {meta['seconds']:g} s. Every",
+        f"Steps per second of one session, the median of {runs} of {meta['seconds']:g} s. Every",
         "server and client is a process of its own on loopback (inproc:// excepted: one process); all run",
         "the same echo (action `{message}`, observation `{echoed_message}`). *x reference* divides by the",
         "reference client against its own server, with the same kind of environment (a sync `step`,",
@@ -192,9 +197,9 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         *_echo_table(results["echo"], meta["runs"]),
         "",
-        f"## Large observations: {blob_kib} KiB of bytes per step",
+        f"## Large observations: {blob} of bytes per step",
         "",
-        f"Every step's observation carries {blob_kib} KiB of random bytes (five 256x256x3 uint8 images).",
+        f"Every step's observation carries {blob} of random bytes (about five 256x256x3 uint8 images).",
         "msgspec writes `bytes` as base64 in JSON (4/3 of the size on the wire) and as raw bytes in",
         "msgpack; the reference's pydantic observations cannot carry raw bytes in JSON, so its",
         "environment sends the same base64 as a string and its client decodes it, as a user must. Both",
@@ -206,13 +211,15 @@ def render(results: dict[str, Any], image: str) -> str:
         "## Many sessions against one server process",
         "",
         f"C sessions open at once, each stepping as fast as its replies come, for {meta['scale_seconds']:g} s",
-        f"after all are open; medians of {meta['runs']} runs. Ours is measured with `openenv bench URL",
+        f"after all are open; medians of {scale_runs}. Ours is measured with `openenv bench URL",
         "--sessions C --seconds T --json` (one client process, asyncio); the reference with",
         "`tests/interop/reference_bench_client.py --sessions C` (its `GenericEnvClient`, asyncio, sessions",
         "opened 16 at a time), against its step_async echo env (ours is async too). Each measurement",
         "starts a fresh server, warms it with one session, reads its RSS (`VmRSS` in `/proc/<pid>/status`)",
         "as the idle figure, then samples it every 10 ms during the run: *KiB per session* is (peak - idle)",
-        "÷ C. The reference's server holds one thread per session.",
+        "÷ C (at one session, that is within the noise of page-sized growth). *x 1 session* divides by",
+        "the same server's figure with the fewest sessions; *÷ reference* by the reference at the same C.",
+        "The reference's server holds one thread per session.",
         "",
         *_scale_table(results["scale"]),
         "",

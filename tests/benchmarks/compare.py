@@ -5,7 +5,7 @@ Not a test. From a fresh clone:
     python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]" && .venv/bin/python -m tests.benchmarks.compare
 
     python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1 and 16 sessions
-    python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-seconds 5 --sessions 1,16,64,256
+    python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256
     python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
 
 Three parts, every server and every client a process of its own on loopback
@@ -273,6 +273,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     python = ensure_reference_python(log=_say)
     meta: dict[str, Any] = {
         "quick": args.quick, "runs": args.runs, "seconds": args.seconds, "scale_seconds": args.scale_seconds,
+        "scale_runs": args.scale_runs,
         "sessions": args.sessions, "blob_bytes": BLOB_SIZE, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": " ".join(["python -m tests.benchmarks.compare", *sys.argv[1:]]),
         "machine": _machine.describe(reference_versions()),
@@ -298,7 +299,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results["blob"] = measure_pairs(blob_pairs(python, args.seconds), servers, args.runs, args.seconds, "1 MiB")
     with _timer(durations, "scale"):
         targets = scale_targets(python, max(args.sessions))
-        results["scale"] = measure_scale(targets, args.sessions, args.runs, args.scale_seconds)
+        results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
     meta["durations_s"] = durations
     meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
     return results
@@ -309,6 +310,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 0.5 s, 1 run, 1 and 16 sessions")
     parser.add_argument("--runs", type=int, help="runs per figure, the median kept (default 5; quick 1)")
     parser.add_argument("--seconds", type=float, help="seconds per echo and 1 MiB run (default 3; quick 0.5)")
+    parser.add_argument("--scale-runs", type=int, help="runs per scale figure (default 3; quick 1)")
     parser.add_argument("--scale-seconds", type=float, help="seconds per scale run (default 5; quick 1)")
     parser.add_argument("--sessions", help="session counts for the scale part (default 1,16,64,256; quick 1,16)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
@@ -320,6 +322,7 @@ def main() -> None:
         args.runs = args.runs or (1 if args.quick else 5)
         args.seconds = args.seconds or (0.5 if args.quick else 3.0)
         args.scale_seconds = args.scale_seconds or (1.0 if args.quick else 5.0)
+        args.scale_runs = args.scale_runs or (1 if args.quick else 3)
         args.sessions = [int(c) for c in (args.sessions or ("1,16" if args.quick else "1,16,64,256")).split(",")]
         start = time.monotonic()
         results = measure(args)
