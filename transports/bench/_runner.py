@@ -113,19 +113,30 @@ class _Measurement:
         self.failure: str | None = None
 
     def elapsed(self) -> float:
-        if not self.started.is_set():
+        if not self.start_time:  # not started (or never will: a session failed)
             return 0.0
         return (self.end_time or time.perf_counter()) - self.start_time
 
-    async def start_together(self) -> None:
-        """Wait until every session is ready; the last one to arrive starts the clock."""
+    async def start_together(self) -> bool:
+        """Wait until every session is ready; the last one to arrive starts the clock.
+
+        Returns ``False`` if a session failed instead: there is nothing to measure.
+        """
         self.ready += 1
-        if self.ready == self.sessions:
+        if self.ready == self.sessions and self.failure is None:
             self.start_time = time.perf_counter()
             if self.seconds is not None:
                 self.deadline = self.start_time + self.seconds
             self.started.set()
         await self.started.wait()
+        return self.failure is None
+
+    def fail(self, reason: str) -> None:
+        """Give up before the start: the first reason is kept, and the sessions waiting at the start leave."""
+        if self.failure is None:
+            self.failure = reason
+        # Not cancelled: sessions still connecting finish (bounded by the timeout) and close cleanly.
+        self.started.set()
 
     def take_step(self) -> bool:
         """Claim one step of the budget; ``False`` once it is spent (or the time is up)."""
@@ -187,15 +198,7 @@ async def _warm_up(client: EnvClient[Any, Any, Any], action: Any, steps: int) ->
             await client.reset()
 
 
-async def _session(
-    url: str,
-    action: Any,
-    measurement: _Measurement,
-    *,
-    warmup: int,
-    timeout: float | None,
-    abort: anyio.CancelScope,
-) -> None:
+async def _session(url: str, action: Any, measurement: _Measurement, *, warmup: int, timeout: float | None) -> None:
     """One session: connect, reset, warm up, wait for the others, then measure."""
     try:
         client: EnvClient[Any, Any, Any] = EnvClient(url, timeout=timeout)
@@ -207,15 +210,12 @@ async def _session(
                 connecting.deadline = math.inf
                 await client.reset()
                 await _warm_up(client, action, warmup)
-                await measurement.start_together()
-                await _measure(client, action, measurement)
+                if await measurement.start_together():
+                    await _measure(client, action, measurement)
         if connecting.cancelled_caught:
-            measurement.failure = f"{url}: no connection within {timeout} s"
-            abort.cancel()
+            measurement.fail(f"{url}: no connection within {timeout} s")
     except (OpenEnvError, ValueError) as exc:
-        if measurement.failure is None:
-            measurement.failure = f"{url}: {_one_line(exc)}"
-        abort.cancel()
+        measurement.fail(f"{url}: {_one_line(exc)}")
 
 
 async def _report_progress(measurement: _Measurement, on_progress: ProgressCallback, interval: float) -> None:
@@ -304,8 +304,7 @@ async def run_benchmark(
             reporting.start_soon(_report_progress, measurement, on_progress, progress_interval)
         async with anyio.create_task_group() as session_group:
             for _ in range(sessions):
-                session = partial(_session, warmup=warmup, timeout=timeout, abort=session_group.cancel_scope)
-                session_group.start_soon(session, url, fields, measurement)
+                session_group.start_soon(partial(_session, warmup=warmup, timeout=timeout), url, fields, measurement)
         reporting.cancel_scope.cancel()
     if measurement.failure is not None:
         raise BenchmarkError(measurement.failure)
