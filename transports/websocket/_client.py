@@ -474,6 +474,11 @@ class WebSocketTransport(Transport):
             self._note_failure(f"the connection to {self.url} broke: {_describe(exc)}", exc)
             await self._shutdown()
             return
+        if self._shutting_down:
+            # Another task shut the connection down (fed the protocol its EOF)
+            # while these bytes were on their way: nothing can read them now.
+            await self._shutdown()
+            return
         protocol.receive_data(data)
         try:
             await self._handle(protocol.events_received(), shield_writes=shield_writes)
