@@ -18,6 +18,7 @@ rebuilt.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
@@ -26,9 +27,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 REFERENCE_VERSION = "0.3.0"
 REQUIREMENTS: tuple[str, ...] = (
@@ -292,6 +295,8 @@ class ReferenceServer:
         self.extra_args = list(extra_args)
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=200)
+        """The server's last output lines (stdout and stderr), for diagnostics."""
 
     @property
     def base_url(self) -> str:
@@ -328,6 +333,10 @@ class ReferenceServer:
             env=reference_env(),
         )
         self.port = _wait_ready(self.proc, self.startup_timeout)
+        # Keep reading both pipes: the reference logs a traceback at every
+        # WebSocket close, and a full pipe (64 KiB) would freeze the server.
+        for stream in (self.proc.stdout, self.proc.stderr):
+            threading.Thread(target=_drain, args=(stream, self.log_tail), daemon=True).start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -352,6 +361,13 @@ class ReferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _drain(stream: Any, tail: collections.deque[str]) -> None:
+    """Read ``stream`` to its end, keeping its last lines in ``tail``."""
+    with contextlib.suppress(Exception):  # the pipe closed under us: done
+        for line in stream:
+            tail.append(line)
 
 
 def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> int:
