@@ -244,3 +244,10 @@ class EveryThirdStepFailsEnv(Environment):  # type: ignore[type-arg]
     @property
     def state(self) -> dict[str, Any]:
         return {"steps": self.steps}
+
+
+class EveryStepFailsEnv(EveryThirdStepFailsEnv):
+    """Untyped; every step raises (an ``EXECUTION_ERROR``)."""
+
+    async def step(self, action: Any) -> dict[str, Any]:
+        raise RuntimeError("this environment refuses every action")

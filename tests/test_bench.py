@@ -30,6 +30,7 @@ from tests.envs import (
     BenchRichAction,
     BenchRichEnv,
     DictEnv,
+    EveryStepFailsEnv,
     EveryThirdStepFailsEnv,
     MessageEchoEnv,
 )
@@ -122,8 +123,8 @@ def test_summary_of_no_steps_is_empty() -> None:
 # -- actions built from schemas -------------------------------------------------------
 
 
-def test_echo_environment_action_needs_only_its_tool_name() -> None:
-    assert minimal_action(environment_schemas(EchoEnvironment)["action"]) == {"tool_name": ""}
+def test_echo_environment_action_is_its_first_example_tool() -> None:
+    assert minimal_action(environment_schemas(EchoEnvironment)["action"]) == {"tool_name": "echo_message"}
 
 
 def test_actions_of_the_test_environments() -> None:
@@ -517,7 +518,7 @@ def test_command_unreachable_server_is_one_line_and_fails() -> None:
 
 
 def test_command_fails_when_not_one_step_succeeds() -> None:
-    url = f"inproc://{factory_path(EchoEnvironment)}"  # its tool_name "" is rejected by the environment
+    url = f"inproc://{factory_path(EveryStepFailsEnv)}"
     result = CliRunner().invoke(main, ["bench", url, "--steps", "5", "--json"])
     assert result.exit_code == 1
     assert json.loads(result.stdout)["results"][0]["errors"] == 5

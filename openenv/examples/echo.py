@@ -19,7 +19,7 @@ Examples:
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -39,8 +39,12 @@ class CallToolAction(Action):
         arguments: The tool's arguments; both tools take ``message``.
     """
 
-    tool_name: str
-    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The examples reach the JSON Schema at /schema, from which tools such as
+    # `openenv bench` build a valid action.
+    tool_name: Annotated[str, msgspec.Meta(examples=list(TOOLS))]
+    arguments: Annotated[dict[str, Any], msgspec.Meta(examples=[{"message": "hello"}])] = msgspec.field(
+        default_factory=dict
+    )
 
 
 class EchoObservation(Observation):
