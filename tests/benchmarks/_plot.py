@@ -9,7 +9,14 @@ COLOURS = {"reference": "#9e9e9e", "ws": "#1f77b4", "http+poll": "#ff7f0e", "inp
 
 
 def _bars(
-    axes: Any, labels: list[str], values: list[float], groups: list[str], title: str, unit: str, suffix: str = ""
+    axes: Any,
+    labels: list[str],
+    values: list[float],
+    groups: list[str],
+    title: str,
+    unit: str,
+    suffix: str = "",
+    legend: str = "best",
 ) -> None:
     from matplotlib.patches import Patch
 
@@ -28,7 +35,7 @@ def _bars(
     axes.legend(
         handles=[Patch(color=COLOURS.get(group, "#777777"), label=group) for group in shown],
         fontsize=7,
-        loc="lower right",
+        loc=legend,
     )
 
 
@@ -56,6 +63,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         "One session, small frames: steps/s ÷ reference client -> server (sync env)",
         "x the reference (1 = as fast)",
         suffix="x",
+        legend="center right",
     )
     echo_axes.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
 
@@ -67,6 +75,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         [row["group"] for row in blob],
         f"{results['meta']['blob_bytes'] / 2**20:g} MiB observation per step: MB/s of payload",
         "MB/s (10⁶ bytes of decoded payload per second)",
+        legend="upper right",
     )
 
     for target in dict.fromkeys(row["target"] for row in results["scale"]):
