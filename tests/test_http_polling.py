@@ -122,6 +122,30 @@ def observation(response: httpx.Response) -> Any:
     return json.loads(response.content)
 
 
+async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building TLS settings loads the CA bundle (tens of ms): once per process, not once per session."""
+    from transports.http import _client as client_module
+
+    built: list[object] = []
+
+    def counting_create_ssl_context(*args: Any, **kwargs: Any) -> Any:
+        built.append(object())
+        return real_create(*args, **kwargs)
+
+    real_create = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", counting_create_ssl_context)
+    client_module._default_ssl_context.cache_clear()
+    try:
+        async with server() as running:
+            with anyio.fail_after(LIMIT):
+                for _ in range(3):
+                    async with EnvClient[CountAction, CountObservation, CountState](poll_url(running)) as env:
+                        assert (await env.step(CountAction(by=1))).observation.count == 1
+    finally:
+        client_module._default_ssl_context.cache_clear()
+    assert len(built) == 1
+
+
 # -- network faults, simulated inside httpx ------------------------------------------
 
 

@@ -24,7 +24,9 @@ short backoff, silently; only then does the channel count as broken.
 
 from __future__ import annotations
 
+import functools
 import secrets
+import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -170,6 +172,17 @@ class _LazyCookies(httpx.Cookies):
     def extract_cookies(self, response: httpx.Response) -> None:
         if "set-cookie" in response.headers:
             super().extract_cookies(response)
+
+
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    """The TLS settings of every client this module makes: httpx's defaults, built once.
+
+    Building them loads the CA bundle (~70 ms on a slow machine); without the
+    cache every session's new client paid that, even for plain ``http+poll://``,
+    and hundreds of sessions opened at once timed out creating their sessions.
+    """
+    return httpx.create_ssl_context()
 
 
 class _OwnClient(httpx.AsyncClient):
@@ -344,6 +357,7 @@ class HTTPPollingTransport(Transport):
         if client is None:
             client = _OwnClient(
                 headers={"User-Agent": _USER_AGENT},
+                verify=_default_ssl_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
                 limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
