@@ -18,6 +18,7 @@ the caller and from both tasks go through one lock, so frames never interleave.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -170,6 +171,12 @@ async def _close_quietly(stream: ByteStream) -> None:
     with anyio.CancelScope(shield=True):
         with contextlib.suppress(*_STREAM_ERRORS):
             await stream.aclose()
+
+
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    """The system's default TLS settings, built once: loading the CA store takes ~50 ms here."""
+    return ssl.create_default_context()
 
 
 class WebSocketTransport(Transport):
@@ -343,7 +350,7 @@ class WebSocketTransport(Transport):
                         uri.host,
                         uri.port,
                         tls=True,
-                        ssl_context=self.ssl_context,
+                        ssl_context=self.ssl_context or _default_ssl_context(),
                         tls_hostname=uri.host,
                         # WebSocket frames carry their own ends, so a peer that
                         # skips TLS's close_notify truncates nothing.
