@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"reference": "#9e9e9e", "ws": "#1f77b4", "http+poll": "#ff7f0e", "inproc": "#2ca02c", "floor": "#555555"}
+COLOURS = {
+    "reference": "#9e9e9e",
+    "ws": "#1f77b4",
+    "http+poll": "#ff7f0e",
+    "inproc": "#2ca02c",
+    "floor": "#555555",
+    "ref-to-ours": "#9467bd",
+    "ours-to-ref": "#8c564b",
+}
 
 
 def _bars(

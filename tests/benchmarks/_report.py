@@ -57,6 +57,13 @@ def _headline(results: dict[str, Any]) -> list[str]:
                  ref["steps_per_second"])  # fmt: skip
             if ref["error"]:
                 lines.append(f"- the reference with {most} sessions: failed ({ref['error']})")
+        for key, text in (
+            ("ref-to-ours", "the openenv server ÷ the reference server, both driven by the reference client"),
+            ("ours-to-ref", "the openenv client ÷ the reference client, both against the reference server"),
+        ):
+            crossed = scale.get((key, most))
+            if crossed and ref:
+                line(f"{text}, {most} sessions", crossed["steps_per_second"], ref["steps_per_second"])
     return lines
 
 
@@ -219,7 +226,9 @@ def render(results: dict[str, Any], image: str) -> str:
         "as the idle figure, then samples it every 10 ms during the run: *KiB per session* is (peak - idle)",
         "÷ C (at one session, that is within the noise of page-sized growth). *x 1 session* divides by",
         "the same server's figure with the fewest sessions; *÷ reference* by the reference at the same C.",
-        "The reference's server holds one thread per session.",
+        "The reference's server holds one thread per session. The two crossed pairs (the reference's",
+        "client against our server, ours against the reference's) tell the client's share of a figure",
+        "from the server's: on two cores the client process and the server process each have one.",
         "",
         *_scale_table(results["scale"]),
         "",

@@ -183,7 +183,7 @@ class ScaleTarget:
 
 
 def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
-    """Our ws and http+poll (``openenv bench``) on uvicorn, and the reference (its own bench client)."""
+    """Our ws and http+poll (``openenv bench``) on uvicorn, the reference (its own bench client), the two crossed."""
     capacity = ["--max-sessions", str(max(max_sessions, 1) * 2)]
 
     def bench(scheme: str) -> Callable[[str, int, float], list[str]]:
@@ -205,6 +205,12 @@ def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
         ScaleTarget("reference", "reference client -> reference server (step_async env)",
                     lambda: reference_server(python, "--async-step", max_sessions=max(max_sessions, 1) * 2),
                     reference, reference=True),
+        # The crossed pairs tell the client's share from the server's.
+        ScaleTarget("ref-to-ours", "reference client -> openenv [uvicorn]",
+                    lambda: our_server(ECHO, "asyncio", *capacity), reference, reference=True),
+        ScaleTarget("ours-to-ref", "openenv ws [asyncio] -> reference server (step_async env)",
+                    lambda: reference_server(python, "--async-step", max_sessions=max(max_sessions, 1) * 2),
+                    bench("ws")),
     ]  # fmt: skip
 
 
