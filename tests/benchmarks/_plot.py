@@ -103,11 +103,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes.set_ylabel(label, fontsize=8)
         axes.tick_params(labelsize=8)
         axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize=7)
+        axes.legend(fontsize=7, loc="upper left")  # both panels are empty there
     p99_axes.set_yscale("log")
     p99_axes.yaxis.set_major_formatter(ScalarFormatter())
     p99_axes.yaxis.set_minor_formatter(NullFormatter())
-    rate_axes.set_ylim(bottom=0)
+    rates = [row["steps_per_second"] for row in results["scale"] if row["steps_per_second"]]
+    # Headroom above the curves for the legend, which would hide the top one.
+    rate_axes.set_ylim(bottom=0, top=max(rates, default=1.0) * 1.5)
+    p99s = [row["p99_ms"] for row in results["scale"] if row["p99_ms"]]
+    p99_axes.set_ylim(top=max(p99s, default=1.0) * 30)  # a decade and a half of log scale for the legend
     rate_axes.set_title("Scale: aggregate steps/s", fontsize=10)
     p99_axes.set_title("Scale: p99 latency", fontsize=10)
 
