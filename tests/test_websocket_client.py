@@ -551,6 +551,35 @@ async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
                 await pong.wait()  # nobody calls receive(): the reader answered
 
 
+async def test_server_ping_is_answered_when_the_client_goes_idle_after_a_busy_spell() -> None:
+    """The background reader looks less often while callers read, but still takes over once they stop."""
+    pong = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        for _ in range(200):  # the busy spell: echo what the client sends
+            frame = await connection.next_message()
+            assert frame is not None
+            connection.protocol.send_text(frame.data)
+            await connection.flush()
+        connection.protocol.send_ping(b"still there?")
+        await connection.flush()
+        while (frame := await connection.next_frame()) is not None:
+            if frame.opcode is Opcode.PONG and frame.data == b"still there?":
+                pong.set()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, ping_interval=None) as transport:
+                for n in range(200):
+                    await transport.send(b"%d" % n)
+                    assert await transport.receive() == b"%d" % n
+                    if n % 20 == 0:
+                        await anyio.sleep(0.06)  # slower than the reader's first look, so it backs off
+                await pong.wait()  # nobody calls receive() any more: the reader answered
+
+
 async def test_server_ping_is_answered_while_the_caller_is_busy_between_send_and_receive() -> None:
     pong = anyio.Event()
 

@@ -8,9 +8,10 @@ Reading the socket is a role that one task holds at a time. A caller waiting in
 `WebSocketTransport.receive` reads the socket itself: the reply it waits for
 reaches it with no hand-off between tasks, which is the hot path of a client that
 steps an environment. When no caller has read for a short while
-(`_IDLE_READ_DELAY`), a background task takes the role, so the server's pings are
-answered and its close is noticed while the caller is busy elsewhere; it gives
-the role back as soon as a caller wants it, handing over what it read. Whoever
+(`_IDLE_READ_DELAY`; up to `_BUSY_READ_DELAY` after a busy spell), a background
+task takes the role, so the server's pings are answered and its close is noticed
+while the caller is busy elsewhere; it gives the role back as soon as a caller
+wants it, handing over what it read. Whoever
 reads answers pings on the spot. A second task sends keepalive pings. Writes from
 the caller and from both tasks go through one lock, so frames never interleave.
 """
@@ -81,6 +82,10 @@ _RECEIVE_BUFFER = 64
 # wait many seconds for them). A caller in a tight send/receive loop reads the
 # socket itself, so the background task stays out of the hot path.
 _IDLE_READ_DELAY = 0.1
+# While callers keep reading, the background task looks less and less often (up
+# to this), so that hundreds of busy connections do not wake it ten times a
+# second each; the first look after a takeover is `_IDLE_READ_DELAY` again.
+_BUSY_READ_DELAY = 1.0
 
 # Headers the handshake owns; a caller sets them through the constructor's options.
 _HANDSHAKE_HEADERS = frozenset(
@@ -589,13 +594,16 @@ class WebSocketTransport(Transport):
         inbox = self._inbox
         try:
             seen = self._reads
+            delay = _IDLE_READ_DELAY
             while not stop.is_set():
-                with anyio.move_on_after(_IDLE_READ_DELAY):
+                with anyio.move_on_after(delay):
                     await stop.wait()
                     break
                 if self._reading or self._reads != seen or len(inbox) >= _RECEIVE_BUFFER:
                     seen = self._reads  # a caller reads, or did lately, or must catch up
+                    delay = min(delay * 2, _BUSY_READ_DELAY)
                     continue
+                delay = _IDLE_READ_DELAY
                 self._reading = True
                 self._hand_over = False
                 try:
