@@ -29,7 +29,6 @@ import secrets
 import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -783,21 +782,6 @@ class HTTPPollingTransport(Transport):
             if self._given_client is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Close (see `aclose`).
-
-        Args:
-            exc_type: The type of the exception that ended the block, if any.
-            exc_value: That exception, if any.
-            traceback: Its traceback, if any.
-        """
-        await self.aclose()
 
 
 def _backoff(attempt: int) -> float:
