@@ -124,6 +124,14 @@ class ServerConnection:
                 self.protocol.send_binary(frame.data)
             await self.flush()
 
+    async def ping_until_gone(self, payload: bytes, pong: anyio.Event) -> None:
+        """Ping the client, set ``pong`` when its answer comes, read on until the client goes away."""
+        self.protocol.send_ping(payload)
+        await self.flush()
+        while (frame := await self.next_frame()) is not None:
+            if frame.opcode is Opcode.PONG and frame.data == payload:
+                pong.set()
+
     async def drain(self) -> None:
         """Answer control frames (the closing handshake) until the client goes away."""
         while await self.next_frame() is not None:
@@ -539,11 +547,7 @@ async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
 
     async def handler(connection: ServerConnection) -> None:
         await connection.accept()
-        connection.protocol.send_ping(b"are you there")
-        await connection.flush()
-        while (frame := await connection.next_frame()) is not None:
-            if frame.opcode is Opcode.PONG and frame.data == b"are you there":
-                pong.set()
+        await connection.ping_until_gone(b"are you there", pong)
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
@@ -563,11 +567,7 @@ async def test_server_ping_is_answered_when_the_client_goes_idle_after_a_busy_sp
             assert frame is not None
             connection.protocol.send_text(frame.data)
             await connection.flush()
-        connection.protocol.send_ping(b"still there?")
-        await connection.flush()
-        while (frame := await connection.next_frame()) is not None:
-            if frame.opcode is Opcode.PONG and frame.data == b"still there?":
-                pong.set()
+        await connection.ping_until_gone(b"still there?", pong)
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
