@@ -143,8 +143,3 @@ def run_client(command: Sequence[str], *, timeout: float, reference: bool = Fals
     except ValueError:  # or log lines first, then a JSON line
         result = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def client_rate(command: Sequence[str], *, timeout: float, reference: bool = False) -> float:
-    """Run a rate client (one JSON line with ``rate``); return its steps per second."""
-    return float(run_client(command, timeout=timeout, reference=reference)["rate"])  # type: ignore[arg-type]

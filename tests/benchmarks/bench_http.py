@@ -21,23 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.benchmarks._servers import client_rate, http_floor_server, our_server
+from tests.benchmarks._pairs import Pair, measure_pairs, our_client, with_scheme
+from tests.benchmarks._servers import http_floor_server, our_server
 
 FACTORY = "tests.envs:AsyncMessageEchoEnv"
-
-
-@dataclass
-class Pair:
-    label: str
-    server: str  # a key of the servers dict
-    client: list[str]  # the client command, the URL appended
-    scheme: str  # what the server's http:// URL becomes for this client
 
 
 def main() -> None:
@@ -47,58 +38,50 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the medians here")
     args = parser.parse_args()
 
-    seconds = ["--seconds", str(args.seconds)]
-    ours = [sys.executable, "-m", "tests.benchmarks.our_client", *seconds]
-    floor = [sys.executable, "-m", "tests.benchmarks.http_floor", "client", *seconds]
-    pairs = [
-        Pair("bare httpx POST loop -> bare Starlette route [uvicorn]", "floor-asyncio", floor, "http"),
-        Pair("openenv http+poll [asyncio] -> openenv server [uvicorn]", "ours-asyncio", [*ours], "http+poll"),
-        Pair(
-            "openenv http+poll msgpack [asyncio] -> openenv [uvicorn]",
-            "ours-asyncio",
-            [*ours, "--encoding", "msgpack"],
-            "http+poll",
-        ),
-        Pair("openenv ws [asyncio] -> openenv server [uvicorn]", "ours-asyncio", [*ours], "ws"),
-        Pair(
-            "bare httpx POST loop [trio] -> bare Starlette route [hypercorn]",
-            "floor-trio",
-            [*floor, "--backend", "trio"],
-            "http",
-        ),
-        Pair(
-            "openenv http+poll [trio] -> openenv server [hypercorn]",
-            "ours-trio",
-            [*ours, "--backend", "trio"],
-            "http+poll",
-        ),
-        Pair("openenv ws [trio] -> openenv server [hypercorn]", "ours-trio", [*ours, "--backend", "trio"], "ws"),
-    ]
-    rates: dict[str, list[float]] = {pair.label: [] for pair in pairs}
-    with ExitStack() as stack:
-        servers = {
-            "floor-asyncio": stack.enter_context(http_floor_server("asyncio")).url,
-            "floor-trio": stack.enter_context(http_floor_server("trio")).url,
-            "ours-asyncio": stack.enter_context(our_server(FACTORY, "asyncio")).url,
-            "ours-trio": stack.enter_context(our_server(FACTORY, "trio")).url,
-        }
-        timeout = args.seconds + 60
-        for run in range(args.runs):
-            for pair in pairs:
-                url = servers[pair.server].replace("http://", f"{pair.scheme}://", 1)
-                rate = client_rate([*pair.client, url], timeout=timeout)
-                rates[pair.label].append(rate)
-                print(f"run {run + 1}/{args.runs}  {pair.label:62} {rate:>9,.0f}/s", file=sys.stderr, flush=True)
+    s = ["--seconds", str(args.seconds)]
 
-    medians = {label: statistics.median(values) for label, values in rates.items()}
-    floors = {"uvicorn": medians[pairs[0].label], "hypercorn": medians[pairs[4].label]}
+    def floor(*options: str) -> Callable[[str], list[str]]:
+        return lambda url: [sys.executable, "-m", "tests.benchmarks.http_floor", "client", url, *s, *options]
+
+    asyncio, trio = our_client(*s), our_client(*s, "--backend", "trio")
+    pairs = [
+        Pair("floor-asyncio", "bare httpx POST loop -> bare Starlette route [uvicorn]", "floor", "floor-asyncio",
+             floor()),
+        Pair("poll-asyncio", "openenv http+poll [asyncio] -> openenv server [uvicorn]", "http+poll", "ours-asyncio",
+             with_scheme("http+poll", asyncio)),
+        Pair("poll-msgpack", "openenv http+poll msgpack [asyncio] -> openenv [uvicorn]", "http+poll",
+             "ours-asyncio", with_scheme("http+poll", our_client(*s, "--encoding", "msgpack"))),
+        Pair("ws-asyncio", "openenv ws [asyncio] -> openenv server [uvicorn]", "ws", "ours-asyncio",
+             with_scheme("ws", asyncio)),
+        Pair("floor-trio", "bare httpx POST loop [trio] -> bare Starlette route [hypercorn]", "floor", "floor-trio",
+             floor("--backend", "trio")),
+        Pair("poll-trio", "openenv http+poll [trio] -> openenv server [hypercorn]", "http+poll", "ours-trio",
+             with_scheme("http+poll", trio)),
+        Pair("ws-trio", "openenv ws [trio] -> openenv server [hypercorn]", "ws", "ours-trio",
+             with_scheme("ws", trio)),
+    ]  # fmt: skip
+    servers = {
+        "floor-asyncio": http_floor_server("asyncio"),
+        "floor-trio": http_floor_server("trio"),
+        "ours-asyncio": our_server(FACTORY, "asyncio"),
+        "ours-trio": our_server(FACTORY, "trio"),
+    }
+    rows = measure_pairs(pairs, servers, args.runs, args.seconds, "http")
+
+    medians = {row["label"]: row["median"] for row in rows}
+    floors = {"uvicorn": rows[0]["median"], "hypercorn": rows[4]["median"]}
     print(f"\nmedians of {args.runs} runs of {args.seconds:g} s; {os.cpu_count()} cores\n")
     print(f"{'pair':64} {'steps/s':>9} {'x bare httpx':>12} {'overhead':>9}")
-    for label, value in medians.items():
+    for row in rows:
+        label, value = row["label"], row["median"]
         bare = floors["hypercorn" if "hypercorn" in label else "uvicorn"]
+        if value is None or not bare:
+            print(f"{label:64} failed: {row['error'] or 'its floor failed'}")
+            continue
         overhead = f"{bare / value - 1:>+8.0%}" if "http+poll" in label else ""
         print(f"{label:64} {value:>9,.0f} {value / bare:>12.2f} {overhead:>9}")
     if args.json:
+        rates = {row["label"]: row["rates"] for row in rows}
         args.json.write_text(
             json.dumps({"runs": args.runs, "seconds": args.seconds, "rates": rates, "medians": medians}, indent=2)
         )

@@ -16,28 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.benchmarks._servers import (
-    REFERENCE_CLIENT,
-    client_rate,
-    our_server,
-    reference_server,
-    ws_floor_server,
-)
+from tests.benchmarks._pairs import Pair, measure_pairs, our_client
+from tests.benchmarks._servers import REFERENCE_CLIENT, our_server, reference_server, ws_floor_server
 from tests.interop.reference_venv import ensure_reference_python
-
-
-@dataclass
-class Pair:
-    label: str
-    server: str  # a key of the servers dict
-    client: list[str]  # the client command, the server URL appended
-    reference: bool = False
 
 
 def main() -> None:
@@ -48,65 +32,50 @@ def main() -> None:
     args = parser.parse_args()
 
     python = ensure_reference_python()
-    ours = [sys.executable, "-m", "tests.benchmarks.our_client", "--seconds", str(args.seconds)]
+    s = ["--seconds", str(args.seconds)]
+    asyncio, trio = our_client(*s, "--backend", "asyncio"), our_client(*s, "--backend", "trio")
+    reference = [str(python), str(REFERENCE_CLIENT)]
     pairs = [
-        Pair("reference client -> reference server (sync env)", "ref-sync", [], reference=True),
-        Pair("reference client -> reference server (step_async env)", "ref-async", [], reference=True),
-        Pair(
-            "openenv [asyncio] -> openenv server [asyncio] (sync env)",
-            "ours-asyncio-sync",
-            [*ours, "--backend", "asyncio"],
-        ),
-        Pair(
-            "openenv [asyncio] -> openenv server [asyncio] (async env)",
-            "ours-asyncio-async",
-            [*ours, "--backend", "asyncio"],
-        ),
-        Pair("openenv [trio] -> openenv server [trio] (sync env)", "ours-trio-sync", [*ours, "--backend", "trio"]),
-        Pair("openenv [trio] -> openenv server [trio] (async env)", "ours-trio-async", [*ours, "--backend", "trio"]),
-        Pair(
-            "openenv [trio] -> openenv server [asyncio] (async env)",
-            "ours-asyncio-async",
-            [*ours, "--backend", "trio"],
-        ),
-        Pair("openenv [asyncio] -> reference server (sync env)", "ref-sync", [*ours, "--backend", "asyncio"]),
-        Pair(
-            "raw websockets client -> websockets echo server",
-            "floor",
-            [sys.executable, "-m", "tests.benchmarks.ws_floor", "client", "--seconds", str(args.seconds)],
-        ),
-    ]
-    rates: dict[str, list[float]] = {pair.label: [] for pair in pairs}
-    with ExitStack() as stack:
-        servers = {
-            "ref-sync": stack.enter_context(reference_server(python)).url,
-            "ref-async": stack.enter_context(reference_server(python, "--async-step")).url,
-            "ours-asyncio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "asyncio")).url,
-            "ours-asyncio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "asyncio")).url,
-            "ours-trio-sync": stack.enter_context(our_server("tests.envs:MessageEchoEnv", "trio")).url,
-            "ours-trio-async": stack.enter_context(our_server("tests.envs:AsyncMessageEchoEnv", "trio")).url,
-            "floor": stack.enter_context(ws_floor_server()).url,
-        }
-        timeout = args.seconds + 60
-        for run in range(args.runs):
-            for pair in pairs:
-                url = servers[pair.server]
-                if pair.reference:
-                    command = [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(args.seconds)]
-                    rate = client_rate(command, timeout=timeout, reference=True)
-                else:
-                    rate = client_rate([*pair.client, url], timeout=timeout)
-                rates[pair.label].append(rate)
-                print(f"run {run + 1}/{args.runs}  {pair.label:60} {rate:>9,.0f}/s", file=sys.stderr, flush=True)
+        Pair("ref-sync", "reference client -> reference server (sync env)", "reference", "ref-sync",
+             lambda url: [*reference, url, *s], reference=True),
+        Pair("ref-async", "reference client -> reference server (step_async env)", "reference", "ref-async",
+             lambda url: [*reference, url, *s], reference=True),
+        Pair("asyncio-sync", "openenv [asyncio] -> openenv server [asyncio] (sync env)", "ws", "ours-asyncio-sync",
+             asyncio),
+        Pair("asyncio-async", "openenv [asyncio] -> openenv server [asyncio] (async env)", "ws",
+             "ours-asyncio-async", asyncio),
+        Pair("trio-sync", "openenv [trio] -> openenv server [trio] (sync env)", "ws", "ours-trio-sync", trio),
+        Pair("trio-async", "openenv [trio] -> openenv server [trio] (async env)", "ws", "ours-trio-async", trio),
+        Pair("trio-asyncio", "openenv [trio] -> openenv server [asyncio] (async env)", "ws", "ours-asyncio-async",
+             trio),
+        Pair("ours-to-ref", "openenv [asyncio] -> reference server (sync env)", "ws", "ref-sync", asyncio),
+        Pair("floor", "raw websockets client -> websockets echo server", "floor", "floor",
+             lambda url: [sys.executable, "-m", "tests.benchmarks.ws_floor", "client", url, *s]),
+    ]  # fmt: skip
+    servers = {
+        "ref-sync": reference_server(python),
+        "ref-async": reference_server(python, "--async-step"),
+        "ours-asyncio-sync": our_server("tests.envs:MessageEchoEnv", "asyncio"),
+        "ours-asyncio-async": our_server("tests.envs:AsyncMessageEchoEnv", "asyncio"),
+        "ours-trio-sync": our_server("tests.envs:MessageEchoEnv", "trio"),
+        "ours-trio-async": our_server("tests.envs:AsyncMessageEchoEnv", "trio"),
+        "floor": ws_floor_server(),
+    }
+    rows = measure_pairs(pairs, servers, args.runs, args.seconds, "websocket")
 
-    medians = {label: statistics.median(values) for label, values in rates.items()}
-    baseline = medians[pairs[0].label]
-    floor = medians[pairs[-1].label]
+    medians = {row["label"]: row["median"] for row in rows}
+    baseline, floor = rows[0]["median"], rows[-1]["median"]
     print(f"\nmedians of {args.runs} runs of {args.seconds:g} s; {os.cpu_count()} cores\n")
     print(f"{'pair':62} {'steps/s':>9} {'x ref(sync)':>11} {'x floor':>8}")
-    for label, value in medians.items():
-        print(f"{label:62} {value:>9,.0f} {value / baseline:>11.2f} {value / floor:>8.2f}")
+    for row in rows:
+        value = row["median"]
+        if value is None:
+            print(f"{row['label']:62} failed: {row['error']}")
+        else:
+            versus = [f"{value / base:.2f}" if base else "-" for base in (baseline, floor)]
+            print(f"{row['label']:62} {value:>9,.0f} {versus[0]:>11} {versus[1]:>8}")
     if args.json:
+        rates = {row["label"]: row["rates"] for row in rows}
         args.json.write_text(
             json.dumps({"runs": args.runs, "seconds": args.seconds, "rates": rates, "medians": medians}, indent=2)
         )

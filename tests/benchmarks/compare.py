@@ -33,13 +33,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.benchmarks import _machine, _plot, _report
 from tests.benchmarks._memory import PeakRSS, rss_kib
+from tests.benchmarks._pairs import Pair, measure_pairs, our_client, say, with_scheme
 from tests.benchmarks._servers import (
     REFERENCE_CLIENT,
     ROOT,
@@ -60,30 +61,6 @@ ACTION = '{"message": "hello"}'
 DOCS = ROOT / "docs"
 
 
-@dataclass
-class Pair:
-    """One client against one server: how to run it, and what its figure is compared with."""
-
-    key: str
-    label: str
-    group: str  # ws, http+poll, inproc, reference, floor
-    server: str  # a key of the servers dict ("" for in-process)
-    client: Callable[[str], list[str]]  # the client command, given the server's URL
-    reference: bool = False  # runs with the reference's python
-    versus: list[str] = field(default_factory=list)  # keys of the pairs to divide by
-
-
-def _ours(*options: str) -> Callable[[str], list[str]]:
-    def command(url: str) -> list[str]:
-        return [sys.executable, "-m", "tests.benchmarks.our_client", url, *options]
-
-    return command
-
-
-def _scheme(scheme: str, client: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
-    return lambda url: client(url.replace("http://", f"{scheme}://", 1))
-
-
 def echo_pairs(python: Path, seconds: float) -> list[Pair]:
     """The small-frame pairs: ours per transport and backend, the reference, the floors."""
     s = ["--seconds", str(seconds)]
@@ -94,23 +71,23 @@ def echo_pairs(python: Path, seconds: float) -> list[Pair]:
         Pair("ref-async", "reference client -> reference server (step_async env)", "reference", "ref-async",
              lambda url: [*ref, url, *s], reference=True),
         Pair("ws-asyncio-sync", "openenv ws [asyncio] -> openenv [uvicorn] (sync env)", "ws", "ours-sync",
-             _ours(*s), versus=["ref-sync", "ws-floor"]),
+             our_client(*s), versus=["ref-sync", "ws-floor"]),
         Pair("ws-asyncio", "openenv ws [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
-             _ours(*s), versus=["ref-async", "ws-floor"]),
+             our_client(*s), versus=["ref-async", "ws-floor"]),
         Pair("ws-trio", "openenv ws [trio] -> openenv [uvicorn] (async env)", "ws", "ours",
-             _ours(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+             our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
         Pair("ws-trio-hypercorn", "openenv ws [trio] -> openenv [hypercorn, trio] (async env)", "ws", "ours-trio",
-             _ours(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+             our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
         Pair("ws-msgpack", "openenv ws msgpack [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
-             _ours(*s, "--encoding", "msgpack"), versus=["ref-async", "ws-floor"]),
+             our_client(*s, "--encoding", "msgpack"), versus=["ref-async", "ws-floor"]),
         Pair("ws-to-ref", "openenv ws [asyncio] -> reference server (sync env)", "ws", "ref-sync",
-             _ours(*s), versus=["ref-sync", "ws-floor"]),
+             our_client(*s), versus=["ref-sync", "ws-floor"]),
         Pair("poll-asyncio", "openenv http+poll [asyncio] -> openenv [uvicorn] (async env)", "http+poll", "ours",
-             _scheme("http+poll", _ours(*s)), versus=["ref-async", "http-floor"]),
+             with_scheme("http+poll", our_client(*s)), versus=["ref-async", "http-floor"]),
         Pair("inproc-asyncio", "openenv inproc [asyncio] (async env, one process)", "inproc", "",
-             lambda _: _ours(*s)(f"inproc://{ECHO}"), versus=["ref-async"]),
+             lambda _: our_client(*s)(f"inproc://{ECHO}"), versus=["ref-async"]),
         Pair("inproc-trio", "openenv inproc [trio] (async env, one process)", "inproc", "",
-             lambda _: _ours(*s, "--backend", "trio")(f"inproc://{ECHO}"), versus=["ref-async"]),
+             lambda _: our_client(*s, "--backend", "trio")(f"inproc://{ECHO}"), versus=["ref-async"]),
         Pair("ws-floor", "raw websockets client -> websockets echo server", "floor", "ws-floor",
              lambda url: [sys.executable, "-m", "tests.benchmarks.ws_floor", "client", url, *s]),
         Pair("http-floor", "bare httpx POST loop -> bare Starlette route [uvicorn]", "floor", "http-floor",
@@ -126,49 +103,16 @@ def blob_pairs(python: Path, seconds: float) -> list[Pair]:
              lambda url: [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(seconds), "--blob"],
              reference=True),
         Pair("ws-json", "openenv ws json [asyncio] -> openenv [uvicorn]", "ws", "ours-blob",
-             _ours(*s), versus=["ref-blob"]),
+             our_client(*s), versus=["ref-blob"]),
         Pair("ws-msgpack", "openenv ws msgpack [asyncio] -> openenv [uvicorn]", "ws", "ours-blob",
-             _ours(*s, "--encoding", "msgpack"), versus=["ref-blob"]),
+             our_client(*s, "--encoding", "msgpack"), versus=["ref-blob"]),
         Pair("poll-json", "openenv http+poll json [asyncio] -> openenv [uvicorn]", "http+poll", "ours-blob",
-             _scheme("http+poll", _ours(*s)), versus=["ref-blob"]),
+             with_scheme("http+poll", our_client(*s)), versus=["ref-blob"]),
         Pair("poll-msgpack", "openenv http+poll msgpack [asyncio] -> openenv [uvicorn]", "http+poll", "ours-blob",
-             _scheme("http+poll", _ours(*s, "--encoding", "msgpack")), versus=["ref-blob"]),
+             with_scheme("http+poll", our_client(*s, "--encoding", "msgpack")), versus=["ref-blob"]),
         Pair("inproc", "openenv inproc [asyncio] (one process)", "inproc", "",
-             lambda _: _ours(*s)(f"inproc://{BLOB}"), versus=["ref-blob"]),
+             lambda _: our_client(*s)(f"inproc://{BLOB}"), versus=["ref-blob"]),
     ]  # fmt: skip
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def measure_pairs(
-    pairs: list[Pair], servers: dict[str, AbstractContextManager[Server]], runs: int, seconds: float, title: str
-) -> list[dict[str, Any]]:
-    """Run every pair ``runs`` times, interleaved; a pair that fails keeps its error instead of a figure."""
-    rows = {pair.key: {"key": pair.key, "label": pair.label, "group": pair.group, "versus": pair.versus,
-                       "rates": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
-    with ExitStack() as stack:
-        urls = {name: stack.enter_context(server).url for name, server in servers.items()}
-        for run in range(runs):
-            for pair in pairs:
-                row = rows[pair.key]
-                if row["error"]:
-                    continue
-                try:
-                    figures = run_client(
-                        pair.client(urls.get(pair.server, "")), timeout=seconds + 90, reference=pair.reference
-                    )
-                except Exception as error:  # a pair that cannot run is a finding, not the end of the run
-                    row["error"] = str(error).strip().splitlines()[-1][:300]
-                    _say(f"{title} run {run + 1}/{runs}  {pair.label:62} FAILED: {row['error']}")
-                    continue
-                row["rates"].append(float(figures["rate"]))
-                row["payload_bytes"] = int(figures.get("payload_bytes", 0))
-                _say(f"{title} run {run + 1}/{runs}  {pair.label:62} {row['rates'][-1]:>9,.1f}/s")
-    for row in rows.values():
-        row["median"] = statistics.median(row["rates"]) if row["rates"] else None
-    return list(rows.values())
 
 
 @dataclass
@@ -245,12 +189,12 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
                         raise RuntimeError(f"every session failed: {result['error_examples'][:1]}")
                 except Exception as error:  # recorded: a server that cannot hold C sessions is a finding
                     row["error"] = str(error).strip().splitlines()[-1][:300]
-                    _say(f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} FAILED: {row['error']}")
+                    say(f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} FAILED: {row['error']}")
                     continue
                 row["runs"].append(result)
                 row["idle_kib"].append(idle)
                 row["peak_kib"].append(peak.peak)
-                _say(
+                say(
                     f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} "
                     f"{result['steps_per_second']:>8,.0f}/s  p99 {result['latency_ms']['p99']:>7.1f} ms  "
                     f"{(peak.peak - idle) / count:>7.0f} KiB/session  errors {result['errors']}"
@@ -276,7 +220,7 @@ def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run the three parts; return everything the page and the plot are made from."""
-    python = ensure_reference_python(log=_say)
+    python = ensure_reference_python(log=say)
     meta: dict[str, Any] = {
         "quick": args.quick, "runs": args.runs, "seconds": args.seconds, "scale_seconds": args.scale_seconds,
         "scale_runs": args.scale_runs,
@@ -338,7 +282,7 @@ def main() -> None:
     (args.out / "img").mkdir(parents=True, exist_ok=True)
     _plot.plot(results, args.out / "img" / "benchmarks.png")
     (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
-    _say(f"wrote {args.out / 'benchmarks.md'}, {args.out / 'benchmarks.json'}, {args.out / 'img' / 'benchmarks.png'}")
+    say(f"wrote {args.out / 'benchmarks.md'}, {args.out / 'benchmarks.json'}, {args.out / 'img' / 'benchmarks.png'}")
 
 
 if __name__ == "__main__":

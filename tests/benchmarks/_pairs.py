@@ -1,0 +1,81 @@
+"""Client/server pairs of the benchmark scripts, and the interleaved runs that measure them.
+
+Every client prints one JSON line with its ``rate`` (steps per second); each pair
+runs ``runs`` times, the pairs interleaved run by run so that drift hits all alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.benchmarks._servers import Server, run_client
+
+
+@dataclass
+class Pair:
+    """One client against one server: how to run it, and what its figure is compared with."""
+
+    key: str
+    label: str
+    group: str  # ws, http+poll, inproc, reference, floor
+    server: str  # a key of the servers dict ("" for in-process)
+    client: Callable[[str], list[str]]  # the client command, given the server's URL
+    reference: bool = False  # runs with the reference's python
+    versus: list[str] = field(default_factory=list)  # keys of the pairs to divide by
+
+
+def our_client(*options: str) -> Callable[[str], list[str]]:
+    """The command of `tests.benchmarks.our_client` against a URL, with ``options``."""
+
+    def command(url: str) -> list[str]:
+        return [sys.executable, "-m", "tests.benchmarks.our_client", url, *options]
+
+    return command
+
+
+def with_scheme(scheme: str, client: Callable[[str], list[str]]) -> Callable[[str], list[str]]:
+    """``client`` given the server's ``http://`` URL with ``scheme`` instead (``ws``, ``http+poll``)."""
+    return lambda url: client(url.replace("http://", f"{scheme}://", 1))
+
+
+def say(message: str) -> None:
+    """Progress, on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_pairs(
+    pairs: list[Pair], servers: dict[str, AbstractContextManager[Server]], runs: int, seconds: float, title: str
+) -> list[dict[str, Any]]:
+    """Run every pair ``runs`` times, interleaved; a pair that fails keeps its error instead of a figure.
+
+    Returns one row per pair: its key, label, group, versus, rates, median
+    (``None`` if it failed), payload_bytes and error.
+    """
+    rows = {pair.key: {"key": pair.key, "label": pair.label, "group": pair.group, "versus": pair.versus,
+                       "rates": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(server).url for name, server in servers.items()}
+        for run in range(runs):
+            for pair in pairs:
+                row = rows[pair.key]
+                if row["error"]:
+                    continue
+                try:
+                    figures = run_client(
+                        pair.client(urls.get(pair.server, "")), timeout=seconds + 90, reference=pair.reference
+                    )
+                except Exception as error:  # a pair that cannot run is a finding, not the end of the run
+                    row["error"] = str(error).strip().splitlines()[-1][:300]
+                    say(f"{title} run {run + 1}/{runs}  {pair.label:62} FAILED: {row['error']}")
+                    continue
+                row["rates"].append(float(figures["rate"]))
+                row["payload_bytes"] = int(figures.get("payload_bytes", 0))
+                say(f"{title} run {run + 1}/{runs}  {pair.label:62} {row['rates'][-1]:>9,.1f}/s")
+    for row in rows.values():
+        row["median"] = statistics.median(row["rates"]) if row["rates"] else None
+    return list(rows.values())
