@@ -15,21 +15,32 @@ from ._exceptions import (
     ExecutionError,
     FactoryError,
     InvalidJSONError,
+    MCPError,
     OpenEnvError,
     ProtocolError,
     ReplyValidationError,
     ServerError,
     SessionError,
     TimeoutError,
+    ToolCallError,
     TransportError,
     UnknownTypeError,
     UnsupportedSchemeError,
     ValidationError,
 )
+from ._mcp_types import (
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    Tool,
+    ToolError,
+)
 from ._messages import Dialect
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
 from ._serve import serve
 from ._sync import SyncEnvClient
+from ._tools import MCPEnvironment, tool
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
 
@@ -40,6 +51,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "USE_CLIENT_DEFAULT",
     "Action",
+    "CallToolAction",
+    "CallToolObservation",
     "CapacityReachedError",
     "ClientStateError",
     "ConnectError",
@@ -52,6 +65,10 @@ __all__ = [
     "ExecutionError",
     "FactoryError",
     "InvalidJSONError",
+    "ListToolsAction",
+    "ListToolsObservation",
+    "MCPEnvironment",
+    "MCPError",
     "Observation",
     "OpenEnvError",
     "ProtocolError",
@@ -62,6 +79,9 @@ __all__ = [
     "StepResult",
     "SyncEnvClient",
     "TimeoutError",
+    "Tool",
+    "ToolCallError",
+    "ToolError",
     "Transport",
     "TransportError",
     "UnknownTypeError",
@@ -72,4 +92,5 @@ __all__ = [
     "register_transport",
     "registered_schemes",
     "serve",
+    "tool",
 ]

@@ -19,14 +19,17 @@ from ._exceptions import (
     ConnectError,
     ConnectionClosed,
     EncodingError,
+    MCPError,
     OpenEnvError,
     ProtocolError,
     ReplyValidationError,
     TimeoutError,
+    ToolCallError,
     server_error_from_frame,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
-from ._messages import ErrorReply, ObservationReply, StateReply
+from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
+from ._messages import ErrorReply, MCPMessage, ObservationReply, StateReply
 from ._registry import create_transport
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
@@ -192,6 +195,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._unanswered: deque[int] = deque()
         self._observation_is_struct = False
         self._observation_is_frozen = False
+        # Decodes the replies of list_tools and call_tool, whatever the client's types; built on first use.
+        self._tool_codec: ClientCodec[Any, Any, Any] | None = None
+        self._jsonrpc_id = 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
@@ -480,6 +486,163 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
         return reply.data
 
+    # -- MCP tool environments --------------------------------------------------
+
+    def _tool_codec_or_raise(self) -> ClientCodec[Any, Any, Any]:
+        codec = self._codec_or_raise()
+        if self._tool_codec is None:
+            self._tool_codec = ClientCodec(
+                codec.dialect, observation_type=ListToolsObservation | CallToolObservation, state_type=dict
+            )
+        return self._tool_codec
+
+    async def _tool_step(self, action: Any, timeout: float | _UseClientDefault | None) -> Any:
+        tool_codec = self._tool_codec_or_raise()
+        reply = await self._request(lambda request_id: tool_codec.step(action, request_id), timeout, tool_codec)
+        if not isinstance(reply, ObservationReply):
+            raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
+        return reply.data.observation
+
+    async def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
+        """List the tools of an MCP tool environment.
+
+        Sends a `ListToolsAction` step, as OpenEnv's ``MCPToolClient`` does, so
+        it works over every transport and against OpenEnv's servers; no `reset`
+        is needed first.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
+
+        Returns:
+            One `Tool` per tool: its name, description and argument schema.
+
+        Raises:
+            ValidationError: The environment has no tools (it refused the action).
+            ReplyValidationError: The reply is not a list of tools.
+            ServerError: Any other error frame.
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            ClientStateError: The client is not connected, or is closed.
+
+        Examples:
+            ```python
+            from openenv.examples.echo import EchoEnv
+
+            async with EchoEnv("ws://127.0.0.1:8000") as env:
+                for tool in await env.list_tools():
+                    print(tool.name, tool.input_schema["required"])  # echo_message ['message'] ...
+            ```
+        """
+        observation = await self._tool_step(ListToolsAction(), timeout)
+        if not isinstance(observation, ListToolsObservation):
+            raise ReplyValidationError(f"expected a list of tools, got {type(observation).__name__}")
+        return observation.tools
+
+    async def call_tool(
+        self, name: str, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
+    ) -> Any:
+        """Call one tool of an MCP tool environment and return its result.
+
+        Sends a `CallToolAction` step, as OpenEnv's ``MCPToolClient`` does (so
+        the environment counts it as a step). For the reward and the whole
+        observation, ``step(CallToolAction(...))`` instead.
+
+        Args:
+            name: The tool's name.
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
+            **arguments: The tool's arguments.
+
+        Returns:
+            What the tool returned (plain data: a dict, a list, a string, ...).
+
+        Raises:
+            ToolCallError: The tool failed (unknown, bad arguments, or it raised);
+                it carries the tool's error. The session survives.
+            ValidationError: The environment has no tools (it refused the action).
+            ServerError: Any other error frame.
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            EncodingError: An argument cannot be encoded.
+            ClientStateError: The client is not connected, or is closed.
+
+        Examples:
+            ```python
+            from openenv.examples.echo import EchoEnv
+
+            async with EchoEnv("ws://127.0.0.1:8000") as env:
+                print(await env.call_tool("echo_with_length", message="Hello!"))  # {'message': 'Hello!', 'length': 6}
+            ```
+        """
+        observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
+        if not isinstance(observation, CallToolObservation):
+            raise ReplyValidationError(f"expected the result of a tool call, got {type(observation).__name__}")
+        error = observation.error
+        if error is not None:
+            raise ToolCallError(name, error.error_type, error.message)
+        result = observation.result
+        # An environment built on FastMCP (as OpenEnv's are) wraps the value in a
+        # CallToolResult; its plain value is under "data".
+        if isinstance(result, dict) and "data" in result and "content" in result:
+            return result["data"]
+        return result
+
+    async def mcp(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
+    ) -> Any:
+        """Send one MCP (JSON-RPC 2.0) request in an ``mcp`` frame and return its result.
+
+        The request goes to the session's own environment, bypassing `step` (no
+        reward, no step counted), as ``{"type": "mcp", ...}`` frames do on OpenEnv's
+        servers.
+
+        Args:
+            method: The JSON-RPC method: ``"tools/list"``, ``"tools/call"``, ...
+            params: Its parameters (``{"name": ..., "arguments": {...}}`` for a call).
+            timeout: Seconds to wait for the reply, instead of the client's
+                `timeout` (``None``: no limit).
+
+        Returns:
+            The response's ``result``.
+
+        Raises:
+            MCPError: The response is an error (its JSON-RPC ``code``, ``message``
+                and ``data``); the session survives.
+            ProtocolError: The reply is not an ``mcp`` frame.
+            ServerError: An error frame (the server does not take ``mcp`` frames:
+                ``UNKNOWN_TYPE``).
+            TimeoutError: No reply within the timeout; the session survives.
+            ConnectionClosed: The server closed the connection, or it broke.
+            EncodingError: A parameter cannot be encoded.
+            ClientStateError: The client is not connected, or is closed.
+
+        Examples:
+            ```python
+            from openenv.examples.echo import EchoEnv
+
+            async with EchoEnv("ws://127.0.0.1:8000") as env:
+                result = await env.mcp("tools/call", {"name": "echo_message", "arguments": {"message": "hi"}})
+                print(result["data"])  # hi
+            ```
+        """
+        codec = self._codec_or_raise()
+        self._jsonrpc_id += 1
+        message = {"jsonrpc": "2.0", "method": method, "params": params or {}, "id": self._jsonrpc_id}
+        reply = await self._request(lambda request_id: codec.mcp(message, request_id), timeout)
+        if not isinstance(reply, MCPMessage):
+            raise ProtocolError(f"expected an mcp reply, got {type(reply).__name__}")
+        error = reply.data.get("error")
+        if error is not None:
+            if not isinstance(error, dict):
+                raise ProtocolError(f"malformed JSON-RPC error: {error!r}")
+            raise MCPError(int(error.get("code", 0)), str(error.get("message", "")), error.get("data"))
+        return reply.data.get("result")
+
     # Zero-cost coroutine aliases (the very same functions), as OpenEnv names them.
     # They await the reply like the methods above; this is not Gymnasium's
     # send-now-wait-later.
@@ -510,13 +673,18 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return StepResult(observation, data.reward, data.done)
 
     async def _request(
-        self, encode: Callable[[int], bytes], timeout: float | _UseClientDefault | None
-    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+        self,
+        encode: Callable[[int], bytes],
+        timeout: float | _UseClientDefault | None,
+        codec: ClientCodec[Any, Any, Any] | None = None,
+    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
         if timeout is USE_CLIENT_DEFAULT:
             timeout = self.timeout
         assert self._lock is not None
         async with self._lock:
-            codec = self._codec_or_raise()
+            own_codec = self._codec_or_raise()
+            if codec is None:
+                codec = own_codec
             transport = self._transport
             assert transport is not None
             self._next_id += 1
@@ -540,7 +708,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         frame: bytes,
         request_id: int,
         deadline: float,
-    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
         """Send one request and return its reply; late replies of earlier calls are dropped."""
         try:
             if codec.dialect.request_ids:
@@ -581,7 +749,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     async def _receive_reply(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
-    ) -> ObservationReply[ObsT] | StateReply[StateT]:
+    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
         use_ids = codec.dialect.request_ids
         while True:
             frame = await transport.receive()
@@ -617,7 +785,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         raise closed
 
     @staticmethod
-    def _drop_late_reply(reply: ObservationReply[ObsT] | StateReply[StateT] | ErrorReply) -> None:
+    def _drop_late_reply(reply: ObservationReply[ObsT] | StateReply[StateT] | ErrorReply | MCPMessage) -> None:
         """Drop the reply of a call that timed out or was cancelled; unless it is fatal."""
         if isinstance(reply, ErrorReply):
             error = server_error_from_frame(reply.data)

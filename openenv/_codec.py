@@ -17,6 +17,7 @@ from ._messages import (
     Dialect,
     ErrorReply,
     IncomingRequest,
+    MCPMessage,
     ObservationData,
     ObservationReply,
     ResetRequest,
@@ -25,6 +26,7 @@ from ._messages import (
     StepRequest,
 )
 from ._types import ActT, ObsT, StateT
+from ._unions import StructUnionDecoder, struct_union_members
 
 __all__ = ["ClientCodec", "RequestError", "ServerCodec", "validation_errors"]
 
@@ -38,13 +40,13 @@ def _encoder(dialect: Dialect) -> msgspec.json.Encoder | msgspec.msgpack.Encoder
     return msgspec.json.Encoder()
 
 
-def _decoder(dialect: Dialect, type_: Any) -> Any:
+def _decoder(dialect: Dialect, type_: Any, *, strict: bool = True) -> Any:
     if dialect.encoding == "msgpack":
-        return msgspec.msgpack.Decoder(type_)
-    return msgspec.json.Decoder(type_)
+        return msgspec.msgpack.Decoder(type_, strict=strict)
+    return msgspec.json.Decoder(type_, strict=strict)
 
 
-Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply]  # noqa: UP007 - a runtime type for msgspec
+Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply, MCPMessage]  # noqa: UP007 - a runtime type for msgspec
 
 
 class ClientCodec(Generic[ActT, ObsT, StateT]):
@@ -52,7 +54,9 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
 
     Args:
         dialect: The dialect the transport negotiated.
-        observation_type: The type observations are decoded into (``dict`` for none).
+        observation_type: The type observations are decoded into (``dict`` for
+            none); a union of Structs (``A | B``) decodes each observation into
+            the member it fits (see `openenv._unions.StructUnionDecoder`).
         state_type: The type states are decoded into (``dict`` for none).
     """
 
@@ -60,7 +64,16 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         self.dialect = dialect
         self._request_ids = dialect.request_ids
         self._encode = _encoder(dialect).encode
-        reply_type = Union[ObservationReply[observation_type], StateReply[state_type], ErrorReply]  # noqa: UP007
+        members = struct_union_members(observation_type)
+        # A union of Structs is decoded in two steps: the reply with its observation
+        # left raw, then the observation into the member it fits.
+        self._observation_union = (
+            StructUnionDecoder(members, encoding=dialect.encoding) if members is not None else None
+        )
+        wire_observation = msgspec.Raw if members is not None else observation_type
+        reply_type = Union[  # noqa: UP007
+            ObservationReply[wire_observation], StateReply[state_type], ErrorReply, MCPMessage
+        ]
         self._decode = _decoder(dialect, reply_type).decode
         # A reply that fails to validate is decoded again, loosely, to tell a
         # malformed frame (a protocol error) from one that does not fit our types.
@@ -120,7 +133,23 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         """
         return self._encode(CloseRequest())
 
-    def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply:
+    def mcp(self, message: dict[str, Any], request_id: int) -> bytes:
+        """Encode an ``mcp`` request carrying a JSON-RPC 2.0 request.
+
+        Args:
+            message: The JSON-RPC request (``jsonrpc``, ``method``, ``params``, ``id``).
+            request_id: The request's id, written only if the dialect has ids.
+
+        Returns:
+            The frame.
+
+        Raises:
+            TypeError: A value of a type msgspec cannot encode.
+            msgspec.EncodeError: A value msgspec cannot encode.
+        """
+        return self._encode(MCPMessage(data=message, id=self._id(request_id)))
+
+    def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply | MCPMessage:
         """Decode one reply frame.
 
         Args:
@@ -134,7 +163,18 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
             ReplyValidationError: It is one, but its data does not fit the client's types.
         """
         try:
-            return self._decode(frame)  # type: ignore[no-any-return]
+            reply = self._decode(frame)
+            if self._observation_union is not None and isinstance(reply, ObservationReply):
+                data = reply.data
+                observation = self._observation_union.decode(data.observation)
+                # The client sets reward and done only on a single Struct type; do it here.
+                if observation.__struct_config__.frozen:
+                    observation = msgspec.structs.replace(observation, reward=data.reward, done=data.done)
+                else:
+                    observation.reward = data.reward
+                    observation.done = data.done
+                data.observation = observation
+            return reply  # type: ignore[no-any-return]
         except msgspec.ValidationError as exc:
             try:
                 self._decode_loose(frame)
@@ -231,17 +271,38 @@ class ServerCodec(Generic[ActT]):
 
     Args:
         dialect: The dialect the transport negotiated.
-        action_type: The type step data is decoded into (``dict`` for none).
+        action_type: The type step data is decoded into (``dict`` for none); a
+            union of Structs (``A | B``) decodes each action into the member it fits.
+        strict: Validate actions in msgspec's strict mode. By default (``False``)
+            a number may also come as a numeric string, and an ``int`` as an
+            integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's
+            pydantic models accept them.
     """
 
-    def __init__(self, dialect: Dialect, *, action_type: Any) -> None:
+    def __init__(self, dialect: Dialect, *, action_type: Any, strict: bool = False) -> None:
         self.dialect = dialect
         self._request_ids = dialect.request_ids
         self._encode = _encoder(dialect).encode
         self._decode_request = _decoder(dialect, IncomingRequest).decode
-        self._decode_action = _decoder(dialect, action_type).decode
+        members = struct_union_members(action_type)
+        if members is not None:
+            self._decode_action = StructUnionDecoder(members, encoding=dialect.encoding, strict=strict).decode
+        else:
+            self._decode_action = _decoder(dialect, action_type, strict=strict).decode
         self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
         self._decode_any = _decoder(dialect, Any).decode
+
+    def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:
+        try:
+            value = self._decode_any(raw) if raw else None
+        except msgspec.DecodeError:
+            value = None
+        return RequestError(
+            "VALIDATION_ERROR",
+            "Invalid message",
+            extra={"errors": validation_errors(exc, value)},
+            request_id=request_id,
+        )
 
     def decode_request(self, frame: bytes) -> tuple[str, Any, int | None]:
         """Decode one request frame.
@@ -251,13 +312,14 @@ class ServerCodec(Generic[ActT]):
 
         Returns:
             ``(type, data, id)``: ``data`` is the action for a step, the keyword
-            arguments for a reset, ``None`` otherwise; ``id`` is ``None`` unless the
-            dialect carries request ids.
+            arguments for a reset, the JSON-RPC request (a dict) for an ``mcp``
+            request, ``None`` otherwise; ``id`` is ``None`` unless the dialect
+            carries request ids.
 
         Raises:
             RequestError: With the code OpenEnv gives: ``INVALID_JSON`` for a frame
                 that does not parse, ``UNKNOWN_TYPE``, or ``VALIDATION_ERROR`` for
-                bad data.
+                bad data (always with an ``errors`` list).
         """
         try:
             request = self._decode_request(frame)
@@ -270,28 +332,26 @@ class ServerCodec(Generic[ActT]):
         raw = request.data
         if kind == "step":
             if not raw:
-                raise RequestError("VALIDATION_ERROR", "Invalid message: step has no data", request_id=request_id)
+                missing = {"type": "missing", "loc": ["data"], "msg": "Field required", "input": {"type": "step"}}
+                raise RequestError(
+                    "VALIDATION_ERROR", "Invalid message", extra={"errors": [missing]}, request_id=request_id
+                )
             try:
                 return kind, self._decode_action(raw), request_id
             except msgspec.ValidationError as exc:
-                raise RequestError(
-                    "VALIDATION_ERROR",
-                    "Invalid message",
-                    extra={"errors": validation_errors(exc, self._decode_any(raw))},
-                    request_id=request_id,
-                ) from exc
-        if kind == "reset":
+                raise self._invalid(exc, raw, request_id) from exc
+        if kind in ("reset", "mcp"):
             if not raw:
-                return kind, {}, request_id
+                if kind == "reset":
+                    return kind, {}, request_id
+                missing = {"type": "missing", "loc": ["data"], "msg": "Field required", "input": {"type": "mcp"}}
+                raise RequestError(
+                    "VALIDATION_ERROR", "Invalid message", extra={"errors": [missing]}, request_id=request_id
+                )
             try:
                 return kind, self._decode_kwargs(raw), request_id
             except msgspec.ValidationError as exc:
-                raise RequestError(
-                    "VALIDATION_ERROR",
-                    "Invalid message",
-                    extra={"errors": validation_errors(exc)},
-                    request_id=request_id,
-                ) from exc
+                raise self._invalid(exc, raw, request_id) from exc
         if kind in ("state", "close"):
             return kind, None, request_id
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
@@ -335,6 +395,18 @@ class ServerCodec(Generic[ActT]):
             The frame.
         """
         return self._encode(StateReply(data=state, id=request_id))
+
+    def mcp(self, response: dict[str, Any], request_id: int | None) -> bytes:
+        """Encode an ``mcp`` reply carrying a JSON-RPC 2.0 response.
+
+        Args:
+            response: The JSON-RPC response.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+        """
+        return self._encode(MCPMessage(data=response, id=request_id))
 
     def error(
         self, code: str, message: str, *, extra: dict[str, Any] | None = None, request_id: int | None = None

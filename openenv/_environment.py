@@ -119,11 +119,16 @@ class Environment(Generic[ActT, ObsT, StateT]):
             set from the first type parameter, or in the class body.
         observation_type: The observation type, for ``GET /schema``.
         state_type: The state type, for ``GET /schema``.
+        strict_validation: Validate actions strictly. By default (``False``) a
+            number may also arrive as a numeric string and an ``int`` as an
+            integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's pydantic
+            models accept; set it to ``True`` in the class body to refuse them.
     """
 
     action_type: Any = dict
     observation_type: Any = dict
     state_type: Any = dict
+    strict_validation: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

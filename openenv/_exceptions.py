@@ -18,6 +18,8 @@ OpenEnvError
 ├── UnsupportedSchemeError      (ValueError)      no transport for the URL's scheme
 ├── EncodingError               (TypeError)       a request cannot be encoded (not serialisable)
 ├── ReplyValidationError        (ValueError)      a reply does not fit the client's types
+├── ToolCallError                                 a tool of an MCP environment failed (session survives)
+├── MCPError                                      a JSON-RPC error answered an ``mcp`` request
 └── ServerError                                   the server answered with an error frame
     ├── InvalidJSONError            INVALID_JSON      (session survives)
     ├── UnknownTypeError            UNKNOWN_TYPE      (session survives)
@@ -43,12 +45,14 @@ __all__ = [
     "ExecutionError",
     "FactoryError",
     "InvalidJSONError",
+    "MCPError",
     "OpenEnvError",
     "ProtocolError",
     "ReplyValidationError",
     "ServerError",
     "SessionError",
     "TimeoutError",
+    "ToolCallError",
     "TransportError",
     "UnknownTypeError",
     "UnsupportedSchemeError",
@@ -441,6 +445,66 @@ class SessionError(ServerError):
 
     code_name = "SESSION_ERROR"
     fatal = True
+
+
+class ToolCallError(OpenEnvError):
+    """A tool of an MCP environment failed: `EnvClient.call_tool` got an observation with an error.
+
+    The session survives.
+
+    Examples:
+        ```python
+        import openenv
+        from openenv.examples.echo import EchoEnv
+
+        async with EchoEnv("ws://127.0.0.1:8000") as env:
+            try:
+                await env.call_tool("no_such_tool")
+            except openenv.ToolCallError as exc:
+                print(exc.tool_name, exc.error_type)  # no_such_tool tool_not_found
+        ```
+
+    Args:
+        tool_name: The tool called.
+        error_type: The kind of failure, as OpenEnv names it (``tool_not_found``,
+            ``invalid_args``, ``execution_error``, ``timeout``, ``transport_error``).
+        message: The tool's error message.
+
+    Attributes:
+        tool_name: The tool called.
+        error_type: The kind of failure.
+        message: The tool's error message.
+    """
+
+    def __init__(self, tool_name: str, error_type: str, message: str) -> None:
+        super().__init__(f"tool {tool_name!r} failed ({error_type}): {message}")
+        self.tool_name = tool_name
+        self.error_type = error_type
+        self.message = message
+
+
+class MCPError(OpenEnvError):
+    """The server answered an ``mcp`` request (JSON-RPC 2.0) with an error.
+
+    The session survives.
+
+    Args:
+        code: The JSON-RPC error code (``-32601`` method not found, ``-32602``
+            invalid params, ``-32603`` internal error, ...).
+        message: The error's message.
+        data: The error's ``data``, if any.
+
+    Attributes:
+        code: The JSON-RPC error code.
+        message: The error's message.
+        data: The error's ``data``, or ``None``.
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{message} (JSON-RPC error {code})")
+        self.code = code
+        self.message = message
+        self.data = data
 
 
 _BY_CODE: dict[str, type[ServerError]] = {

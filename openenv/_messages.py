@@ -7,9 +7,11 @@ client -> server   {"type": "reset", "data": {...reset kwargs}}
                    {"type": "step",  "data": {...action fields}}
                    {"type": "state"}
                    {"type": "close"}
+                   {"type": "mcp",   "data": {...JSON-RPC 2.0 request}}
 server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}
                    {"type": "state", "data": {...state fields}}
                    {"type": "error", "data": {"message": "...", "code": "...", ...}}
+                   {"type": "mcp",   "data": {...JSON-RPC 2.0 response}}
 ```
 
 A dialect that negotiated request ids adds ``"id": n`` to each request and
@@ -29,6 +31,7 @@ __all__ = [
     "Dialect",
     "ErrorReply",
     "IncomingRequest",
+    "MCPMessage",
     "ObservationData",
     "ObservationReply",
     "ResetRequest",
@@ -89,11 +92,18 @@ class CloseRequest(_Frame, tag="close"):
     """End the session; the server sends no reply."""
 
 
+class MCPMessage(_Frame, tag="mcp"):
+    """An MCP message, either way: ``data`` is a JSON-RPC 2.0 request, or its response."""
+
+    data: dict[str, Any]
+
+
 class ObservationData(msgspec.Struct, Generic[ObsT]):
     """The ``data`` of an observation reply: done and reward sit beside the observation."""
 
     observation: ObsT
-    reward: float | None = None
+    # Kept as sent: OpenEnv allows bool, int and float rewards.
+    reward: bool | int | float | None = None
     done: bool = False
 
 

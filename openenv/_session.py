@@ -21,6 +21,7 @@ import msgspec
 from ._codec import RequestError, ServerCodec
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
+from ._tools import mcp_unsupported
 
 __all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
 
@@ -67,16 +68,25 @@ class ServerSession:
     Args:
         env: The environment instance this session owns (it closes it).
         dialect: The dialect its transport negotiated; plain OpenEnv by default.
+        strict: Validate actions strictly (no numeric strings for numbers, no
+            floats for ints); ``None`` takes the environment's
+            ``strict_validation`` (``False`` by default, as OpenEnv is lax).
 
     Attributes:
         env: The environment instance.
         dialect: The dialect of its frames.
     """
 
-    def __init__(self, env: Any, *, dialect: Dialect = Dialect()) -> None:
+    def __init__(self, env: Any, *, dialect: Dialect = Dialect(), strict: bool | None = None) -> None:
         self.env = env
         self.dialect = dialect
-        self.codec: ServerCodec[Any] = ServerCodec(dialect, action_type=getattr(env, "action_type", dict))
+        if strict is None:
+            strict = bool(getattr(env, "strict_validation", False))
+        self.codec: ServerCodec[Any] = ServerCodec(
+            dialect, action_type=getattr(env, "action_type", dict), strict=strict
+        )
+        handle_mcp = getattr(env, "handle_mcp", None)
+        self._mcp = handle_mcp if callable(handle_mcp) else None
         self._limiter = anyio.CapacityLimiter(1)
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
@@ -145,6 +155,9 @@ class ServerSession:
                 return self.codec.observation(observation, request_id)
             if kind == "state":
                 return self.codec.state(await self._state(), request_id)
+            if kind == "mcp":
+                response = await self._mcp(data) if self._mcp is not None else mcp_unsupported(data)
+                return self.codec.mcp(response, request_id)
             await self.aclose()
             return None
         except RequestError as exc:

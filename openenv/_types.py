@@ -64,13 +64,15 @@ class Observation(msgspec.Struct, kw_only=True):
 
     Attributes:
         done: Whether the episode has ended.
-        reward: The reward of the last step, if any.
+        reward: The reward of the last step, if any: a number (kept as the
+            server sent it, ``int`` or ``float``), a bool, or ``None``, as
+            OpenEnv's ``Observation`` allows.
         metadata: Free-form data kept on the server side; as in OpenEnv it is not
             sent over the wire.
     """
 
     done: bool = False
-    reward: float | None = None
+    reward: bool | int | float | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -105,10 +107,11 @@ class StepResult(msgspec.Struct, Generic[ObsT], frozen=True):
     Attributes:
         observation: The observation, of the client's observation type (a dict for
             an untyped client).
-        reward: The reward the server reported, or ``None``.
+        reward: The reward the server reported, of the type it had on the wire
+            (``int``, ``float`` or ``bool``), or ``None``.
         done: Whether the episode has ended.
     """
 
     observation: ObsT
-    reward: float | None = None
+    reward: bool | int | float | None = None
     done: bool = False

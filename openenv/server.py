@@ -8,14 +8,19 @@ happens in `ServerSession`.
 from ._environment import Environment, EnvironmentMetadata
 from ._loading import load_factory
 from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
+from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 
 __all__ = [
     "Environment",
     "EnvironmentMetadata",
+    "MCPEnvironment",
     "ServerSession",
     "encode_fatal_error",
     "factory_name",
     "host_session",
+    "jsonrpc_error",
     "load_factory",
+    "mcp_unsupported",
     "serve_frames",
+    "tool",
 ]

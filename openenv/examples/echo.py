@@ -1,9 +1,13 @@
-"""The echo environment, shaped like the one in OpenEnv's documentation, and its client.
+"""The echo environment, as OpenEnv's MCP ``echo_env`` is, and its client.
 
-The action calls one of two tools: ``echo_message`` echoes ``arguments["message"]``;
-``echo_with_length`` also reports its length. The reward is a tenth of the
-message's length. Serve it with ``openenv serve openenv.examples.echo:EchoEnvironment``
-or use it in-process as ``inproc://openenv.examples.echo:EchoEnvironment``.
+A tool environment (`openenv.MCPEnvironment`) with two tools: ``echo_message``
+echoes ``message``; ``echo_with_length`` also reports its length. As in
+OpenEnv's echo_env, a reset answers with an empty observation, a
+`ListToolsAction` step with the tools, and a `CallToolAction` step with the
+tool's ``result`` (or an ``error``). Each call's observation also carries the
+``echoed_message``, and its reward is a tenth of the message's length. Serve
+it with ``openenv serve openenv.examples.echo:EchoEnvironment`` or use it
+in-process as ``inproc://openenv.examples.echo:EchoEnvironment``.
 
 Examples:
     ```python
@@ -13,68 +17,70 @@ Examples:
         await env.reset()
         result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hi"}))
         assert result.observation.echoed_message == "Hi"
+        assert result.observation.result == "Hi"
+        assert await env.call_tool("echo_with_length", message="Hi") == {"message": "Hi", "length": 2}
     ```
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
+from .. import (
+    CallToolAction,
+    CallToolObservation,
+    EnvClient,
+    ListToolsAction,
+    ListToolsObservation,
+    Observation,
+    State,
+    ToolError,
+    tool,
+)
+from ..server import MCPEnvironment
 
-from .. import Action, EnvClient, Observation, State
-from ..server import Environment
-
-__all__ = ["CallToolAction", "EchoEnv", "EchoEnvironment", "EchoObservation", "EchoState"]
-
-TOOLS = ("echo_message", "echo_with_length")
-
-
-class CallToolAction(Action):
-    """Call one of the environment's tools.
-
-    Attributes:
-        tool_name: ``"echo_message"`` or ``"echo_with_length"``.
-        arguments: The tool's arguments; both tools take ``message``.
-    """
-
-    # The examples reach the JSON Schema at /schema, from which tools such as
-    # `openenv bench` build a valid action.
-    tool_name: Annotated[str, msgspec.Meta(examples=list(TOOLS))]
-    arguments: Annotated[dict[str, Any], msgspec.Meta(examples=[{"message": "hello"}])] = msgspec.field(
-        default_factory=dict
-    )
+__all__ = [
+    "CallToolAction",
+    "EchoEnv",
+    "EchoEnvironment",
+    "EchoObservation",
+    "EchoState",
+    "ListToolsAction",
+    "ListToolsObservation",
+]
 
 
-class EchoObservation(Observation):
-    """What the echo environment shows after a reset or a step.
+class EchoObservation(CallToolObservation, kw_only=True):
+    """What a tool call of the echo environment shows (and, all empty, a reset).
 
     Attributes:
-        echoed_message: The message echoed back (empty after a reset).
+        tool_name: The tool called (empty after a reset).
         result: What the tool returned: the message, or ``{"message", "length"}``.
+        error: Why the call failed, or ``None``.
+        echoed_message: The message echoed back (empty after a reset, or a failed call).
     """
 
+    tool_name: str = ""
     echoed_message: str = ""
-    result: Any = None
 
 
 class EchoState(State):
     """The echo environment's state: the episode and its step count."""
 
 
-class EchoEnvironment(Environment[CallToolAction, EchoObservation, EchoState]):
-    """Echoes messages back; the reward is a tenth of the message's length.
+class EchoEnvironment(MCPEnvironment[CallToolAction, EchoObservation, EchoState]):
+    """Echoes messages back, through two MCP tools; the reward is a tenth of the message's length.
 
-    Its methods are coroutines: the work is trivial, so it runs on the event loop
-    rather than in a worker thread. Episodes never end by themselves (``done`` is
-    always false).
+    Its tools are coroutines: the work is trivial, so it runs on the event loop
+    rather than in a worker thread. Episodes never end by themselves (``done``
+    is always false).
     """
 
     def __init__(self) -> None:
         self._state = EchoState(episode_id=str(uuid.uuid4()))
 
-    async def reset(self, seed: int | None = None, episode_id: str | None = None) -> EchoObservation:
+    async def reset(self, seed: int | None = None, episode_id: str | None = None) -> Observation:
         """Start a new episode.
 
         Args:
@@ -82,36 +88,52 @@ class EchoEnvironment(Environment[CallToolAction, EchoObservation, EchoState]):
             episode_id: The new episode's id; a fresh UUID when not given.
 
         Returns:
-            An empty observation, with reward 0.
+            An empty observation, with reward 0 (as OpenEnv's echo_env gives).
         """
         self._state = EchoState(episode_id=episode_id or str(uuid.uuid4()))
-        return EchoObservation(echoed_message="", result=None, reward=0.0, done=False)
+        return Observation(reward=0.0, done=False)
 
-    async def step(self, action: CallToolAction) -> EchoObservation:
-        """Run the tool the action names.
+    async def step(self, action: Any) -> Any:
+        """Count the step, then run the tool the action names (or list the tools).
 
         Args:
-            action: The tool to call, and its ``message`` argument.
+            action: A `CallToolAction` or a `ListToolsAction`.
 
         Returns:
-            The echoed message and the tool's result, with a reward of a tenth
-            of the message's length.
-
-        Raises:
-            ValueError: An unknown tool, or a ``message`` that is not a string; the
-                client gets an ``EXECUTION_ERROR``.
+            An `EchoObservation` for a call, a `ListToolsObservation` for a listing.
         """
-        message = action.arguments.get("message", "")
-        if not isinstance(message, str):
-            raise ValueError(f"message must be a string, not {type(message).__name__}")
-        if action.tool_name == "echo_message":
-            result: Any = message
-        elif action.tool_name == "echo_with_length":
-            result = {"message": message, "length": len(message)}
-        else:
-            raise ValueError(f"unknown tool {action.tool_name!r}; available: {', '.join(TOOLS)}")
         self._state.step_count += 1
-        return EchoObservation(echoed_message=message, result=result, reward=len(message) * 0.1)
+        return await super().step(action)
+
+    @tool
+    async def echo_message(self, message: str) -> str:
+        """Echo back the provided message."""
+        return message
+
+    @tool
+    async def echo_with_length(self, message: str) -> dict[str, Any]:
+        """Echo back the message with its length."""
+        return {"message": message, "length": len(message)}
+
+    def tool_observation(
+        self, tool_name: str, arguments: dict[str, Any], result: Any, error: ToolError | None
+    ) -> EchoObservation:
+        """Add the echoed message, and a reward of a tenth of its length, to a call's observation.
+
+        Args:
+            tool_name: The tool called.
+            arguments: Its arguments.
+            result: What it returned, or ``None``.
+            error: Why it failed, or ``None``.
+
+        Returns:
+            The observation.
+        """
+        message = arguments.get("message", "") if error is None else ""
+        message = message if isinstance(message, str) else ""
+        return EchoObservation(
+            tool_name=tool_name, result=result, error=error, echoed_message=message, reward=len(message) * 0.1
+        )
 
     @property
     def state(self) -> EchoState:
@@ -119,17 +141,23 @@ class EchoEnvironment(Environment[CallToolAction, EchoObservation, EchoState]):
         return self._state
 
 
-class EchoEnv(EnvClient[CallToolAction, EchoObservation, EchoState]):
+class EchoEnv(EnvClient[CallToolAction, EchoObservation | ListToolsObservation, EchoState]):
     """The typed client of the echo environment: no parsing code needed.
+
+    Its observation type is a union: each reply is decoded into the type it
+    fits (an `EchoObservation` after a reset or a call, a `ListToolsObservation`
+    after a `ListToolsAction`).
 
     Examples:
         ```python
-        from openenv.examples.echo import CallToolAction, EchoEnv
+        from openenv.examples.echo import CallToolAction, EchoEnv, ListToolsAction
 
         async with EchoEnv("ws://127.0.0.1:8000") as env:
             await env.reset()
             result = await env.step(CallToolAction(tool_name="echo_with_length", arguments={"message": "Hello!"}))
             print(result.observation.result)  # {'message': 'Hello!', 'length': 6}
-            print((await env.state()).step_count)  # 1
+            listing = await env.step(ListToolsAction())
+            print([tool.name for tool in listing.observation.tools])  # ['echo_message', 'echo_with_length']
+            print((await env.state()).step_count)  # 2
         ```
     """

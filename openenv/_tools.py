@@ -1,0 +1,374 @@
+"""MCP tool environments: an `Environment` whose tools are typed methods.
+
+A method marked with `tool` becomes a tool: its name is the method's, its
+description the docstring's, and its argument schema comes from the type hints
+(through msgspec). Clients reach the tools three ways, as OpenEnv's do: step
+actions (`ListToolsAction`, `CallToolAction`), ``mcp`` frames on the session's
+channel, and ``POST /mcp`` (JSON-RPC 2.0, a fresh environment per request).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar, TypeVar
+
+import anyio.to_thread
+import msgspec
+
+from ._environment import Environment
+from ._generics import bind_type_attributes
+from ._mcp_types import (
+    RESERVED_TOOL_NAMES,
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ListToolsObservation,
+    Tool,
+    ToolError,
+)
+from ._types import ActT, Observation, ObsT, StateT
+
+__all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "tool"]
+
+logger = logging.getLogger("openenv.server")
+
+# JSON-RPC 2.0 error codes.
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+_TOOL_MARK = "__openenv_tool__"
+_FunctionT = TypeVar("_FunctionT", bound=Callable[..., Any])
+
+
+def tool(function: _FunctionT) -> _FunctionT:
+    """Mark a method of an `MCPEnvironment` as a tool.
+
+    The tool takes the method's name, its docstring as the description, and
+    its parameters (after ``self``) as arguments, validated against their type
+    hints before the method runs. The method may be plain (run in a worker
+    thread) or ``async`` (awaited on the event loop); what it returns is the
+    tool's result, and must be something msgspec can encode.
+
+    Args:
+        function: The method.
+
+    Returns:
+        The same method, marked.
+    """
+    setattr(function, _TOOL_MARK, True)
+    return function
+
+
+class ToolSpec:
+    """One tool of an `MCPEnvironment` class, read from its method once.
+
+    Args:
+        function: The method marked with `tool`.
+
+    Attributes:
+        name: The tool's name.
+        description: Its description (the method's docstring).
+        input_schema: The JSON Schema of its arguments.
+        arguments_type: The Struct its arguments are validated into.
+
+    Raises:
+        TypeError: The method takes ``*args`` or ``**kwargs``, or a hint msgspec
+            cannot handle.
+        ValueError: Its name is reserved (``reset``, ``step``, ``state``, ``close``).
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.name: str = function.__name__
+        if self.name in RESERVED_TOOL_NAMES:
+            raise ValueError(f"a tool may not be named {self.name!r}: {sorted(RESERVED_TOOL_NAMES)} are reserved")
+        self.description = inspect.getdoc(function) or ""
+        self._function = function
+        self._is_async = inspect.iscoroutinefunction(function)
+        hints = typing.get_type_hints(function, include_extras=True)
+        fields: list[Any] = []
+        parameters = list(inspect.signature(function).parameters.values())[1:]  # after self
+        for parameter in parameters:
+            if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                raise TypeError(f"tool {self.name!r}: name every argument (no *args or **kwargs)")
+            hint = hints.get(parameter.name, Any)
+            if parameter.default is inspect.Parameter.empty:
+                fields.append((parameter.name, hint))
+            else:
+                fields.append((parameter.name, hint, parameter.default))
+        self.arguments_type: Any = msgspec.defstruct(
+            f"{self.name}_arguments", fields, kw_only=True, forbid_unknown_fields=True
+        )
+        self.input_schema = _object_schema(self.arguments_type)
+
+    def describe(self) -> Tool:
+        """Return the tool as `EnvClient.list_tools` shows it."""
+        return Tool(name=self.name, description=self.description, input_schema=self.input_schema)
+
+    async def call(self, env: Any, arguments: dict[str, Any]) -> Any:
+        """Validate ``arguments`` and run the tool on ``env``.
+
+        Args:
+            env: The environment instance.
+            arguments: The arguments, by name.
+
+        Returns:
+            What the method returned.
+
+        Raises:
+            msgspec.ValidationError: The arguments do not fit the method's hints.
+            Exception: Whatever the method raises.
+        """
+        parsed = msgspec.convert(arguments, self.arguments_type, strict=False)
+        values = msgspec.structs.asdict(parsed)
+        if self._is_async:
+            return await self._function(env, **values)
+        return await anyio.to_thread.run_sync(lambda: self._function(env, **values))
+
+
+def _object_schema(struct_type: Any) -> dict[str, Any]:
+    """The JSON Schema of a Struct, inlined (its own definition at the top, others under ``$defs``)."""
+    (ref,), components = msgspec.json.schema_components([struct_type], ref_template="#/$defs/{name}")
+    name = ref["$ref"].rsplit("/", 1)[-1]
+    schema: dict[str, Any] = components.pop(name)
+    schema.pop("title", None)
+    schema.setdefault("required", [])
+    if components:
+        schema["$defs"] = components
+    return schema
+
+
+def jsonrpc_error(code: int, message: str, request_id: Any = None, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC 2.0 error response, as OpenEnv's server writes one.
+
+    Args:
+        code: The JSON-RPC error code.
+        message: What went wrong.
+        request_id: The request's ``id``.
+        data: More about the error.
+
+    Returns:
+        The response.
+    """
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message, "data": data}}
+
+
+def mcp_unsupported(request: Any) -> dict[str, Any]:
+    """The answer to an MCP request sent to an environment without tools.
+
+    Args:
+        request: The JSON-RPC request.
+
+    Returns:
+        The error response OpenEnv's server gives (``-32603``).
+    """
+    request_id = request.get("id") if isinstance(request, dict) else None
+    return jsonrpc_error(INTERNAL_ERROR, "Environment does not support MCP", request_id)
+
+
+def _tool_result(result: Any) -> dict[str, Any]:
+    """A tool's result as ``tools/call`` answers it: text content, structured content and the data."""
+    text = result if isinstance(result, str) else json.dumps(result)
+    structured = result if isinstance(result, dict) else {"result": result}
+    return {
+        "content": [{"type": "text", "text": text}],
+        "structured_content": structured,
+        "meta": None,
+        "data": result,
+        "is_error": False,
+    }
+
+
+class MCPEnvironment(Environment[ActT, ObsT, StateT]):
+    """Base class of an environment whose tools are typed methods (an MCP tool environment).
+
+    Mark methods with `openenv.tool`; the class serves them to clients as
+    OpenEnv's ``MCPEnvironment`` does: a `ListToolsAction` step answers with a
+    `ListToolsObservation`, a `CallToolAction` step with a `CallToolObservation`
+    (the tool's ``result``, or an ``error``), and ``mcp`` frames and ``POST /mcp``
+    speak JSON-RPC 2.0 (``tools/list``, ``tools/call``). Write ``reset`` and
+    ``state`` as for any `Environment`; override `step_other` for actions that
+    are not tool calls, and `tool_observation` to say more after a call.
+
+    Examples:
+        ```python
+        import openenv
+        from transports.inprocess import InProcessTransport
+
+
+        class Calculator(openenv.MCPEnvironment[openenv.CallToolAction, openenv.CallToolObservation, openenv.State]):
+            def __init__(self) -> None:
+                self._state = openenv.State()
+
+            def reset(self) -> openenv.Observation:
+                self._state = openenv.State()
+                return openenv.Observation()
+
+            @property
+            def state(self) -> openenv.State:
+                return self._state
+
+            @openenv.tool
+            async def add(self, a: int, b: int) -> int:
+                \"\"\"Add two integers.\"\"\"
+                return a + b
+
+
+        async with openenv.EnvClient(transport=InProcessTransport(factory=Calculator)) as env:
+            print([t.name for t in await env.list_tools()])  # ['add']
+            print(await env.call_tool("add", a=2, b=3))  # 5
+        ```
+
+    Attributes:
+        tools: The class's tools, by name (read once, when the class is made).
+
+    Raises:
+        ValueError: (when the class is made) A tool with a reserved name.
+        TypeError: (when the class is made) A tool taking ``*args``/``**kwargs``.
+    """
+
+    action_type: Any = ListToolsAction | CallToolAction
+    observation_type: Any = CallToolObservation
+    tools: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        bind_type_attributes(cls, MCPEnvironment)
+        # The actions a client of a tool environment sends, whatever the type
+        # parameter says: the MCP actions are always accepted.
+        action_type = cls.action_type
+        if action_type is CallToolAction or action_type is dict:
+            cls.action_type = ListToolsAction | CallToolAction
+        tools: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if getattr(value, _TOOL_MARK, False):
+                    tools[name] = ToolSpec(value)
+                elif name in tools:
+                    del tools[name]  # overridden without the mark
+        cls.tools = tools
+
+    def list_tools(self) -> list[Tool]:
+        """Describe the tools.
+
+        Returns:
+            One `Tool` per tool, in the order they were declared.
+        """
+        return [spec.describe() for spec in self.tools.values()]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallToolObservation:
+        """Run a tool and report its result, or why it failed (never raises for the tool).
+
+        Args:
+            name: The tool's name.
+            arguments: Its arguments.
+
+        Returns:
+            What `tool_observation` makes of the outcome.
+        """
+        spec = self.tools.get(name)
+        if spec is None:
+            message = f"Tool '{name}' not found; available: {', '.join(self.tools) or 'none'}"
+            return self.tool_observation(name, arguments, None, ToolError(error_type="tool_not_found", message=message))
+        try:
+            result = await spec.call(self, arguments)
+        except msgspec.ValidationError as exc:
+            error = ToolError(error_type="invalid_args", message=f"Invalid arguments for '{name}': {exc}")
+            return self.tool_observation(name, arguments, None, error)
+        except Exception as exc:
+            logger.info("tool %r raised", name, exc_info=True)
+            error = ToolError(error_type="execution_error", message=f"{type(exc).__name__}: {exc}")
+            return self.tool_observation(name, arguments, None, error)
+        return self.tool_observation(name, arguments, msgspec.to_builtins(result), None)
+
+    def tool_observation(
+        self, tool_name: str, arguments: dict[str, Any], result: Any, error: ToolError | None
+    ) -> CallToolObservation:
+        """Build the observation of one tool call; override it to add fields or a reward.
+
+        Args:
+            tool_name: The tool called.
+            arguments: The arguments it was given.
+            result: What it returned (as plain data), or ``None`` if it failed.
+            error: Why it failed, or ``None``.
+
+        Returns:
+            By default a `CallToolObservation`.
+        """
+        return CallToolObservation(tool_name=tool_name, result=result, error=error)
+
+    async def step(self, action: Any) -> Any:
+        """Route a tool action to its tool, and any other action to `step_other`.
+
+        Args:
+            action: The action.
+
+        Returns:
+            A `ListToolsObservation`, the call's observation, or what
+            `step_other` returns.
+        """
+        if isinstance(action, CallToolAction):
+            return await self.call_tool(action.tool_name, action.arguments)
+        if isinstance(action, ListToolsAction):
+            return ListToolsObservation(tools=self.list_tools())
+        result = self.step_other(action)
+        return (await result) if inspect.isawaitable(result) else result
+
+    def step_other(self, action: Any) -> Observation | Awaitable[Observation]:
+        """Handle an action that is neither a `ListToolsAction` nor a `CallToolAction`.
+
+        Args:
+            action: The action.
+
+        Returns:
+            Its observation (or an awaitable of it).
+
+        Raises:
+            ValueError: By default: the environment takes tool actions only.
+        """
+        raise ValueError(f"unknown action {type(action).__name__}: use ListToolsAction or CallToolAction")
+
+    async def handle_mcp(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one JSON-RPC 2.0 request: ``tools/list`` or ``tools/call``.
+
+        Args:
+            request: The request (``jsonrpc``, ``method``, ``params``, ``id``).
+
+        Returns:
+            The JSON-RPC response: a ``result``, or an ``error`` (``-32602`` for
+            an unknown tool or bad arguments, ``-32603`` when the tool raised).
+        """
+        request_id = request.get("id")
+        method = request.get("method")
+        if request.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return jsonrpc_error(
+                INVALID_REQUEST, "Invalid Request: 'jsonrpc' must be '2.0' and 'method' a string", request_id
+            )
+        params = request.get("params", {})
+        if not isinstance(params, dict):
+            return jsonrpc_error(INVALID_PARAMS, "Params must be an object", request_id)
+        if method == "tools/list":
+            tools = [
+                {"name": spec.name, "description": spec.description, "inputSchema": spec.input_schema}
+                for spec in self.tools.values()
+            ]
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+        if method == "tools/call":
+            name = params.get("name")
+            arguments = params.get("arguments") or {}
+            if not isinstance(name, str) or not name:
+                return jsonrpc_error(INVALID_PARAMS, "Missing 'name' in params", request_id)
+            if not isinstance(arguments, dict):
+                return jsonrpc_error(INVALID_PARAMS, "'arguments' must be an object", request_id)
+            observation = await self.call_tool(name, arguments)
+            error = observation.error
+            if error is not None:
+                code = INVALID_PARAMS if error.error_type in ("tool_not_found", "invalid_args") else INTERNAL_ERROR
+                return jsonrpc_error(code, error.message, request_id, {"error_type": error.error_type})
+            return {"jsonrpc": "2.0", "id": request_id, "result": _tool_result(observation.result)}
+        return jsonrpc_error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id)

@@ -1,0 +1,93 @@
+"""Decoding into a union of several Struct types: the one the data fits.
+
+msgspec decodes a union of Structs only when they are tagged; OpenEnv's types
+are not (echo_env answers a reset, a ``list_tools`` and a ``call_tool`` with
+three untagged observation shapes). A `StructUnionDecoder` picks the member the
+object fits: the first, in the order given, that has a field for every key of
+the object and validates; failing that, the first that validates at all.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Union
+
+import msgspec
+
+__all__ = ["StructUnionDecoder", "struct_union_members"]
+
+
+def struct_union_members(type_: Any) -> tuple[type[msgspec.Struct], ...] | None:
+    """The members of a union of two or more Struct types (``A | B``), in order.
+
+    Args:
+        type_: Any type.
+
+    Returns:
+        The Struct types, or ``None`` if ``type_`` is not such a union (a
+        single Struct, a union with a non-Struct member, anything else).
+    """
+    if typing.get_origin(type_) not in (Union, types.UnionType):
+        return None
+    members = typing.get_args(type_)
+    if len(members) < 2 or not all(isinstance(m, type) and issubclass(m, msgspec.Struct) for m in members):
+        return None
+    return members
+
+
+class StructUnionDecoder:
+    """Decodes an encoded object into the member of a union of Structs it fits.
+
+    Built once (it holds one msgspec decoder per member) and reused.
+
+    Args:
+        members: The Struct types, in order of preference.
+        encoding: ``"json"`` or ``"msgpack"``: how the objects are encoded.
+        strict: msgspec's strict mode; ``False`` accepts numeric strings and
+            integral floats for numbers, as pydantic's lax mode does.
+    """
+
+    def __init__(self, members: tuple[type[msgspec.Struct], ...], *, encoding: str, strict: bool = True) -> None:
+        module: Any = msgspec.msgpack if encoding == "msgpack" else msgspec.json
+        self._keys = module.Decoder(dict[str, msgspec.Raw]).decode
+        self._members = [
+            (
+                frozenset(field.encode_name for field in msgspec.structs.fields(member)),
+                module.Decoder(member, strict=strict).decode,
+            )
+            for member in members
+        ]
+
+    def decode(self, data: bytes | msgspec.Raw) -> Any:
+        """Decode ``data`` into the member it fits best.
+
+        Args:
+            data: One encoded object.
+
+        Returns:
+            An instance of one of the members.
+
+        Raises:
+            msgspec.ValidationError: It fits none: the error of the member it
+                came closest to (the first whose fields cover its keys, else the first).
+            msgspec.DecodeError: It is not an encoded object at all.
+        """
+        keys = self._keys(data).keys()
+        first_error: msgspec.ValidationError | None = None
+        later: list[Any] = []
+        for names, decode in self._members:
+            if keys <= names:
+                try:
+                    return decode(data)
+                except msgspec.ValidationError as exc:
+                    first_error = first_error or exc
+            else:
+                later.append(decode)
+        for decode in later:
+            try:
+                return decode(data)
+            except msgspec.ValidationError as exc:
+                first_error = first_error or exc
+        assert first_error is not None
+        raise first_error
