@@ -198,12 +198,13 @@ class Environment(Generic[ActT, ObsT, StateT]):
 
         Returns:
             The metadata: the class's name, the first line of its own docstring
-            as the description, and the whole docstring as ``readme_content``.
+            as the description (``"<name> environment"`` without one, as OpenEnv
+            says), and the whole docstring as ``readme_content``.
         """
         # The class's own docstring only (not a base class's), dedented.
         doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
         return EnvironmentMetadata(
             name=cls.__name__,
-            description=doc.splitlines()[0] if doc else "",
+            description=doc.splitlines()[0] if doc else f"{cls.__name__} environment",
             readme_content=doc or None,
         )

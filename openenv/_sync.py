@@ -12,6 +12,7 @@ from anyio.from_thread import BlockingPortal, BlockingPortalProvider
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
 from ._exceptions import ClientStateError
+from ._mcp_types import Tool
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
@@ -240,3 +241,77 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         """
         portal = self._portal_or_raise("state")
         return portal.call(lambda: self.client.state(timeout=timeout))
+
+    def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
+        """List the tools of an MCP tool environment, blocking; see `EnvClient.list_tools`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            One `Tool` per tool.
+
+        Raises:
+            ServerError: The server answered with an error (``VALIDATION_ERROR``:
+                the environment has no tools).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            ReplyValidationError: The reply is not a list of tools.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._portal_or_raise("list_tools")
+        return portal.call(lambda: self.client.list_tools(timeout=timeout))
+
+    def call_tool(
+        self, name: str, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
+    ) -> Any:
+        """Call one tool and return its result, blocking; see `EnvClient.call_tool`.
+
+        Args:
+            name: The tool's name.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+            **arguments: The tool's arguments.
+
+        Returns:
+            What the tool returned.
+
+        Raises:
+            ToolCallError: The tool failed; the session survives.
+            ServerError: The server answered with an error.
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            EncodingError: An argument cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._portal_or_raise("call_tool")
+        return portal.call(lambda: self.client.call_tool(name, timeout=timeout, **arguments))
+
+    def mcp(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
+    ) -> Any:
+        """Send one MCP (JSON-RPC 2.0) request and return its result, blocking; see `EnvClient.mcp`.
+
+        Args:
+            method: The JSON-RPC method.
+            params: Its parameters.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            The response's ``result``.
+
+        Raises:
+            MCPError: The response is an error; the session survives.
+            ServerError: The server answered with an error frame.
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._portal_or_raise("mcp")
+        return portal.call(lambda: self.client.mcp(method, params, timeout=timeout))

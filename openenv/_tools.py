@@ -232,7 +232,8 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
         TypeError: (when the class is made) A tool taking ``*args``/``**kwargs``.
     """
 
-    action_type: Any = ListToolsAction | CallToolAction
+    # CallToolAction first: /schema's first choice, and what most steps are.
+    action_type: Any = CallToolAction | ListToolsAction
     observation_type: Any = CallToolObservation
     tools: ClassVar[dict[str, ToolSpec]] = {}
 
@@ -243,7 +244,7 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
         # parameter says: the MCP actions are always accepted.
         action_type = cls.action_type
         if action_type is CallToolAction or action_type is dict:
-            cls.action_type = ListToolsAction | CallToolAction
+            cls.action_type = CallToolAction | ListToolsAction
         tools: dict[str, ToolSpec] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():

@@ -9,12 +9,14 @@ from ._environment import Environment, EnvironmentMetadata
 from ._loading import load_factory
 from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
+from ._unions import StructUnionDecoder, struct_union_members
 
 __all__ = [
     "Environment",
     "EnvironmentMetadata",
     "MCPEnvironment",
     "ServerSession",
+    "StructUnionDecoder",
     "encode_fatal_error",
     "factory_name",
     "host_session",
@@ -22,5 +24,6 @@ __all__ = [
     "load_factory",
     "mcp_unsupported",
     "serve_frames",
+    "struct_union_members",
     "tool",
 ]

@@ -213,12 +213,17 @@ async def test_repr_names_the_state() -> None:
     assert "closed" in repr(env)
 
 
-async def test_echo_environment_rejects_unknown_tools() -> None:
+async def test_echo_environment_reports_tool_errors() -> None:
     async with EchoEnv(transport=InProcessTransport(factory=EchoEnvironment)) as env:
-        with pytest.raises(openenv.ExecutionError, match="unknown tool"):
-            await env.step(CallToolAction(tool_name="shout"))
-        with pytest.raises(openenv.ExecutionError, match="string"):
-            await env.step(CallToolAction(tool_name="echo_message", arguments={"message": 3}))
+        result = await env.step(CallToolAction(tool_name="shout"))
+        assert result.observation.error == openenv.ToolError(
+            error_type="tool_not_found", message="Tool 'shout' not found; available: echo_message, echo_with_length"
+        )
+        assert result.observation.result is None
+        with pytest.raises(openenv.ToolCallError, match="str") as caught:
+            await env.call_tool("echo_message", message=3)
+        assert (caught.value.tool_name, caught.value.error_type) == ("echo_message", "invalid_args")
+        assert await env.call_tool("echo_message", message="still here") == "still here"
 
 
 class StallingTransport(Transport):

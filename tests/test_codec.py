@@ -35,7 +35,7 @@ def test_requests_are_openenv_frames() -> None:
     action = CallToolAction(tool_name="echo_message", arguments={"message": "hi"})
     assert json.loads(codec.step(action, 2)) == {
         "type": "step",
-        "data": {"tool_name": "echo_message", "arguments": {"message": "hi"}, "metadata": {}},
+        "data": {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}, "metadata": {}},
     }
     assert json.loads(codec.state(3)) == {"type": "state"}
     assert json.loads(codec.close()) == {"type": "close"}

@@ -268,15 +268,26 @@ async def test_schema_of_an_environment_class() -> None:
     assert response.status_code == 200
     schemas = response.json()
     assert set(schemas) == {"action", "observation", "state"}
+    # A tool environment takes two actions; the call names the tools it can call.
+    assert schemas["action"]["anyOf"] == [{"$ref": "#/$defs/CallToolAction"}, {"$ref": "#/$defs/ListToolsAction"}]
     action = schemas["action"]["$defs"]["CallToolAction"]
-    assert set(action["properties"]) == {"tool_name", "arguments", "metadata"}
+    assert set(action["properties"]) == {"type", "tool_name", "arguments", "metadata"}
+    assert action["properties"]["tool_name"]["enum"] == ["echo_message", "echo_with_length"]
     assert action["required"] == ["tool_name"]
-    # The observation as it travels: its own fields under "observation", reward and done beside.
+    # The observation model itself, at the top, as the reference's pydantic schema is.
     observation = schemas["observation"]
-    assert set(observation["properties"]) == {"observation", "reward", "done"}
-    wire_fields = observation["$defs"]["EchoObservation"]["properties"]
-    assert set(wire_fields) == {"echoed_message", "result"}
-    state = schemas["state"]["$defs"]["EchoState"]
+    assert observation["title"] == "EchoObservation"
+    assert set(observation["properties"]) == {
+        "done",
+        "reward",
+        "metadata",
+        "tool_name",
+        "result",
+        "error",
+        "echoed_message",
+    }
+    assert "ToolError" in observation["$defs"]
+    state = schemas["state"]
     assert set(state["properties"]) == {"episode_id", "step_count"}
 
 
@@ -288,13 +299,11 @@ def test_schema_of_functions() -> None:
         return WireEchoEnv()
 
     loose = environment_schemas(untyped)
-    assert loose["action"] == {"type": "object"}
-    assert loose["state"] == {"type": "object"}
-    assert loose["observation"]["properties"]["observation"] == {"type": "object"}
+    assert loose == {"action": {"type": "object"}, "observation": {"type": "object"}, "state": {"type": "object"}}
     typed = environment_schemas(annotated)
-    assert "MessageAction" in typed["action"]["$defs"]
-    # The validated schema is usable: the wire's observation data fits it.
-    assert typed["observation"]["required"] == ["observation"]
+    assert typed["action"]["title"] == "MessageAction"
+    assert typed["action"]["required"] == ["message"]
+    assert set(typed["observation"]["properties"]) == {"done", "reward", "metadata", "echoed_message"}
 
 
 async def test_metadata_from_the_class_or_given() -> None:

@@ -26,8 +26,8 @@ def test_sync_facade(backend: str) -> None:
 
 def test_sync_timeout_and_errors() -> None:
     with EchoEnv(URL).sync() as env:
-        with pytest.raises(openenv.ExecutionError):
-            env.step(CallToolAction(tool_name="nope"))
+        with pytest.raises(openenv.ValidationError):
+            env.step({"tool_name": 3})
         assert env.reset(timeout=5).observation.echoed_message == ""
 
 
@@ -76,3 +76,12 @@ async def test_sync_facade_refuses_to_block_an_event_loop() -> None:
                 return inner.reset().reward
 
         assert await anyio.to_thread.run_sync(use) == 0.0
+
+
+def test_sync_tools() -> None:
+    with EchoEnv(URL).sync() as env:
+        assert [tool.name for tool in env.list_tools()] == ["echo_message", "echo_with_length"]
+        assert env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
+        with pytest.raises(openenv.ToolCallError):
+            env.call_tool("nope")
+        assert env.mcp("tools/call", {"name": "echo_message", "arguments": {"message": "m"}})["data"] == "m"

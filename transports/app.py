@@ -39,16 +39,15 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv import Environment, EnvironmentMetadata
-from openenv.server import factory_name, load_factory
+from openenv.server import MCPEnvironment, factory_name, load_factory, struct_union_members
 
 from ._sessions import SessionRegistry
 from .http._protocol import DEFAULT_MAX_BODY_SIZE
 from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
+from .openenv_http import openenv_http_routes
 from .websocket._server import WebSocketEndpoint
 
 __all__ = ["create_app", "environment_metadata", "environment_schemas", "mount_routes"]
-
-_LIFTED_FIELDS = ("done", "reward", "metadata")
 
 
 class _JSONResponse(Response):
@@ -75,55 +74,41 @@ def _any_schema(type_: Any) -> dict[str, Any]:
 
 
 def _schema(type_: Any) -> dict[str, Any]:
+    # msgspec describes no untagged union of Structs; openenv decodes one into the member the data fits.
+    members = struct_union_members(type_)
     try:
-        return msgspec.json.schema(type_, schema_hook=_any_schema)
+        if members is None:
+            return msgspec.json.schema(type_, schema_hook=_any_schema)
+        refs, components = msgspec.json.schema_components(members, schema_hook=_any_schema)
     except (TypeError, ValueError):
         return {}
+    return {"anyOf": list(refs), "$defs": components}
 
 
-def _wire_observation_type(observation_type: Any) -> Any:
-    """The observation's fields as they travel under ``data.observation``."""
-    if not (isinstance(observation_type, type) and issubclass(observation_type, msgspec.Struct)):
-        return observation_type
-    fields = []
-    for info in msgspec.structs.fields(observation_type):
-        if info.name in _LIFTED_FIELDS:
-            continue
-        options: dict[str, Any] = {}
-        if info.default is not msgspec.NODEFAULT:
-            options["default"] = info.default
-        elif info.default_factory is not msgspec.NODEFAULT:
-            options["default_factory"] = info.default_factory
-        if info.encode_name != info.name:
-            options["name"] = info.encode_name
-        fields.append((info.name, info.type, msgspec.field(**options)))
-    wire = msgspec.defstruct(observation_type.__name__, fields, kw_only=True)
-    wire.__doc__ = observation_type.__doc__
-    return wire
+def _inlined_schema(type_: Any) -> dict[str, Any]:
+    """A type's JSON Schema with its own definition at the top (as pydantic's are); others under ``$defs``."""
+    schema = _schema(type_)
+    ref = schema.get("$ref")
+    if not isinstance(ref, str):
+        return schema
+    defs = dict(schema.get("$defs", {}))
+    name = ref.rsplit("/", 1)[-1]
+    top = dict(defs.get(name, {}))
+    if not any(ref in repr(value) for value in defs.values()):
+        defs.pop(name, None)  # Nothing else refers to it.
+    if defs:
+        top["$defs"] = defs
+    return top
 
 
-def _observation_schema(observation_type: Any) -> dict[str, Any]:
-    """The schema of an observation reply's ``data``: the observation, reward and done."""
-    try:
-        (observation,), components = msgspec.json.schema_components(
-            [_wire_observation_type(observation_type)], schema_hook=_any_schema
-        )
-    except (TypeError, ValueError):
-        observation, components = {}, {}
-    schema: dict[str, Any] = {
-        "title": "ObservationReply",
-        "description": "The data of an observation reply: the observation's own fields under "
-        "'observation', with reward and done beside it.",
-        "type": "object",
-        "properties": {
-            "observation": observation,
-            "reward": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None},
-            "done": {"type": "boolean", "default": False},
-        },
-        "required": ["observation"],
-    }
-    if components:
-        schema["$defs"] = components
+def _action_schema(cls: Any, action_type: Any) -> dict[str, Any]:
+    """The action's schema; a tool environment's names its tools, so clients (and `openenv bench`) can pick one."""
+    schema = _inlined_schema(action_type)
+    tools = getattr(cls, "tools", None)
+    if isinstance(cls, type) and issubclass(cls, MCPEnvironment) and tools:
+        call = schema.get("$defs", {}).get("CallToolAction")
+        if call is not None:
+            call["properties"]["tool_name"]["enum"] = list(tools)
     return schema
 
 
@@ -135,19 +120,22 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
             the class it returns, ideally; otherwise the schemas allow anything).
 
     Returns:
-        ``{"action": ..., "observation": ..., "state": ...}``. ``action`` and
-        ``state`` describe the types themselves; ``observation`` describes the
-        ``data`` of an observation reply as it is on the wire (the observation's
-        fields under ``observation``, with ``reward`` and ``done`` beside it).
+        ``{"action": ..., "observation": ..., "state": ...}``, each the JSON
+        Schema of the type itself, its own definition at the top (as OpenEnv's
+        pydantic schemas are). The observation's schema names every field,
+        ``done``, ``reward`` and ``metadata`` included, although on the wire
+        ``done`` and ``reward`` travel beside the others and ``metadata`` not at
+        all (see [the protocol](protocol.md)). A tool environment's action
+        schema lists its tools' names.
     """
     cls = _environment_class(factory)
     action_type = getattr(cls, "action_type", dict)
     observation_type = getattr(cls, "observation_type", dict)
     state_type = getattr(cls, "state_type", dict)
     return {
-        "action": _schema(action_type),
-        "observation": _observation_schema(observation_type),
-        "state": _schema(state_type),
+        "action": _action_schema(cls, action_type),
+        "observation": _inlined_schema(observation_type),
+        "state": _inlined_schema(state_type),
     }
 
 
@@ -168,7 +156,7 @@ def environment_metadata(factory: Callable[[], Any]) -> EnvironmentMetadata:
     name = getattr(factory, "__name__", None) or factory_name(factory)
     return EnvironmentMetadata(
         name=name,
-        description=doc.splitlines()[0] if doc else "",
+        description=doc.splitlines()[0] if doc else f"{name} environment",
         readme_content=doc or None,
     )
 
@@ -318,7 +306,9 @@ def create_app(
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
+        *openenv_http_routes(env_factory, schemas=schemas, metadata=meta),
     ]
+    # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.lifespan_tasks = [registry.run_reaper, polling.run]
     app.state.sessions = registry

@@ -1,0 +1,267 @@
+"""OpenEnv's plain HTTP routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp`` and ``/openapi.json``.
+
+These are OpenEnv's "simulation mode" HTTP API, for the tools that speak it
+(``openenv validate --url``, curl, OpenEnv's own clients). Like the reference
+server's, they are stateless: each request builds a fresh environment from the
+factory, runs one request on it through an I/O-free `openenv.server.ServerSession`
+(so validation, reset keywords and threads behave as on ``/ws``), and closes it.
+An episode spanning requests needs ``/ws`` or HTTP long-polling.
+
+```text
+POST /reset   {"seed": 42, "episode_id": "ep-1"}          -> {"observation": {...}, "reward": r, "done": d}
+POST /step    {"action": {...}}                             -> {"observation": {...}, "reward": r, "done": d}
+GET  /state                                                 -> the state of a fresh environment
+POST /mcp     {"jsonrpc": "2.0", "method": "tools/list", "id": 1}  -> a JSON-RPC 2.0 response (always 200)
+GET  /openapi.json                                          -> OpenAPI 3.1, with the environment's schemas
+```
+
+A request that does not fit gets ``422`` with ``{"detail": [errors]}``; an
+environment that raises, ``500`` with ``{"detail": message}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+import openenv
+from openenv.server import ServerSession, jsonrpc_error
+
+__all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
+
+OPENAPI_VERSION = "1.0.0"
+"""The version of OpenEnv's HTTP API these routes implement (``info.version`` of ``/openapi.json``)."""
+
+logger = logging.getLogger("openenv.server")
+
+_PARSE_ERROR = -32700
+_INVALID_REQUEST = -32600
+
+
+class _JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return msgspec.json.encode(content)
+
+
+class _ResetRequest(msgspec.Struct, kw_only=True):
+    """The body of ``POST /reset`` (optional): reset's keyword arguments; others pass through."""
+
+    seed: int | None = None
+    episode_id: str | None = None
+
+
+class _StepRequest(msgspec.Struct, kw_only=True):
+    """The body of ``POST /step``."""
+
+    action: dict[str, Any]
+    timeout_s: float | None = None
+
+
+class _HealthResponse(msgspec.Struct):
+    status: str = "healthy"
+
+
+class _JSONRPCRequest(msgspec.Struct, kw_only=True):
+    """A JSON-RPC 2.0 request to ``POST /mcp``."""
+
+    jsonrpc: str
+    method: str
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    id: int | str | None = None
+
+
+async def _run_one(factory: Callable[[], Any], frame: dict[str, Any]) -> dict[str, Any]:
+    """Build an environment, run one request frame on it, close it; return the reply frame."""
+    try:
+        env = factory()
+    except Exception as exc:
+        logger.exception("environment factory failed")
+        message = f"Failed to create environment: {type(exc).__name__}: {exc}"
+        return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
+    session = ServerSession(env)
+    try:
+        reply = await session.handle(msgspec.json.encode(frame))
+    finally:
+        await session.aclose()
+    assert reply is not None
+    return msgspec.json.decode(reply)  # type: ignore[no-any-return]
+
+
+def _observation_or_error(reply: dict[str, Any]) -> Response:
+    data = reply.get("data", {})
+    if reply.get("type") != "error":
+        return _JSONResponse(data)
+    if data.get("code") == "VALIDATION_ERROR":
+        return _JSONResponse({"detail": data.get("errors", [])}, status_code=422)
+    return _JSONResponse({"detail": data.get("message", "")}, status_code=500)
+
+
+async def _json_body(request: Request) -> Any:
+    body = await request.body()
+    return msgspec.json.decode(body) if body.strip() else None
+
+
+def _body_error(exc: msgspec.DecodeError) -> Response:
+    return _JSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, status_code=422)
+
+
+def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.EnvironmentMetadata) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of an app made by `transports.app.create_app`.
+
+    Args:
+        schemas: What ``GET /schema`` answers (``action``, ``observation``, ``state``).
+        metadata: What ``GET /metadata`` answers.
+
+    Returns:
+        The document: ``info.version`` is `OPENAPI_VERSION`; the environment's
+        own schemas are under ``components.schemas`` as ``Action``,
+        ``Observation`` and ``State``.
+    """
+    template = "#/components/schemas/{name}"
+    (reset_ref, step_ref, health_ref, rpc_ref), components = msgspec.json.schema_components(
+        [_ResetRequest, _StepRequest, _HealthResponse, _JSONRPCRequest], ref_template=template
+    )
+    components["Action"] = schemas["action"]
+    components["Observation"] = schemas["observation"]
+    components["State"] = schemas["state"]
+    components["Metadata"] = msgspec.json.schema(openenv.EnvironmentMetadata)
+    components["StepResponse"] = {
+        "type": "object",
+        "properties": {
+            "observation": {"type": "object"},
+            "reward": {"anyOf": [{"type": "boolean"}, {"type": "number"}, {"type": "null"}]},
+            "done": {"type": "boolean"},
+        },
+        "required": ["observation", "reward", "done"],
+    }
+
+    def ok(ref: str, description: str) -> dict[str, Any]:
+        content = {"application/json": {"schema": {"$ref": template.format(name=ref)}}}
+        return {"200": {"description": description, "content": content}}
+
+    def body(ref: dict[str, Any], required: bool = True) -> dict[str, Any]:
+        return {"required": required, "content": {"application/json": {"schema": ref}}}
+
+    errors = {"422": {"description": "The request does not fit"}, "500": {"description": "The environment raised"}}
+    paths = {
+        "/health": {"get": {"summary": "Health check", "responses": ok("_HealthResponse", "Healthy")}},
+        "/metadata": {"get": {"summary": "Environment metadata", "responses": ok("Metadata", "The metadata")}},
+        "/schema": {
+            "get": {
+                "summary": "JSON Schemas of the action, observation and state",
+                "responses": {"200": {"description": "The schemas"}},
+            }
+        },
+        "/reset": {
+            "post": {
+                "summary": "Reset a fresh environment",
+                "requestBody": body(reset_ref, required=False),
+                "responses": {**ok("StepResponse", "The first observation"), **errors},
+            }
+        },
+        "/step": {
+            "post": {
+                "summary": "Take one step in a fresh environment",
+                "requestBody": body(step_ref),
+                "responses": {**ok("StepResponse", "The observation"), **errors},
+            }
+        },
+        "/state": {"get": {"summary": "The state of a fresh environment", "responses": ok("State", "The state")}},
+        "/mcp": {
+            "post": {
+                "summary": "MCP JSON-RPC 2.0 (tools/list, tools/call)",
+                "requestBody": body(rpc_ref),
+                "responses": {"200": {"description": "A JSON-RPC 2.0 response"}},
+            }
+        },
+    }
+    del health_ref
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"{metadata.name}: OpenEnv Environment HTTP API",
+            "version": OPENAPI_VERSION,
+            "description": metadata.description,
+            "x-openenv-package-version": openenv.__version__,
+        },
+        "paths": paths,
+        "components": {"schemas": components},
+    }
+
+
+def openenv_http_routes(
+    factory: Callable[[], Any], *, schemas: dict[str, dict[str, Any]], metadata: openenv.EnvironmentMetadata
+) -> list[BaseRoute]:
+    """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
+
+    Args:
+        factory: Builds one environment per request.
+        schemas: What ``GET /schema`` answers, for ``/openapi.json``.
+        metadata: What ``GET /metadata`` answers, for ``/openapi.json``.
+
+    Returns:
+        The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
+    """
+    document = msgspec.json.encode(openapi_document(schemas, metadata))
+
+    async def reset(request: Request) -> Response:
+        try:
+            kwargs = await _json_body(request)
+        except msgspec.DecodeError as exc:
+            return _body_error(exc)
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            detail = [{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
+            return _JSONResponse({"detail": detail}, status_code=422)
+        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}))
+
+    async def step(request: Request) -> Response:
+        try:
+            body = msgspec.json.decode(await request.body(), type=_StepRequest)
+        except msgspec.ValidationError as exc:
+            errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
+            return _JSONResponse({"detail": errors}, status_code=422)
+        except msgspec.DecodeError as exc:
+            return _body_error(exc)
+        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}))
+
+    async def state(request: Request) -> Response:
+        reply = await _run_one(factory, {"type": "state"})
+        if reply.get("type") == "error":
+            return _JSONResponse({"detail": reply["data"].get("message", "")}, status_code=500)
+        return _JSONResponse(reply["data"])
+
+    async def mcp(request: Request) -> Response:
+        try:
+            message = await _json_body(request)
+        except msgspec.DecodeError:
+            return _JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
+        if not isinstance(message, dict):
+            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request"))
+        if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
+            request_id = message.get("id")
+            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
+        reply = await _run_one(factory, {"type": "mcp", "data": message})
+        if reply.get("type") == "error":
+            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
+        return _JSONResponse(reply["data"])
+
+    async def openapi(request: Request) -> Response:
+        return Response(document, media_type="application/json")
+
+    return [
+        Route("/reset", reset, methods=["POST"], name="reset"),
+        Route("/step", step, methods=["POST"], name="step"),
+        Route("/state", state, methods=["GET"], name="state"),
+        Route("/mcp", mcp, methods=["POST"], name="mcp"),
+        Route("/openapi.json", openapi, methods=["GET"], name="openapi"),
+    ]
