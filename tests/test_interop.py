@@ -8,6 +8,15 @@ and runs as a subprocess: (a) our typed client against its server; (b) its own
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +27,27 @@ import pytest
 
 import openenv
 from openenv import Dialect, EnvClient, State
+from openenv.examples.echo import (
+    CallToolAction,
+    EchoEnv,
+    EchoEnvironment,
+    EchoObservation,
+    ListToolsAction,
+    ListToolsObservation,
+)
 from tests.envs import MessageAction, MessageEchoEnv, MessageObservation
-from tests.interop.reference_venv import ReferenceServer, ensure_reference_python, run_reference_client
+from tests.interop.reference_venv import (
+    ReferenceServer,
+    ensure_reference_python,
+    reference_env,
+    run_reference_client,
+)
 from transports.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.interop, pytest.mark.anyio]
 
 LIMIT = 60
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
@@ -209,3 +232,151 @@ async def test_reference_client_at_our_capacity(reference_python: Path) -> None:
             assert results[0]["ok"] is False
             assert "CAPACITY_REACHED" in results[0]["error"]
             assert (await holder.step(MessageAction(message="x"))).reward == 1.0
+
+
+# -- (c) OpenEnv's runtime validator and MCP tool environments ---------------------
+
+
+@contextlib.contextmanager
+def openenv_serve(factory: str) -> Iterator[str]:
+    """Run ``openenv serve FACTORY --port 0`` in a subprocess; yield its URL (read from the line it prints)."""
+    command = [sys.executable, "-m", "transports.cli", "serve", factory, "--port", "0", "--log-level", "warning"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    assert process.stderr is not None
+    try:
+        deadline = time.monotonic() + LIMIT
+        seen = b""
+        while b"\n" not in seen.partition(b" on http://")[2]:
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([process.stderr], [], [], max(remaining, 0))
+            chunk = os.read(process.stderr.fileno(), 4096) if ready else b""
+            assert chunk, f"openenv serve printed no URL: {seen.decode(errors='replace')}"
+            seen += chunk
+        url = re.search(rb"on (http://127\.0\.0\.1:\d+)", seen)
+        assert url is not None, seen
+        yield url.group(1).decode()
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def run_reference_tool(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a program of the reference venv (its ``openenv`` CLI or one of the scripts here) from a neutral folder."""
+    return subprocess.run(
+        [*args],
+        cwd=Path(__file__).parent / "interop",
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT * 2,
+        env=reference_env(),
+    )
+
+
+def test_the_reference_validator_passes_every_criterion_against_openenv_serve(reference_python: Path) -> None:
+    with openenv_serve("openenv.examples.echo:EchoEnvironment") as url:
+        validator = str(reference_python.parent / "openenv")
+        done = run_reference_tool(reference_python, validator, "validate", "--url", url, "--json")
+    report = json.loads(done.stdout)
+    failed = [c for c in report["criteria"] if not c["passed"]]
+    assert not failed, failed
+    assert report["passed"] is True
+    assert [c["id"] for c in report["criteria"]] == [
+        "openapi_version_available",
+        "health_endpoint",
+        "metadata_endpoint",
+        "schema_endpoint",
+        "mcp_endpoint",
+        "mode_endpoint_consistency",
+    ]
+    assert (report["standard_profile"], report["mode"]) == ("openenv-http/1.x", "simulation")
+    assert done.returncode == 0, done.stderr
+
+
+async def test_the_reference_mcp_client_drives_our_echo(reference_python: Path) -> None:
+    script = str(Path(__file__).parent / "interop" / "reference_mcp_client.py")
+    with anyio.fail_after(LIMIT * 2):
+        async with openenv.serve(EchoEnvironment, port=0) as server:
+            done = await anyio.to_thread.run_sync(
+                lambda: run_reference_tool(reference_python, str(reference_python), script, server.url)
+            )
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    reset, listing, echoed, measured, step, unknown, state, _ = results
+    assert (reset["observation"], reset["reward"], reset["done"]) == ("Observation", 0.0, False)
+    assert [tool["name"] for tool in listing["tools"]] == ["echo_message", "echo_with_length"]
+    assert listing["tools"][0]["input_schema"] == {
+        "type": "object",
+        "properties": {"message": {"type": "string"}},
+        "required": ["message"],
+        "additionalProperties": False,
+    }
+    assert echoed["result"] == "Hello!"
+    assert measured["result"] == {"message": "abc", "length": 3}
+    assert (step["observation"], step["tool_name"], step["result"]) == (
+        "CallToolObservation",
+        "echo_message",
+        "stepped",
+    )
+    assert (unknown["ok"], unknown["error_type"]) == (False, "RuntimeError")
+    assert "tool_not_found" in unknown["error"]
+    assert state["state"]["step_count"] == 5  # every list_tools and call_tool is a step, as on echo_env
+
+
+@pytest.fixture(scope="module")
+def reference_mcp_echo(reference_python: Path) -> Iterator[ReferenceServer]:
+    with ReferenceServer(reference_python, max_sessions=4, extra_args=["--mcp-echo"]) as server:
+        yield server
+
+
+async def test_our_client_drives_the_reference_mcp_echo(reference_mcp_echo: ReferenceServer) -> None:
+    with anyio.fail_after(LIMIT):
+        async with EchoEnv(reference_mcp_echo.base_url) as env:
+            reset = await env.reset()
+            assert isinstance(reset.observation, EchoObservation)  # the empty observation fits the union's first
+            assert (reset.reward, reset.done) == (0.0, False)
+            tools = await env.list_tools()
+            assert [tool.name for tool in tools] == ["echo_message", "echo_with_length"]
+            assert tools[1].input_schema["required"] == ["message"]
+            assert await env.call_tool("echo_message", message="Hello!") == "Hello!"
+            assert await env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
+            with pytest.raises(openenv.ToolCallError) as caught:
+                await env.call_tool("no_such_tool")
+            assert caught.value.error_type == "tool_not_found"
+            # A typed step: the reply is decoded into the member of the union it fits.
+            listing = await env.step(ListToolsAction())
+            assert isinstance(listing.observation, ListToolsObservation)
+            called = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "typed"}))
+            assert isinstance(called.observation, EchoObservation)
+            assert called.observation.tool_name == "echo_message"
+            assert called.observation.result["data"] == "typed"  # FastMCP's CallToolResult, whole
+            # An mcp frame, answered with JSON-RPC, bypassing step.
+            listed = await env.mcp("tools/list")
+            assert [tool["name"] for tool in listed["tools"]] == ["echo_message", "echo_with_length"]
+            with pytest.raises(openenv.MCPError) as rpc_error:
+                await env.mcp("no/such/method")
+            assert rpc_error.value.code == -32601
+            assert (await env.state()).step_count == 6
+
+
+async def test_our_mcp_frames_match_the_reference_for_an_environment_without_tools(
+    reference_server: ReferenceServer,
+) -> None:
+    """An environment that has no tools answers an mcp frame with the same JSON-RPC error on both servers."""
+    with anyio.fail_after(LIMIT):
+        async with MessageEnv(reference_server.base_url) as theirs:
+            with pytest.raises(openenv.MCPError) as reference_error:
+                await theirs.mcp("tools/list")
+        async with openenv.serve(MessageEchoEnv, port=0) as server, MessageEnv(server.url) as ours:
+            with pytest.raises(openenv.MCPError) as our_error:
+                await ours.mcp("tools/list")
+    assert (our_error.value.code, our_error.value.message) == (
+        reference_error.value.code,
+        reference_error.value.message,
+    )

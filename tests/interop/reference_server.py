@@ -17,7 +17,11 @@ The environment (matches shared/reference/openenv-wire.md):
   state        {episode_id, step_count}
   reset        accepts ``seed`` and ``episode_id`` only (no **kwargs), so the
                reference server drops any other reset keys.
-With ``--blob-bytes N`` it serves instead an env whose every step observation
+With ``--mcp-echo`` it serves instead an MCP echo environment shaped like
+OpenEnv's ``envs/echo_env`` (the reference's ``MCPEnvironment`` over a FastMCP
+server with the tools ``echo_message`` and ``echo_with_length``; an empty
+observation on reset; action and observation classes ``CallToolAction`` and
+``CallToolObservation``). With ``--blob-bytes N`` it serves instead an env whose every step observation
 is {data: base64 of N seeded random bytes} (for the large-observation benchmark).
 Triggers:
   message == "raise"  -> step raises RuntimeError  -> EXECUTION_ERROR frame
@@ -127,7 +131,63 @@ def blob_environment(size: int) -> type[Environment]:
     return BlobEnvironment
 
 
-def build_app(max_sessions: int, async_step: bool = False, blob_bytes: int = 0):
+def mcp_echo_environment() -> type[Environment]:
+    """An MCP tool environment built as OpenEnv's echo_env is: FastMCP tools behind ``MCPEnvironment``."""
+    from fastmcp import FastMCP
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+
+    class MCPEchoEnvironment(MCPEnvironment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            server = FastMCP("echo_env")
+
+            @server.tool
+            def echo_message(message: str) -> str:
+                """Echo back the provided message."""
+                return message
+
+            @server.tool
+            def echo_with_length(message: str) -> dict:
+                """Echo back the message with its length."""
+                return {"message": message, "length": len(message)}
+
+            super().__init__(server)
+            self._state = State(episode_id=str(uuid.uuid4()), step_count=0)
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs) -> Observation:
+            self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+            return Observation(done=False, reward=0.0, metadata={"status": "ready"})
+
+        def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:
+            return Observation(done=False, reward=0.0, metadata={"error": f"unknown action {type(action).__name__}"})
+
+        def step(self, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:  # type: ignore[override]
+            self._state.step_count += 1
+            return super().step(action, timeout_s=timeout_s, **kwargs)
+
+        async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs) -> Observation:  # type: ignore[override]
+            self._state.step_count += 1
+            return await super().step_async(action, timeout_s=timeout_s, **kwargs)
+
+        @property
+        def state(self) -> State:
+            return self._state
+
+    return MCPEchoEnvironment
+
+
+def build_app(max_sessions: int, async_step: bool = False, blob_bytes: int = 0, mcp_echo: bool = False):
+    if mcp_echo:
+        from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+        return create_app(
+            mcp_echo_environment(),
+            CallToolAction,
+            CallToolObservation,
+            env_name="echo_env",
+            max_concurrent_envs=max_sessions,
+        )
     if blob_bytes:
         env, observation = blob_environment(blob_bytes), BlobObservation
     else:
@@ -151,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stdin-watchdog", action="store_true", help="exit when stdin reaches EOF (parent died)")
     p.add_argument("--async-step", action="store_true", help="serve the env variant that overrides step_async")
     p.add_argument("--blob-bytes", type=int, default=0, help="serve the env whose observations carry N bytes")
+    p.add_argument("--mcp-echo", action="store_true", help="serve an MCP echo env built as OpenEnv's echo_env")
     p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
     args = p.parse_args(argv)
 
-    app = build_app(args.max_sessions, async_step=args.async_step, blob_bytes=args.blob_bytes)
+    app = build_app(args.max_sessions, async_step=args.async_step, blob_bytes=args.blob_bytes, mcp_echo=args.mcp_echo)
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
