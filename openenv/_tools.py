@@ -14,7 +14,7 @@ import json
 import logging
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, Union
 
 import anyio.to_thread
 import msgspec
@@ -31,6 +31,7 @@ from ._mcp_types import (
     ToolError,
 )
 from ._types import ActT, Observation, ObsT, StateT
+from ._unions import struct_union_members
 
 __all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "tool"]
 
@@ -131,6 +132,16 @@ class ToolSpec:
         return await anyio.to_thread.run_sync(lambda: self._function(env, **values))
 
 
+def _with_tool_actions(action_type: Any) -> Any:
+    """The union of `CallToolAction`, `ListToolsAction` and any other Struct actions in ``action_type``."""
+    members = struct_union_members(action_type)
+    if members is None:
+        is_struct = isinstance(action_type, type) and issubclass(action_type, msgspec.Struct)
+        members = (action_type,) if is_struct else ()
+    others = [member for member in members if member not in (CallToolAction, ListToolsAction)]
+    return Union[(CallToolAction, ListToolsAction, *others)]
+
+
 def _object_schema(struct_type: Any) -> dict[str, Any]:
     """The JSON Schema of a Struct, inlined (its own definition at the top, others under ``$defs``)."""
     (ref,), components = msgspec.json.schema_components([struct_type], ref_template="#/$defs/{name}")
@@ -192,8 +203,9 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
     `ListToolsObservation`, a `CallToolAction` step with a `CallToolObservation`
     (the tool's ``result``, or an ``error``), and ``mcp`` frames and ``POST /mcp``
     speak JSON-RPC 2.0 (``tools/list``, ``tools/call``). Write ``reset`` and
-    ``state`` as for any `Environment`; override `step_other` for actions that
-    are not tool calls, and `tool_observation` to say more after a call.
+    ``state`` as for any `Environment`; to take actions of your own as well,
+    name them in the first type parameter (``MyAction``, or ``A | B``) and
+    override `step_other`; override `tool_observation` to say more after a call.
 
     Examples:
         ```python
@@ -240,11 +252,8 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         bind_type_attributes(cls, MCPEnvironment)
-        # The actions a client of a tool environment sends, whatever the type
-        # parameter says: the MCP actions are always accepted.
-        action_type = cls.action_type
-        if action_type is CallToolAction or action_type is dict:
-            cls.action_type = CallToolAction | ListToolsAction
+        # The MCP actions are always accepted, beside any the type parameter names.
+        cls.action_type = _with_tool_actions(cls.action_type)
         tools: dict[str, ToolSpec] = {}
         for klass in reversed(cls.__mro__):
             for name, value in vars(klass).items():

@@ -70,12 +70,13 @@ class StructUnionDecoder:
 
         Raises:
             msgspec.ValidationError: It fits none: the error of the member it
-                came closest to (the first whose fields cover its keys, else the first).
+                came closest to (the first whose fields cover its keys, else the
+                one covering most of them).
             msgspec.DecodeError: It is not an encoded object at all.
         """
         keys = self._keys(data).keys()
         first_error: msgspec.ValidationError | None = None
-        later: list[Any] = []
+        later: list[tuple[int, Any]] = []
         for names, decode in self._members:
             if keys <= names:
                 try:
@@ -83,8 +84,9 @@ class StructUnionDecoder:
                 except msgspec.ValidationError as exc:
                     first_error = first_error or exc
             else:
-                later.append(decode)
-        for decode in later:
+                later.append((len(keys & names), decode))
+        later.sort(key=lambda item: -item[0])  # stable: the order given breaks ties
+        for _, decode in later:
             try:
                 return decode(data)
             except msgspec.ValidationError as exc:

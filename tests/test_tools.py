@@ -1,0 +1,248 @@
+"""MCP tool environments: tools from typed methods, the client's tool methods, mcp frames, over every transport."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Annotated, Any
+
+import anyio
+import msgspec
+import pytest
+
+import openenv
+from openenv import CallToolAction, CallToolObservation, ListToolsAction, Observation, State
+from openenv.examples.echo import EchoEnv, EchoEnvironment
+from openenv.server import MCPEnvironment, ServerSession
+from tests.envs import MessageEchoEnv
+from tests.serving import TRANSPORTS, serving
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 30
+
+
+class Point(msgspec.Struct):
+    x: int
+    y: int = 0
+
+
+class Toolbox(MCPEnvironment[CallToolAction, CallToolObservation, State]):
+    """Tools of every kind, for the tests."""
+
+    threads: set[int] = set()
+
+    def __init__(self) -> None:
+        self._state = State()
+
+    def reset(self) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @openenv.tool
+    def add(self, a: int, b: Annotated[int, msgspec.Meta(ge=0)] = 1) -> int:
+        """Add b to a.
+
+        A plain method: it runs in a worker thread.
+        """
+        Toolbox.threads.add(threading.get_ident())
+        return a + b
+
+    @openenv.tool
+    async def norm(self, point: Point) -> dict[str, int]:
+        """The point's squared norm."""
+        return {"norm": point.x**2 + point.y**2}
+
+    @openenv.tool
+    async def fail(self) -> None:
+        """Always raises."""
+        raise RuntimeError("tool broke")
+
+    def helper(self) -> int:
+        return 0
+
+
+class SubToolbox(Toolbox):
+    """Inherits the tools; hides one, adds one."""
+
+    async def fail(self) -> None:  # overridden without the mark: no longer a tool
+        return None
+
+    @openenv.tool
+    async def sub(self, a: int, b: int) -> int:
+        """a - b."""
+        return a - b
+
+
+def test_tools_are_read_from_the_typed_methods() -> None:
+    assert list(Toolbox.tools) == ["add", "norm", "fail"]
+    assert list(SubToolbox.tools) == ["add", "norm", "sub"]
+    add = Toolbox.tools["add"].describe()
+    assert add.description == "Add b to a.\n\nA plain method: it runs in a worker thread."
+    assert add.input_schema == {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer", "minimum": 0, "default": 1}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    norm = Toolbox.tools["norm"].input_schema
+    assert norm["properties"]["point"] == {"$ref": "#/$defs/Point"}
+    assert norm["$defs"]["Point"]["required"] == ["x"]
+    assert Toolbox.action_type == CallToolAction | ListToolsAction
+
+
+def test_a_reserved_or_variadic_tool_is_refused_when_the_class_is_made() -> None:
+    with pytest.raises(ValueError, match="reserved"):
+
+        class Stepper(MCPEnvironment[Any, Any, Any]):
+            @openenv.tool
+            def step(self, action: Any) -> Any:  # type: ignore[override]
+                return action
+
+    with pytest.raises(TypeError, match="no \\*args"):
+
+        class Variadic(MCPEnvironment[Any, Any, Any]):
+            @openenv.tool
+            def spread(self, *values: int) -> int:
+                return sum(values)
+
+
+async def test_tool_calls_and_their_errors() -> None:
+    async with openenv.EnvClient("inproc://", factory=Toolbox) as env:
+        assert [tool.name for tool in await env.list_tools()] == ["add", "norm", "fail"]
+        assert await env.call_tool("add", a=2) == 3
+        assert await env.call_tool("add", a="2", b=3.0) == 5  # lax, as OpenEnv's tools are
+        assert Toolbox.threads and threading.get_ident() not in Toolbox.threads
+        assert await env.call_tool("norm", point={"x": 3, "y": 4}) == {"norm": 25}
+        for name, arguments, error_type, match in [
+            ("nope", {}, "tool_not_found", "not found"),
+            ("add", {"a": 1, "b": -1}, "invalid_args", ">= 0"),
+            ("add", {"a": 1, "c": 2}, "invalid_args", "unknown field"),
+            ("add", {}, "invalid_args", "missing required field `a`"),
+            ("fail", {}, "execution_error", "RuntimeError: tool broke"),
+        ]:
+            with pytest.raises(openenv.ToolCallError, match=match) as caught:
+                await env.call_tool(name, **arguments)
+            assert (caught.value.tool_name, caught.value.error_type) == (name, error_type)
+        # The whole observation, through step; the session went on after each error.
+        result = await env.step(CallToolAction(tool_name="fail"))
+        assert result.observation["error"] == {"error_type": "execution_error", "message": "RuntimeError: tool broke"}
+        with pytest.raises(openenv.ValidationError):
+            await env.step({"unexpected": 1})
+
+
+class Walk(openenv.Action, kw_only=True):
+    steps: int
+
+
+class Walker(MCPEnvironment[Walk, Observation, State]):
+    """Takes its own action beside the tool actions."""
+
+    def reset(self) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+    async def step_other(self, action: Walk) -> Observation:
+        return Observation(reward=action.steps)
+
+    @openenv.tool
+    async def look(self) -> str:
+        """Look around."""
+        return "a tree"
+
+
+async def test_a_tool_environment_with_actions_of_its_own() -> None:
+    assert Walker.action_type == CallToolAction | ListToolsAction | Walk
+    assert Toolbox.action_type == CallToolAction | ListToolsAction
+    async with openenv.EnvClient("inproc://", factory=Walker) as env:
+        assert (await env.step({"steps": "3"})).reward == 3
+        assert await env.call_tool("look") == "a tree"
+    # Without the override, another action is an error of the environment's.
+    with pytest.raises(ValueError, match="use ListToolsAction or CallToolAction"):
+        MCPEnvironment.step_other(Walker(), Walk(steps=1))
+
+
+async def test_an_environment_without_tools() -> None:
+    async with openenv.EnvClient("inproc://", factory=MessageEchoEnv) as env:
+        with pytest.raises(openenv.ValidationError):
+            await env.list_tools()
+        with pytest.raises(openenv.ValidationError):
+            await env.call_tool("echo_message", message="x")
+        with pytest.raises(openenv.MCPError, match="does not support MCP") as caught:
+            await env.mcp("tools/list")
+        assert caught.value.code == -32603
+        assert (await env.step({"message": "still"})).observation == {"echoed_message": "still"}
+
+
+async def ask(session: ServerSession, message: Any) -> Any:
+    with anyio.fail_after(5):
+        reply = await session.handle(json.dumps(message).encode())
+    return None if reply is None else json.loads(reply)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        ({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "nope"}, "id": 1}, -32602),
+        ({"jsonrpc": "2.0", "method": "tools/call", "params": {"arguments": {}}, "id": 1}, -32602),
+        ({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "add", "arguments": [1]}, "id": 1}, -32602),
+        (
+            {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "add", "arguments": {"a": "x"}}, "id": 1},
+            -32602,
+        ),
+        ({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "fail"}, "id": 1}, -32603),
+        ({"jsonrpc": "2.0", "method": "tools/call", "params": [1], "id": 1}, -32602),
+        ({"jsonrpc": "2.0", "method": "resources/list", "id": 1}, -32601),
+        ({"jsonrpc": "1.0", "method": "tools/list", "id": 1}, -32600),
+        ({"jsonrpc": "2.0", "id": 1}, -32600),
+    ],
+)
+async def test_mcp_frames_get_json_rpc_errors_and_the_session_goes_on(request_: dict[str, Any], code: int) -> None:
+    session = ServerSession(Toolbox())
+    reply = await ask(session, {"type": "mcp", "data": request_})
+    assert reply["type"] == "mcp"
+    assert reply["data"]["jsonrpc"] == "2.0"
+    assert reply["data"]["error"]["code"] == code
+    assert "result" not in reply["data"]
+    ok = await ask(session, {"type": "mcp", "data": {"jsonrpc": "2.0", "method": "tools/list", "id": 2}})
+    assert [tool["name"] for tool in ok["data"]["result"]["tools"]] == ["add", "norm", "fail"]
+    await session.aclose()
+
+
+async def test_mcp_tool_results_are_shaped_as_fastmcp_s() -> None:
+    session = ServerSession(Toolbox())
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "add", "arguments": {"a": 1}}, "id": "x"}
+    reply = await ask(session, {"type": "mcp", "data": call})
+    assert reply["data"] == {
+        "jsonrpc": "2.0",
+        "id": "x",
+        "result": {
+            "content": [{"type": "text", "text": "2"}],
+            "structured_content": {"result": 2},
+            "meta": None,
+            "data": 2,
+            "is_error": False,
+        },
+    }
+    await session.aclose()
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_the_echo_tools_over_every_transport(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, EchoEnvironment) as url, EchoEnv(url) as env:
+            assert [tool.name for tool in await env.list_tools()] == ["echo_message", "echo_with_length"]
+            assert await env.call_tool("echo_with_length", message="four") == {"message": "four", "length": 4}
+            with pytest.raises(openenv.ToolCallError):
+                await env.call_tool("echo_message")
+            result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hi"}))
+            assert (result.observation.echoed_message, result.observation.result) == ("Hi", "Hi")
+            listed = await env.mcp("tools/call", {"name": "echo_message", "arguments": {"message": "rpc"}})
+            assert listed["data"] == "rpc"
+            assert (await env.state()).step_count == 4  # mcp frames bypass step
