@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import anyio
 import msgspec
@@ -30,7 +30,7 @@ class Point(msgspec.Struct):
 class Toolbox(MCPEnvironment[CallToolAction, CallToolObservation, State]):
     """Tools of every kind, for the tests."""
 
-    threads: set[int] = set()
+    threads: ClassVar[set[int]] = set()
 
     def __init__(self) -> None:
         self._state = State()
@@ -115,7 +115,8 @@ async def test_tool_calls_and_their_errors() -> None:
         assert [tool.name for tool in await env.list_tools()] == ["add", "norm", "fail"]
         assert await env.call_tool("add", a=2) == 3
         assert await env.call_tool("add", a="2", b=3.0) == 5  # lax, as OpenEnv's tools are
-        assert Toolbox.threads and threading.get_ident() not in Toolbox.threads
+        assert Toolbox.threads
+        assert threading.get_ident() not in Toolbox.threads
         assert await env.call_tool("norm", point={"x": 3, "y": 4}) == {"norm": 25}
         for name, arguments, error_type, match in [
             ("nope", {}, "tool_not_found", "not found"),

@@ -58,10 +58,9 @@ async def test_an_environment_chooses_strict_validation() -> None:
     assert lax_reply["data"]["observation"]["count"] == 2
     assert strict_reply["data"]["code"] == "VALIDATION_ERROR"
     # A session's own option wins over the class's.
-    assert (
-        json.loads(await ServerSession(StrictCounterEnv(), strict=False).handle(frame) or b"")["type"] == "observation"
-    )
-    for session in (lax, strict):
+    relaxed = ServerSession(StrictCounterEnv(), strict=False)
+    assert json.loads(await relaxed.handle(frame) or b"")["type"] == "observation"
+    for session in (lax, strict, relaxed):
         await session.aclose()
 
 
@@ -83,7 +82,8 @@ def test_every_validation_failure_carries_an_errors_list(frame: bytes) -> None:
         ServerCodec(PLAIN, action_type=CountAction).decode_request(frame)
     assert info.value.code == "VALIDATION_ERROR"
     errors = info.value.extra["errors"]
-    assert errors and all({"type", "loc", "msg"} <= set(entry) for entry in errors)
+    assert errors
+    assert all({"type", "loc", "msg"} <= set(entry) for entry in errors)
 
 
 def test_a_step_without_data_is_reported_as_the_reference_does() -> None:
@@ -130,10 +130,12 @@ async def test_an_int_and_a_bool_reward_reach_the_client_as_sent() -> None:
     async with openenv.EnvClient(f"inproc://{__name__}:IntRewardEnv", factory=IntRewardEnv) as untyped:
         assert (await untyped.reset()).reward is True
         result = await untyped.step({"by": 2})
-        assert result.reward == 2 and type(result.reward) is int
+        assert result.reward == 2
+        assert type(result.reward) is int
     async with openenv.EnvClient[CountAction, CountObservation, CountState]("inproc://", factory=IntRewardEnv) as typed:
         result = await typed.step(CountAction(by=4))
-        assert type(result.reward) is int and type(result.observation.reward) is int
+        assert type(result.reward) is int
+        assert type(result.observation.reward) is int
 
 
 # -- a union of observation types ---------------------------------------------------
