@@ -70,7 +70,7 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         self._observation_union = (
             StructUnionDecoder(members, encoding=dialect.encoding) if members is not None else None
         )
-        wire_observation = msgspec.Raw if members is not None else observation_type
+        wire_observation: Any = msgspec.Raw if members is not None else observation_type
         reply_type = Union[  # noqa: UP007
             ObservationReply[wire_observation], StateReply[state_type], ErrorReply, MCPMessage
         ]

@@ -9,12 +9,14 @@ channel, and ``POST /mcp`` (JSON-RPC 2.0, a fresh environment per request).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
+import operator
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar, Union
+from typing import Any, ClassVar, TypeVar
 
 import anyio.to_thread
 import msgspec
@@ -139,7 +141,7 @@ def _with_tool_actions(action_type: Any) -> Any:
         is_struct = isinstance(action_type, type) and issubclass(action_type, msgspec.Struct)
         members = (action_type,) if is_struct else ()
     others = [member for member in members if member not in (CallToolAction, ListToolsAction)]
-    return Union[(CallToolAction, ListToolsAction, *others)]
+    return functools.reduce(operator.or_, others, CallToolAction | ListToolsAction)
 
 
 def _object_schema(struct_type: Any) -> dict[str, Any]:

@@ -186,6 +186,11 @@ def _describe(result: Any) -> str:
     )
 
 
+def _observed(result: Any, name: str) -> Any:
+    """A field of a result's observation (the echo client's type is a union: not every member has it)."""
+    return getattr(result.observation, name, None)
+
+
 def _check(condition: bool, what: str) -> None:
     if not condition:
         raise _DemoFailure(what)
@@ -199,20 +204,25 @@ async def _exercise_async(url: str) -> list[str]:
     async with EchoEnv(url, timeout=10.0) as env:
         result = await env.reset()
         lines.append(f"reset()                  -> {_describe(result)}")
-        _check(result.observation.echoed_message == "" and not result.done, "reset() gave a fresh episode")
+        _check(_observed(result, "echoed_message") == "" and not result.done, "reset() gave a fresh episode")
         action = CallToolAction(tool_name="echo_message", arguments={"message": "Hello, openenv!"})
         result = await env.step(action)
         lines.append(f"step(echo_message)       -> {_describe(result)}")
-        _check(result.observation.echoed_message == "Hello, openenv!", "step() echoed the message")
+        _check(_observed(result, "echoed_message") == "Hello, openenv!", "step() echoed the message")
         result = await env.reset_async(episode_id="demo-episode")
         lines.append(f"reset_async(episode_id)  -> {_describe(result)}")
         action = CallToolAction(tool_name="echo_with_length", arguments={"message": "async"})
         result = await env.step_async(action)
         lines.append(f"step_async(with_length)  -> {_describe(result)}")
-        _check(result.observation.result == {"message": "async", "length": 5}, "step_async() measured the message")
+        _check(_observed(result, "result") == {"message": "async", "length": 5}, "step_async() measured the message")
         state = await env.state()
         lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
         _check(state.episode_id == "demo-episode" and state.step_count == 1, "state() followed the episode")
+        tools = [tool.name for tool in await env.list_tools()]
+        lines.append(f"list_tools()             -> {tools}")
+        echoed = await env.call_tool("echo_message", message="tool")
+        lines.append(f"call_tool(echo_message)  -> {echoed!r}")
+        _check(tools == ["echo_message", "echo_with_length"] and echoed == "tool", "the MCP tools answered")
     return lines
 
 
@@ -226,7 +236,7 @@ def _exercise_sync(url: str, backend: str) -> list[str]:
         lines.append(f"reset(episode_id)        -> {_describe(result)}")
         result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello, sync!"}))
         lines.append(f"step(echo_message)       -> {_describe(result)}")
-        _check(result.observation.echoed_message == "Hello, sync!", "step() echoed the message")
+        _check(_observed(result, "echoed_message") == "Hello, sync!", "step() echoed the message")
         state = env.state()
         lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
         _check(state.episode_id == "sync-episode" and state.step_count == 1, "state() followed the episode")

@@ -69,13 +69,16 @@ class EchoState(State):
     """The echo environment's state: the episode and its step count."""
 
 
-class EchoEnvironment(MCPEnvironment[CallToolAction, EchoObservation, EchoState]):
+class EchoEnvironment(MCPEnvironment[CallToolAction, Observation, EchoState]):
     """Echoes messages back, through two MCP tools; the reward is a tenth of the message's length.
 
     Its tools are coroutines: the work is trivial, so it runs on the event loop
     rather than in a worker thread. Episodes never end by themselves (``done``
     is always false).
     """
+
+    # A reset gives a bare Observation, a call an EchoObservation: /schema shows the richer one.
+    observation_type = EchoObservation
 
     def __init__(self) -> None:
         self._state = EchoState(episode_id=str(uuid.uuid4()))
