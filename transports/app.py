@@ -125,7 +125,7 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
         pydantic schemas are). The observation's schema names every field,
         ``done``, ``reward`` and ``metadata`` included, although on the wire
         ``done`` and ``reward`` travel beside the others and ``metadata`` not at
-        all (see [the protocol](protocol.md)). A tool environment's action
+        all. A tool environment's action
         schema lists its tools' names.
     """
     cls = _environment_class(factory)
