@@ -297,12 +297,13 @@ class ServerCodec(Generic[ActT]):
             value = self._decode_any(raw) if raw else None
         except msgspec.DecodeError:
             value = None
-        return RequestError(
-            "VALIDATION_ERROR",
-            "Invalid message",
-            extra={"errors": validation_errors(exc, value)},
-            request_id=request_id,
-        )
+        if isinstance(value, dict):
+            errors = validation_errors(exc, value)
+        else:  # The frame's data itself is no object: say so as the reference does.
+            errors = [
+                {"type": "dict_type", "loc": ["data"], "msg": "Input should be a valid dictionary", "input": value}
+            ]
+        return RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": errors}, request_id=request_id)
 
     def decode_request(self, frame: bytes) -> tuple[str, Any, int | None]:
         """Decode one request frame.

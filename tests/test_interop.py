@@ -380,3 +380,23 @@ async def test_our_mcp_frames_match_the_reference_for_an_environment_without_too
         reference_error.value.code,
         reference_error.value.message,
     )
+
+
+async def test_validation_errors_carry_the_same_errors_list_on_both_servers(reference_server: ReferenceServer) -> None:
+    """A step without data, and one with a non-object: both servers name the field, the same way."""
+
+    async def errors_of(url: str, frame: bytes) -> list[dict[str, Any]]:
+        transport = ManglingTransport(url)
+        async with EnvClient(transport=transport) as env:
+            transport.replacement = frame
+            with pytest.raises(openenv.ValidationError) as info:
+                await env.state()
+            return info.value.errors
+
+    with anyio.fail_after(LIMIT):
+        async with openenv.serve(MessageEchoEnv, port=0) as server:
+            for frame in (b'{"type": "step"}', b'{"type": "step", "data": "hi"}'):
+                theirs = await errors_of(reference_server.base_url, frame)
+                ours = await errors_of(server.url, frame)
+                assert [error["loc"] for error in ours] == [error["loc"] for error in theirs] == [["data"]]
+    assert ours[0]["input"] == theirs[0]["input"] == "hi"
