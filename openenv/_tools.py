@@ -328,11 +328,16 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
             return await self.call_tool(action.tool_name, action.arguments)
         if isinstance(action, ListToolsAction):
             return ListToolsObservation(tools=self.list_tools())
-        result = self.step_other(action)
+        if inspect.iscoroutinefunction(self.step_other):
+            return await self.step_other(action)
+        # A plain override may be slow: keep it off the event loop, as plain steps are.
+        result = await anyio.to_thread.run_sync(self.step_other, action)
         return (await result) if inspect.isawaitable(result) else result
 
     def step_other(self, action: Any) -> Observation | Awaitable[Observation]:
         """Handle an action that is neither a `ListToolsAction` nor a `CallToolAction`.
+
+        A plain override runs in a worker thread, an ``async`` one on the event loop.
 
         Args:
             action: The action.

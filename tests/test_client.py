@@ -11,7 +11,14 @@ import pytest
 
 import openenv
 from openenv import Dialect, EnvClient, Transport
-from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment, EchoObservation, EchoState
+from openenv.examples.echo import (
+    CallToolAction,
+    EchoEnv,
+    EchoEnvironment,
+    EchoObservation,
+    EchoState,
+    ListToolsAction,
+)
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from transports.inprocess import InProcessTransport
 
@@ -67,7 +74,7 @@ class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
 def test_type_parameters_drive_decoding() -> None:
     assert CounterClient.observation_type is CountObservation
     assert CounterClient.state_type is CountState
-    assert EchoEnv.action_type is CallToolAction
+    assert EchoEnv.action_type == CallToolAction | ListToolsAction
     assert EnvClient.observation_type is dict
 
     class Deeper(CounterClient):

@@ -144,7 +144,7 @@ class EchoEnvironment(MCPEnvironment[CallToolAction, Observation, EchoState]):
         return self._state
 
 
-class EchoEnv(EnvClient[CallToolAction, EchoObservation | ListToolsObservation, EchoState]):
+class EchoEnv(EnvClient[CallToolAction | ListToolsAction, EchoObservation | ListToolsObservation, EchoState]):
     """The typed client of the echo environment: no parsing code needed.
 
     Its observation type is a union: each reply is decoded into the type it
