@@ -51,6 +51,9 @@ class StructUnionDecoder:
     def __init__(self, members: tuple[type[msgspec.Struct], ...], *, encoding: str, strict: bool = True) -> None:
         module: Any = msgspec.msgpack if encoding == "msgpack" else msgspec.json
         self._keys = module.Decoder(dict[str, msgspec.Raw]).decode
+        # Members that refuse unknown fields (actions) never take an object that is not
+        # theirs: the first to validate is the one, and the keys need no reading.
+        self._exact = all(member.__struct_config__.forbid_unknown_fields for member in members)
         self._members = [
             (
                 frozenset(field.encode_name for field in msgspec.structs.fields(member)),
@@ -74,6 +77,8 @@ class StructUnionDecoder:
                 one covering most of them).
             msgspec.DecodeError: It is not an encoded object at all.
         """
+        if self._exact:
+            return self._first_that_validates(data)
         keys = self._keys(data).keys()
         first_error: msgspec.ValidationError | None = None
         later: list[tuple[int, Any]] = []
@@ -87,6 +92,16 @@ class StructUnionDecoder:
                 later.append((len(keys & names), decode))
         later.sort(key=lambda item: -item[0])  # stable: the order given breaks ties
         for _, decode in later:
+            try:
+                return decode(data)
+            except msgspec.ValidationError as exc:
+                first_error = first_error or exc
+        assert first_error is not None
+        raise first_error
+
+    def _first_that_validates(self, data: bytes | msgspec.Raw) -> Any:
+        first_error: msgspec.ValidationError | None = None
+        for _, decode in self._members:
             try:
                 return decode(data)
             except msgspec.ValidationError as exc:
