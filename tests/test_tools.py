@@ -247,3 +247,17 @@ async def test_the_echo_tools_over_every_transport(kind: str) -> None:
             listed = await env.mcp("tools/call", {"name": "echo_message", "arguments": {"message": "rpc"}})
             assert listed["data"] == "rpc"
             assert (await env.state()).step_count == 4  # mcp frames bypass step
+
+
+async def test_bad_mcp_frames_and_failing_tools_leave_other_sessions_unharmed() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving("ws", Toolbox) as url, openenv.EnvClient(url) as noisy, openenv.EnvClient(url) as quiet:
+            assert await quiet.call_tool("add", a=1) == 2
+            with pytest.raises(openenv.ToolCallError):
+                await noisy.call_tool("fail")
+            with pytest.raises(openenv.MCPError):
+                await noisy.mcp("tools/call", {"name": "add", "arguments": "not an object"})
+            with pytest.raises(openenv.ValidationError):
+                await noisy.step({"type": "call_tool"})  # no tool_name
+            assert await quiet.call_tool("add", a=2, b=2) == 4
+            assert await noisy.call_tool("add", a=0) == 1  # and the noisy one goes on too
