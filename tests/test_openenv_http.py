@@ -103,7 +103,7 @@ async def test_openapi_is_generated_from_the_msgspec_schemas() -> None:
     components = document["components"]["schemas"]
     assert components["Action"] == schemas["action"]
     assert components["Observation"] == schemas["observation"]
-    assert components["_StepRequest"]["required"] == ["action"]
+    assert components["StepRequest"]["required"] == ["action"]
 
 
 async def test_metadata_derives_a_description_as_the_reference_does() -> None:

@@ -51,26 +51,51 @@ class _JSONResponse(Response):
         return msgspec.json.encode(content)
 
 
-class _ResetRequest(msgspec.Struct, kw_only=True):
-    """The body of ``POST /reset`` (optional): reset's keyword arguments; others pass through."""
+class ResetRequest(msgspec.Struct, kw_only=True):
+    """The body of ``POST /reset`` (optional), for ``/openapi.json``.
+
+    Any other keyword is passed on too, if the environment's ``reset`` takes it.
+
+    Attributes:
+        seed: The episode's random seed.
+        episode_id: The episode's id.
+    """
 
     seed: int | None = None
     episode_id: str | None = None
 
 
-class _StepRequest(msgspec.Struct, kw_only=True):
-    """The body of ``POST /step``."""
+class StepRequest(msgspec.Struct, kw_only=True):
+    """The body of ``POST /step``.
+
+    Attributes:
+        action: The action's fields.
+        timeout_s: Accepted for OpenEnv's clients, and unused (as on ``/ws``).
+    """
 
     action: dict[str, Any]
     timeout_s: float | None = None
 
 
-class _HealthResponse(msgspec.Struct):
+class HealthResponse(msgspec.Struct):
+    """The answer of ``GET /health``.
+
+    Attributes:
+        status: Always ``"healthy"``.
+    """
+
     status: str = "healthy"
 
 
-class _JSONRPCRequest(msgspec.Struct, kw_only=True):
-    """A JSON-RPC 2.0 request to ``POST /mcp``."""
+class JSONRPCRequest(msgspec.Struct, kw_only=True):
+    """A JSON-RPC 2.0 request to ``POST /mcp``, for ``/openapi.json``.
+
+    Attributes:
+        jsonrpc: Always ``"2.0"``.
+        method: ``"tools/list"`` or ``"tools/call"``.
+        params: The method's parameters (``name`` and ``arguments`` for a call).
+        id: The request's id, echoed in the response.
+    """
 
     jsonrpc: str
     method: str
@@ -126,8 +151,8 @@ def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.Envir
         ``Observation`` and ``State``.
     """
     template = "#/components/schemas/{name}"
-    (reset_ref, step_ref, health_ref, rpc_ref), components = msgspec.json.schema_components(
-        [_ResetRequest, _StepRequest, _HealthResponse, _JSONRPCRequest], ref_template=template
+    (reset_ref, step_ref, _, rpc_ref), components = msgspec.json.schema_components(
+        [ResetRequest, StepRequest, HealthResponse, JSONRPCRequest], ref_template=template
     )
     components["Action"] = schemas["action"]
     components["Observation"] = schemas["observation"]
@@ -152,7 +177,7 @@ def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.Envir
 
     errors = {"422": {"description": "The request does not fit"}, "500": {"description": "The environment raised"}}
     paths = {
-        "/health": {"get": {"summary": "Health check", "responses": ok("_HealthResponse", "Healthy")}},
+        "/health": {"get": {"summary": "Health check", "responses": ok("HealthResponse", "Healthy")}},
         "/metadata": {"get": {"summary": "Environment metadata", "responses": ok("Metadata", "The metadata")}},
         "/schema": {
             "get": {
@@ -183,7 +208,6 @@ def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.Envir
             }
         },
     }
-    del health_ref
     return {
         "openapi": "3.1.0",
         "info": {
@@ -226,7 +250,7 @@ def openenv_http_routes(
 
     async def step(request: Request) -> Response:
         try:
-            body = msgspec.json.decode(await request.body(), type=_StepRequest)
+            body = msgspec.json.decode(await request.body(), type=StepRequest)
         except msgspec.ValidationError as exc:
             errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
             return _JSONResponse({"detail": errors}, status_code=422)
