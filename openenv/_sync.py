@@ -1,14 +1,26 @@
-"""`SyncEnvClient`: the blocking facade of an `EnvClient`, on anyio's blocking portal."""
+"""`SyncEnvClient`: the blocking facade of an `EnvClient`, on anyio's blocking portal.
+
+Two promises shape this module: Ctrl-C interrupts any blocking call at once
+(the async work behind it is cancelled, never waited for), and a facade left
+open never keeps the interpreter from exiting (its event loop runs in a daemon
+thread; a forgotten client is closed, with a `ResourceWarning`, when it is
+collected or at exit, as an unclosed file is).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from contextlib import AbstractContextManager
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import anyio
 import anyio.lowlevel
-from anyio.from_thread import BlockingPortal, BlockingPortalProvider
+from anyio.from_thread import BlockingPortal
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
 from ._exceptions import ClientStateError
@@ -20,29 +32,196 @@ if TYPE_CHECKING:
 
 __all__ = ["SyncEnvClient"]
 
-# One event-loop thread per backend, shared by every sync client that is open and
-# started on demand; it stops when the last of them closes.
-_providers: dict[str, BlockingPortalProvider] = {}
-_providers_lock = threading.Lock()
+_T = TypeVar("_T")
+
+# How long an interrupted connect, or a close at exit, may take to unwind before
+# the caller gets control back regardless (the work is already cancelled).
+_UNWIND_TIMEOUT = 5.0
 
 
-def _provider(backend: str) -> BlockingPortalProvider:
-    with _providers_lock:
-        provider = _providers.get(backend)
-        if provider is None:
-            provider = _providers[backend] = BlockingPortalProvider(backend=backend)
-        return provider
-
-
-def _refuse_inside_event_loop(name: str) -> None:
+def _in_event_loop() -> bool:
     try:
         anyio.lowlevel.current_token()
     except RuntimeError:
-        return  # no event loop in this thread: blocking is fine
-    raise ClientStateError(
-        f"SyncEnvClient.{name}() blocks, so it cannot run inside an event loop; "
-        "await the EnvClient's own methods instead"
-    )
+        return False
+    return True
+
+
+def _refuse_inside_event_loop(name: str) -> None:
+    if _in_event_loop():
+        raise ClientStateError(
+            f"SyncEnvClient.{name}() blocks, so it cannot run inside an event loop; "
+            "await the EnvClient's own methods instead"
+        )
+
+
+class _LoopThread:
+    """One event loop in a daemon thread, shared by every open sync client of a backend.
+
+    Started by the first `acquire` and stopped by the last `release`. anyio's
+    `BlockingPortalProvider` does the same, but stopping its portal blocks on the
+    loop thread; at interpreter exit that thread is already frozen, so a portal
+    still open then (a client nobody closed) hung the process for good.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._leases = 0
+        self._portal: BlockingPortal | None = None
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> BlockingPortal:
+        with self._lock:
+            if self._portal is None:
+                self._portal, self._thread = self._start()
+            self._leases += 1
+            return self._portal
+
+    def release(self) -> None:
+        with self._lock:
+            self._leases -= 1
+            if self._leases:
+                return
+            portal, thread = self._portal, self._thread
+            self._portal = self._thread = None
+        assert portal is not None
+        assert thread is not None
+        # Every client of this loop is closed: whatever still runs is abandoned work.
+        # (RuntimeError: the loop has ended already.)
+        with contextlib.suppress(RuntimeError):
+            portal.call(portal.stop, True)
+        thread.join(_UNWIND_TIMEOUT)
+
+    def _start(self) -> tuple[BlockingPortal, threading.Thread]:
+        ready: Future[BlockingPortal] = Future()
+
+        async def run_portal() -> None:
+            async with BlockingPortal() as portal:
+                ready.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        def run() -> None:
+            try:
+                anyio.run(run_portal, backend=self.backend)
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+
+        thread = threading.Thread(target=run, name=f"openenv-sync-{self.backend}", daemon=True)
+        thread.start()
+        return ready.result(), thread
+
+
+_loop_threads: dict[str, _LoopThread] = {}
+_loop_threads_lock = threading.Lock()
+
+
+def _loop_thread(backend: str) -> _LoopThread:
+    with _loop_threads_lock:
+        loop = _loop_threads.get(backend)
+        if loop is None:
+            loop = _loop_threads[backend] = _LoopThread(backend)
+        return loop
+
+
+def _call(portal: BlockingPortal, function: Callable[[], Awaitable[_T]]) -> _T:
+    """Run ``function()`` on the portal and return its result; Ctrl-C cancels it there."""
+    future = portal.start_task_soon(function)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()  # no effect once it has finished: its own error passes through
+        raise
+
+
+class _OpenClient:
+    """An async client held open by one task on a loop thread, until `close`.
+
+    Kept apart from the facade, so that a finalizer can still close it once the
+    facade is gone.
+
+    Raises:
+        BaseException: Whatever connecting raised, or the interrupt (Ctrl-C) that
+            cut it short; the connect is then cancelled and unwound.
+    """
+
+    def __init__(self, client: EnvClient[Any, Any, Any], loop: _LoopThread) -> None:
+        self.client = client
+        self._loop = loop
+        self.portal = loop.acquire()
+        self._connected: Future[None] = Future()
+        self._finished = threading.Event()
+        self._stop: anyio.Event | None = None
+        self._closed = False
+        self._task: Future[None] | None = None
+        try:
+            self._task = self.portal.start_task_soon(self._hold_open)
+            self._connected.result()
+        except BaseException:
+            # Refused, or interrupted: cancel the connect rather than wait it out.
+            if self._task is not None:
+                self._task.cancel()
+            self._release()
+            raise
+
+    async def _hold_open(self) -> None:
+        # Entered and left in this one task, as a transport's task group needs.
+        try:
+            stop = anyio.Event()
+            async with self.client:
+                self._stop = stop
+                self._connected.set_result(None)
+                await stop.wait()
+        except BaseException as exc:
+            if not self._connected.done():
+                self._connected.set_exception(exc)
+            raise
+        finally:
+            self._finished.set()
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Close the client and release the loop; Ctrl-C (or ``timeout``) cancels the close."""
+        if self._closed:
+            return
+        self._closed = True
+        assert self._task is not None
+        assert self._stop is not None
+        try:
+            try:
+                self.portal.call(self._stop.set)
+            except RuntimeError:
+                return  # the loop has ended, and the client with it
+            self._task.result(timeout)
+        except BaseException:
+            self._task.cancel()
+            raise
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        try:
+            self._finished.wait(_UNWIND_TIMEOUT)  # a cancelled task still unwinds: bounded
+        finally:
+            self._loop.release()
+
+
+def _close_abandoned(opened: _OpenClient, description: str) -> None:
+    """Close a client whose facade was collected, or left open at exit; warn as an unclosed file does."""
+    try:
+        if _in_event_loop():
+            # Collected inside some event loop: close elsewhere rather than block it.
+            threading.Thread(target=_close_quietly, args=(opened,), daemon=True).start()
+        else:
+            _close_quietly(opened)
+    finally:
+        warnings.warn(f"unclosed {description}: close it, or use it in a `with` block", ResourceWarning, stacklevel=1)
+
+
+def _close_quietly(opened: _OpenClient) -> None:
+    with contextlib.suppress(Exception):  # nobody is left to tell: the client was abandoned
+        opened.close(timeout=_UNWIND_TIMEOUT)
 
 
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
@@ -93,9 +272,8 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
         self.client = client
         self.backend = backend
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
-        self._portal: BlockingPortal | None = None
-        self._client_cm: AbstractContextManager[Any] | None = None
+        self._open: _OpenClient | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     def __repr__(self) -> str:
         return f"<SyncEnvClient of {self.client!r}>"
@@ -123,6 +301,11 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def connect(self) -> Self:
         """Connect the client; pair with `close` (or use ``with``).
 
+        Ctrl-C while it connects cancels the connect and raises
+        `KeyboardInterrupt` at once. A facade never closed is closed when it is
+        garbage-collected, or at the latest when the interpreter exits, with a
+        `ResourceWarning` (as an unclosed file is): it never keeps the process alive.
+
         Returns:
             This facade.
 
@@ -131,45 +314,37 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Already connected or closed, or called inside an event loop.
             UnsupportedSchemeError: No transport handles the URL's scheme.
             ValueError: The transport rejected the URL or an option.
-            TypeError: The transport does not take an option given, or msgspec
-                cannot decode into the client's types.
+            TypeError: msgspec cannot decode into the client's types.
         """
         _refuse_inside_event_loop("connect")
-        if self._portal is not None:
+        if self._open is not None:
             raise ClientStateError("this SyncEnvClient is already connected")
-        portal_cm = _provider(self.backend)
-        portal = portal_cm.__enter__()
-        try:
-            # Entered and left in one task of the portal, as the transport needs.
-            client_cm = portal.wrap_async_context_manager(self.client)
-            client_cm.__enter__()
-        except BaseException:
-            portal_cm.__exit__(None, None, None)
-            raise
-        self._portal_cm, self._portal, self._client_cm = portal_cm, portal, client_cm
+        opened = _OpenClient(self.client, _loop_thread(self.backend))
+        self._open = opened
+        self._finalizer = weakref.finalize(self, _close_abandoned, opened, repr(self))
         return self
 
     def close(self) -> None:
         """Close the client (see `EnvClient.close`) and release the event-loop thread. Idempotent.
 
+        Ctrl-C while it closes cuts the close short (the server is then not told).
+
         Raises:
             ClientStateError: Called inside an event loop.
         """
         _refuse_inside_event_loop("close")
-        client_cm, portal_cm = self._client_cm, self._portal_cm
-        self._client_cm = self._portal_cm = self._portal = None
-        try:
-            if client_cm is not None:
-                client_cm.__exit__(None, None, None)
-        finally:
-            if portal_cm is not None:
-                portal_cm.__exit__(None, None, None)
+        opened, finalizer = self._open, self._finalizer
+        self._open = self._finalizer = None
+        if finalizer is not None:
+            finalizer.detach()
+        if opened is not None:
+            opened.close()
 
     def _portal_or_raise(self, name: str) -> BlockingPortal:
         _refuse_inside_event_loop(name)
-        if self._portal is None:
+        if self._open is None:
             raise ClientStateError("the SyncEnvClient is not connected: use `with` or call connect()")
-        return self._portal
+        return self._open.portal
 
     def reset(
         self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
@@ -194,7 +369,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("reset")
-        return portal.call(lambda: self.client.reset(timeout=timeout, **kwargs))
+        return _call(portal, lambda: self.client.reset(timeout=timeout, **kwargs))
 
     def step(self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
         """Take one step, blocking; see `EnvClient.step`.
@@ -219,7 +394,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("step")
-        return portal.call(lambda: self.client.step(action, timeout=timeout))
+        return _call(portal, lambda: self.client.step(action, timeout=timeout))
 
     def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
         """Ask for the environment's state, blocking; see `EnvClient.state`.
@@ -240,7 +415,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("state")
-        return portal.call(lambda: self.client.state(timeout=timeout))
+        return _call(portal, lambda: self.client.state(timeout=timeout))
 
     def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
         """List the tools of an MCP tool environment, blocking; see `EnvClient.list_tools`.
@@ -261,7 +436,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("list_tools")
-        return portal.call(lambda: self.client.list_tools(timeout=timeout))
+        return _call(portal, lambda: self.client.list_tools(timeout=timeout))
 
     def call_tool(
         self, name: str, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
@@ -286,7 +461,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("call_tool")
-        return portal.call(lambda: self.client.call_tool(name, timeout=timeout, **arguments))
+        return _call(portal, lambda: self.client.call_tool(name, timeout=timeout, **arguments))
 
     def mcp(
         self,
@@ -314,4 +489,4 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
         portal = self._portal_or_raise("mcp")
-        return portal.call(lambda: self.client.mcp(method, params, timeout=timeout))
+        return _call(portal, lambda: self.client.mcp(method, params, timeout=timeout))

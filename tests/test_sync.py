@@ -85,3 +85,21 @@ def test_sync_tools() -> None:
         with pytest.raises(openenv.ToolCallError):
             env.call_tool("nope")
         assert env.mcp("tools/call", {"name": "echo_message", "arguments": {"message": "m"}})["data"] == "m"
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_facade_collected_while_open_is_closed_with_a_resource_warning(backend: str) -> None:
+    env = EchoEnv(URL).sync(backend=backend).connect()
+    client = env.client
+    env.reset()
+    with pytest.warns(ResourceWarning, match=r"unclosed <SyncEnvClient of <EchoEnv inproc://"):
+        del env  # the last reference: collected at once
+    assert not client.is_connected
+
+
+def test_a_failed_connect_releases_the_event_loop_thread() -> None:
+    env = openenv.EnvClient("inproc://no_such_module_here:Factory").sync()
+    with pytest.raises(openenv.ConnectError):
+        env.connect()
+    with EchoEnv(URL).sync() as working:  # the shared loop thread is still usable
+        assert working.reset().reward == 0.0

@@ -1,0 +1,206 @@
+"""The blocking facade in a real process: Ctrl-C (a real SIGINT) interrupts it, and it never keeps a process alive.
+
+Each test runs a small script in a subprocess, as a user would, over WebSocket and
+HTTP long-polling, with the facade on asyncio and on trio. The servers run in
+this process (under the test's own backend); a silent one is a listening socket
+that accepts connections and never answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar
+
+import anyio
+import pytest
+
+import openenv
+from tests.envs import AsyncCounterEnv, CountAction, CountObservation
+from tests.serving import factory_path
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="sends SIGINT")
+
+SCHEMES = ["ws", "http+poll"]
+SYNC_BACKENDS = ["asyncio", "trio"]
+
+# Generous: a process that is not done by then is hung, which is the bug.
+_PROCESS_WAIT = 60.0
+
+_CONNECT_THEN_WAIT = """
+import sys
+from openenv import EnvClient
+url, backend = sys.argv[1:3]
+env = EnvClient(url, connect_timeout=None).sync(backend=backend)
+print("connecting", flush=True)
+try:
+    env.connect()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    raise
+print("connected, unexpectedly", flush=True)
+"""
+
+_STEP_THEN_WAIT = """
+import sys
+from openenv import EnvClient
+url, backend = sys.argv[1:3]
+with EnvClient(url).sync(backend=backend) as env:
+    env.reset()
+    print("stepping", flush=True)
+    try:
+        env.step({}, timeout=None)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+print("closed", flush=True)
+"""
+
+_LEAVE_OPEN = """
+import sys
+from openenv import EnvClient
+url, backend = sys.argv[1:3]
+env = EnvClient(url).sync(backend=backend).connect()
+env.reset()
+print("done, client left open", flush=True)
+"""
+
+# The user's steps: a third client meets a full server, the error is caught, the client never closed.
+_CAPACITY_CAUGHT_THEN_WAIT = """
+import sys, threading
+import openenv
+from openenv import EnvClient
+url, backend = sys.argv[1:3]
+first = EnvClient(url).sync(backend=backend).connect()
+first.reset()
+second = EnvClient(url).sync(backend=backend).connect()
+try:
+    second.reset()
+except openenv.CapacityReachedError:
+    print("capacity reached", flush=True)
+threading.Event().wait()
+"""
+
+
+class _StepsUntilReleased(AsyncCounterEnv):
+    """Its step sets `stepping`, then waits for `released` (the client has given up by then)."""
+
+    stepping: ClassVar[anyio.Event]
+    released: ClassVar[anyio.Event]
+
+    async def step(self, action: CountAction) -> CountObservation:
+        type(self).stepping.set()
+        await type(self).released.wait()
+        return await super().step(action)
+
+
+def _start(script: str, url: str, backend: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-W", "always::ResourceWarning", "-c", textwrap.dedent(script), url, backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        stdout, stderr = process.communicate(timeout=_PROCESS_WAIT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the process hung; its output:\n{stdout}\n{stderr}")
+    return process.returncode, stdout, stderr
+
+
+def _read_line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:  # the process died early: show why
+        pytest.fail(f"the process ended early:\n{_finish(process)}")
+    return line.strip()
+
+
+@contextmanager
+def _silent_server() -> Iterator[tuple[socket.socket, int]]:
+    """A listening socket that accepts connections and never says a word."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(_PROCESS_WAIT)
+        yield listener, listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_ctrl_c_while_connecting_interrupts_at_once(scheme: str, backend: str) -> None:
+    with _silent_server() as (listener, port):
+        process = _start(_CONNECT_THEN_WAIT, f"{scheme}://127.0.0.1:{port}", backend)
+        assert _read_line(process) == "connecting"
+        connection, _ = listener.accept()  # the client is now waiting for an answer
+        with connection:
+            process.send_signal(signal.SIGINT)
+            returncode, stdout, stderr = _finish(process)
+    assert stdout.strip() == "interrupted", stderr
+    assert "KeyboardInterrupt" in stderr
+    assert returncode != 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_ctrl_c_during_a_step_interrupts_it_and_the_client_closes(scheme: str, backend: str) -> None:
+    _StepsUntilReleased.stepping, _StepsUntilReleased.released = anyio.Event(), anyio.Event()
+    async with openenv.serve(_StepsUntilReleased) as server:
+        url = server.url.replace("http://", f"{scheme}://", 1)
+        process = _start(_STEP_THEN_WAIT, url, backend)
+        try:
+            assert await anyio.to_thread.run_sync(_read_line, process) == "stepping"
+            with anyio.fail_after(_PROCESS_WAIT):
+                await _StepsUntilReleased.stepping.wait()  # the client is now waiting for the reply
+            process.send_signal(signal.SIGINT)
+            assert await anyio.to_thread.run_sync(_read_line, process) == "interrupted"
+            _StepsUntilReleased.released.set()  # a late reply, for the closing client to drop
+            returncode, stdout, stderr = await anyio.to_thread.run_sync(_finish, process)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert stdout.split() == ["closed"], stderr
+    assert returncode == 0, stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_client_left_open_lets_the_process_exit_and_warns(scheme: str, backend: str) -> None:
+    async with openenv.serve(factory_path(AsyncCounterEnv)) as server:
+        url = server.url.replace("http://", f"{scheme}://", 1)
+        process = _start(_LEAVE_OPEN, url, backend)
+        returncode, stdout, stderr = await anyio.to_thread.run_sync(_finish, process)
+    assert returncode == 0, stderr
+    assert stdout.strip() == "done, client left open"
+    assert "ResourceWarning: unclosed <SyncEnvClient" in stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_ctrl_c_ends_a_process_holding_a_client_refused_for_capacity(scheme: str, backend: str) -> None:
+    async with openenv.serve(factory_path(AsyncCounterEnv), max_sessions=1) as server:
+        url = server.url.replace("http://", f"{scheme}://", 1)
+        process = _start(_CAPACITY_CAUGHT_THEN_WAIT, url, backend)
+        try:
+            assert await anyio.to_thread.run_sync(_read_line, process) == "capacity reached"
+            process.send_signal(signal.SIGINT)
+            returncode, _, stderr = await anyio.to_thread.run_sync(_finish, process)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert "KeyboardInterrupt" in stderr
+    assert "ResourceWarning: unclosed <SyncEnvClient" in stderr
+    assert returncode != 0
