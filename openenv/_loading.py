@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
-__all__ = ["load_factory"]
+import msgspec
+
+from ._client import EnvClient
+from ._environment import Environment
+from ._sync import SyncEnvClient
+
+__all__ = ["check_factory", "load_factory"]
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -23,7 +30,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
     Raises:
         ValueError: ``spec`` is not of the ``module:attribute`` form.
         ImportError: The module cannot be imported, or has no such attribute.
-        TypeError: The object is not callable.
+        TypeError: The object cannot build environments (see `check_factory`).
 
     Examples:
         ```python
@@ -42,7 +49,68 @@ def load_factory(spec: str) -> Callable[[], Any]:
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ImportError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if not callable(target):
-        raise TypeError(f"{spec!r} is not callable")
+            defines = _defines(module, module_name, " (it defines {})")
+            raise ImportError(f"module {module_name!r} has no attribute {attribute!r}{defines}") from None
+    try:
+        check_factory(target, name=spec)
+    except TypeError as exc:
+        raise TypeError(f"{exc}{_defines(module, module_name, ', such as {}')}") from None
     return target  # type: ignore[no-any-return]
+
+
+def check_factory(factory: Any, *, name: str | None = None) -> None:
+    """Refuse, before anything is served, what plainly cannot build environments.
+
+    A class must be an `Environment` subclass, or at least have ``reset`` and
+    ``step``; a client class (`EnvClient`) or a message class (an `Action`,
+    any msgspec Struct) is refused by name, since it is the usual slip. A
+    function is accepted: what it builds is known only when it is called.
+
+    Args:
+        factory: The would-be environment factory.
+        name: How to name it in the message (by default, its qualified name).
+
+    Raises:
+        TypeError: It cannot build environments; the message says what to give instead.
+
+    Examples:
+        ```python
+        from openenv.examples.echo import EchoEnv, EchoEnvironment
+        from openenv.server import check_factory
+
+        check_factory(EchoEnvironment)
+        try:
+            check_factory(EchoEnv)
+        except TypeError as exc:
+            print(exc)  # EchoEnv is a client class (an EnvClient), not an environment: ...
+        ```
+    """
+    what = name or getattr(factory, "__qualname__", None) or repr(factory)
+    if not callable(factory):
+        raise TypeError(f"{what} is not callable: give an Environment subclass, or a function that builds one")
+    if not isinstance(factory, type) or issubclass(factory, Environment):
+        return
+    if issubclass(factory, (EnvClient, SyncEnvClient)):
+        raise TypeError(
+            f"{what} is a client class (an EnvClient), not an environment: serve the environment it talks to"
+        )
+    if issubclass(factory, msgspec.Struct):
+        raise TypeError(
+            f"{what} is a message class (an Action, Observation or State), not an environment: "
+            "serve the environment that uses it"
+        )
+    if not all(callable(getattr(factory, method, None)) for method in ("reset", "step")):
+        raise TypeError(f"{what} is not an environment (it has no reset and step): serve an Environment subclass")
+
+
+def _defines(module: ModuleType, module_name: str, template: str) -> str:
+    """``template`` filled with the environments the module defines (``module:Env or ...``); ``""`` if none."""
+    found = sorted(
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, Environment)
+        and value is not Environment
+        and value.__module__ == module.__name__
+    )
+    return template.format(" or ".join(f"{module_name}:{name}" for name in found[:3])) if found else ""

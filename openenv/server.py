@@ -6,7 +6,7 @@ happens in `ServerSession`.
 """
 
 from ._environment import Environment, EnvironmentMetadata
-from ._loading import load_factory
+from ._loading import check_factory, load_factory
 from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
@@ -17,6 +17,7 @@ __all__ = [
     "MCPEnvironment",
     "ServerSession",
     "StructUnionDecoder",
+    "check_factory",
     "encode_fatal_error",
     "factory_name",
     "host_session",

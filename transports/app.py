@@ -39,7 +39,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv import Environment, EnvironmentMetadata
-from openenv.server import MCPEnvironment, factory_name, load_factory, struct_union_members
+from openenv.server import MCPEnvironment, check_factory, factory_name, load_factory, struct_union_members
 
 from ._sessions import SessionRegistry
 from .http._protocol import DEFAULT_MAX_BODY_SIZE
@@ -263,11 +263,11 @@ def create_app(
         ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout or
             ``http_max_body_size``.
         ImportError: The named factory cannot be imported.
-        TypeError: The named factory is not callable.
+        TypeError: The factory cannot build environments: not callable, or a
+            client or message class (see `openenv.server.check_factory`).
     """
     env_factory = load_factory(factory) if isinstance(factory, str) else factory
-    if not callable(env_factory):
-        raise TypeError(f"the environment factory must be callable, not {type(env_factory).__name__}")
+    check_factory(env_factory)
     registry = SessionRegistry(
         max_sessions=max_sessions,
         session_idle_timeout=session_idle_timeout,

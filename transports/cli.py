@@ -1,7 +1,7 @@
 """The ``openenv`` command line: serve an environment, or watch the echo demo run.
 
 ```
-openenv serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
+openenv [--debug] serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
                                      [--max-sessions N] [--session-idle-timeout S]
                                      [--http-idle-timeout S]
 openenv demo [--backend asyncio|trio|both]
@@ -9,6 +9,9 @@ openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action J
                             [--warmup N] [--timeout S] [--backend asyncio|trio] [--json] [--no-progress]
 openenv --version
 ```
+
+A failure the user can cause prints one line saying what to do (see
+`transports._cli_errors`); ``--debug`` adds its traceback.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 
 import openenv
+
+from ._cli_errors import CLIGroup, listen_error, require_installed
 
 __all__ = ["main"]
 
@@ -35,10 +40,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 DEMO_FACTORY = "openenv.examples.echo:EchoEnvironment"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CLIGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(openenv.__version__, "-V", "--version", prog_name="openenv")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="On an error, show its traceback too.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
     """Serve environments and try them out."""
+    cast(CLIGroup, ctx.command).debug = debug
 
 
 @main.command()
@@ -106,6 +114,11 @@ def serve(
     subclass. Clients connect to http://HOST:PORT (the WebSocket endpoint is /ws),
     or to http+poll://HOST:PORT for HTTP long-polling (under /poll/sessions).
     """
+    if backend == "trio":
+        require_installed("trio")
+        if server == "uvicorn":
+            raise click.UsageError("uvicorn runs on asyncio only: use --server hypercorn, or --backend asyncio")
+
     from openenv.server import load_factory
 
     from .app import create_app
@@ -116,6 +129,9 @@ def serve(
         env_factory = load_factory(factory)
     except (ImportError, ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
+    except Exception as exc:  # the user's module raised on import: --debug shows where
+        message = f"importing it raised {type(exc).__name__}: {exc} (openenv --debug serve ... shows where)"
+        raise click.BadParameter(message, param_hint="FACTORY") from exc
 
     def announce(running: RunningServer) -> None:
         poll_url = running.url.replace("http://", "http+poll://", 1)
@@ -144,7 +160,7 @@ def serve(
             on_ready=announce,
         )
     except OSError as exc:
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from exc
+        raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -175,6 +191,14 @@ def _websocket_unavailable() -> str | None:
 def _polling_unavailable() -> str | None:
     """Why the HTTP long-polling transport cannot be demonstrated, or ``None`` if it can."""
     return _transport_unavailable("http+poll", "transports.http", "HTTPPollingTransport")
+
+
+def _server_unavailable() -> str | None:
+    """Why no server can run for the demo (its extra is not installed), or ``None`` if one can."""
+    for module in ("starlette", "uvicorn", "hypercorn"):
+        if importlib.util.find_spec(module) is None:
+            return f"no server: {module} is not installed (pip install 'openenv[server]')"
+    return None
 
 
 def _describe(result: Any) -> str:
@@ -266,9 +290,10 @@ def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
     with ExitStack() as stack:
         urls: list[tuple[str, str | None, str]] = [("in-process", f"inproc://{DEMO_FACTORY}", "")]
         # One server serves both: /ws, and /poll/sessions for HTTP long-polling.
+        no_server = _server_unavailable()
         networked = [
-            ("WebSocket", "ws", _websocket_unavailable()),
-            ("HTTP long-polling", "http+poll", _polling_unavailable()),
+            ("WebSocket", "ws", no_server or _websocket_unavailable()),
+            ("HTTP long-polling", "http+poll", no_server or _polling_unavailable()),
         ]
         base_url = None
         if any(reason is None for _, _, reason in networked):
@@ -306,7 +331,7 @@ def demo(backend: str) -> None:
     backends = ["asyncio", "trio"] if backend == "both" else [backend]
     if "trio" in backends and importlib.util.find_spec("trio") is None:
         if backend == "trio":
-            raise click.ClickException("trio is not installed (pip install 'openenv[trio]')")
+            require_installed("trio")
         click.echo("(trio is not installed: the demo runs on asyncio only)")
         backends.remove("trio")
 
@@ -426,8 +451,8 @@ def bench(
 
     if steps is not None and seconds is not None:
         raise click.UsageError("give --steps or --seconds, not both")
-    if backend == "trio" and importlib.util.find_spec("trio") is None:
-        raise click.ClickException("trio is not installed (pip install 'openenv[trio]')")
+    if backend == "trio":
+        require_installed("trio")
 
     stderr = Console(stderr=True)
     counter = MofNCompleteColumn() if seconds is None else TextColumn("{task.completed:.1f}/{task.total:g} s")
@@ -485,4 +510,4 @@ def bench(
 
 
 if __name__ == "__main__":  # python -m transports.cli
-    main()
+    main(prog_name="openenv")

@@ -536,6 +536,7 @@ async def _serve_until_signalled(
     options: _Options,
     on_ready: Callable[[RunningServer], object] | None,
 ) -> None:
+    failure: Exception | None = None
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         stop_requested = anyio.Event()
         async with anyio.create_task_group() as task_group:
@@ -550,13 +551,19 @@ async def _serve_until_signalled(
                         task_group.cancel_scope.cancel()
 
             task_group.start_soon(watch_signals)
-            async with _serving(
-                app, host=host, port=port, server=server, options=options, startup_timeout=60.0
-            ) as running:
-                if on_ready is not None:
-                    on_ready(running)
-                await stop_requested.wait()
+            try:
+                async with _serving(
+                    app, host=host, port=port, server=server, options=options, startup_timeout=60.0
+                ) as running:
+                    if on_ready is not None:
+                        on_ready(running)
+                    await stop_requested.wait()
+            except Exception as exc:
+                # Raised below, as itself: the task group would wrap it in an exception group.
+                failure = exc
             task_group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
 def run(
