@@ -338,12 +338,15 @@ class ValidationError(ServerError):
             try:
                 await env.step({"tool_name": "echo_message", "colour": "blue"})
             except openenv.ValidationError as exc:
+                print(exc)  # [VALIDATION_ERROR] Invalid message: Object contains unknown field `colour` (at colour)
                 print(exc.errors[0]["type"], exc.errors[0]["loc"])  # extra_forbidden ['colour']
         ```
 
     Attributes:
-        errors: One dict per problem found, each with ``type``, ``loc`` and ``msg``
-            (and ``input``, as OpenEnv's pydantic-shaped errors have).
+        errors: The problems found, one dict each with ``type``, ``loc`` and
+            ``msg`` (and ``input``, as OpenEnv's pydantic-shaped errors have).
+            openenv's server reports the first problem only; OpenEnv's may
+            report several. ``str(exc)`` includes each ``msg`` and ``loc``.
     """
 
     code_name = "VALIDATION_ERROR"
@@ -353,6 +356,17 @@ class ValidationError(ServerError):
         """The list of problems the server reported (may be empty)."""
         errors = self.data.get("errors")
         return errors if isinstance(errors, list) else []
+
+    def __str__(self) -> str:
+        """``"[VALIDATION_ERROR] message: why (at field); ..."``: the reasons, not only the headline."""
+        reasons = []
+        for error in self.errors:
+            if not isinstance(error, dict) or not error.get("msg"):
+                continue
+            loc = error.get("loc")
+            where = ".".join(str(part) for part in loc) if isinstance(loc, (list, tuple)) else ""
+            reasons.append(f"{error['msg']} (at {where})" if where else str(error["msg"]))
+        return super().__str__() + (": " + "; ".join(reasons) if reasons else "")
 
 
 class ExecutionError(ServerError):

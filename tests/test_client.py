@@ -297,3 +297,34 @@ async def test_types_msgspec_cannot_decode_fail_on_connect() -> None:
         async with EnvClient(transport=transport, observation_type=object()):
             pass
     assert transport.closed
+
+
+@pytest.mark.anyio
+async def test_an_uncaught_validation_error_says_why() -> None:
+    async with EnvClient("inproc://tests.envs:AsyncCounterEnv") as env:
+        await env.reset()
+        with pytest.raises(openenv.ValidationError) as caught:
+            await env.step({"by": "two"})
+    assert str(caught.value) == "[VALIDATION_ERROR] Invalid message: Expected `int`, got `str` (at by)"
+
+
+def test_a_validation_error_names_every_problem_a_server_reports() -> None:
+    # OpenEnv's server reports all of pydantic's errors; openenv's reports the first.
+    error = openenv.ValidationError(
+        "Invalid message",
+        data={
+            "message": "Invalid message",
+            "code": "VALIDATION_ERROR",
+            "errors": [
+                {"type": "enum", "loc": ["direction"], "msg": "Invalid enum value 'diagonal'"},
+                {"type": "missing", "loc": ["target", 0], "msg": "Field required"},
+                {"type": "odd", "loc": [], "msg": "Something else"},
+                "not a dict",
+            ],
+        },
+    )
+    assert str(error) == (
+        "[VALIDATION_ERROR] Invalid message: Invalid enum value 'diagonal' (at direction); "
+        "Field required (at target.0); Something else"
+    )
+    assert str(openenv.ValidationError("Invalid message")) == "[VALIDATION_ERROR] Invalid message"
