@@ -251,3 +251,24 @@ class EveryStepFailsEnv(EveryThirdStepFailsEnv):
 
     async def step(self, action: Any) -> dict[str, Any]:
         raise RuntimeError("this environment refuses every action")
+
+
+class OncePerEpisodeEnv(Environment[CountAction, CountObservation, CountState]):
+    """Like a board game's square: a step is legal once per episode, then raises until the next reset."""
+
+    def __init__(self) -> None:
+        self._state = CountState()
+
+    async def reset(self, **kwargs: Any) -> CountObservation:
+        self._state = CountState()
+        return CountObservation(reward=0.0)
+
+    async def step(self, action: CountAction) -> CountObservation:
+        if self._state.step_count:
+            raise ValueError("that square is taken")
+        self._state.step_count += 1
+        return CountObservation(count=1, reward=1.0)
+
+    @property
+    def state(self) -> CountState:
+        return self._state

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +36,7 @@ from tests.envs import (
     EveryStepFailsEnv,
     EveryThirdStepFailsEnv,
     MessageEchoEnv,
+    OncePerEpisodeEnv,
 )
 from tests.serving import TRANSPORTS, factory_path, serving
 from transports.app import environment_schemas
@@ -540,3 +544,39 @@ def test_command_usage_errors(arguments: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["bench", f"inproc://{factory_path(DictEnv)}", *arguments])
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+@pytest.mark.anyio
+async def test_an_action_legal_once_per_episode_is_measured_with_a_reset_after_each_error() -> None:
+    result = await run_benchmark(f"inproc://{factory_path(OncePerEpisodeEnv)}", action={}, steps=20, warmup=3)
+    # Legal, refused, (reset), legal, refused, (reset), ...: half the steps succeed.
+    assert (result.steps, result.errors, result.resets) == (10, 10, 10)
+    assert result.error_examples == ["ExecutionError: [EXECUTION_ERROR] ValueError: that square is taken"]
+
+
+def test_command_keeps_the_results_of_urls_measured_before_one_that_fails() -> None:
+    good = f"inproc://{factory_path(MessageEchoEnv)}"
+    bad = f"ws://127.0.0.1:{_closed_port()}"
+    for as_json in (False, True):
+        arguments = ["bench", good, bad, good, "--steps", "10", "--timeout", "5", *(["--json"] if as_json else [])]
+        result = CliRunner().invoke(main, arguments)
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"Error: {bad}: ")
+        assert result.stderr.count("\n") == 1
+        if as_json:
+            assert [row["url"] for row in json.loads(result.stdout)["results"]] == [good, good]
+        else:
+            assert "inproc://tests.envs:M" in result.stdout  # the table (narrow here: one column per URL)
+            assert "steps/s" in result.stdout
+
+
+def test_command_imports_an_inproc_environment_from_the_current_directory(tmp_path: Path) -> None:
+    (tmp_path / "my_bench_env.py").write_text("from tests.envs import MessageEchoEnv as Env\n")
+    code = "import sys; from transports.cli import main; main(prog_name='openenv')"
+    command = [sys.executable, "-c", code, "bench", "inproc://my_bench_env:Env", "--steps", "10", "--json"]
+    repository = str(Path(__file__).resolve().parent.parent)
+    environment = {**os.environ, "PYTHONPATH": repository}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=environment)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)["results"]
+    assert (row["steps"], row["errors"], row["resets"]) == (10, 0, 0)

@@ -467,8 +467,10 @@ def bench(
         disable=no_progress or as_json or not stderr.is_terminal,
     )
 
-    async def measure_all() -> list[BenchResult]:
-        results = []
+    results: list[BenchResult] = []
+    failures: list[str] = []
+
+    async def measure_all() -> None:
         with progress:
             for url in urls:
                 task = progress.add_task(url, total=seconds if seconds is not None else steps or DEFAULT_STEPS)
@@ -476,37 +478,43 @@ def bench(
                 def show(taken: int, elapsed: float, task: Any = task) -> None:
                     progress.update(task, completed=taken if seconds is None else min(elapsed, seconds))
 
-                result = await run_benchmark(
-                    url,
-                    action=action,
-                    sessions=sessions,
-                    steps=steps,
-                    seconds=seconds,
-                    warmup=warmup,
-                    timeout=timeout,
-                    on_progress=None if progress.disable else show,
-                )
+                try:
+                    result = await run_benchmark(
+                        url,
+                        action=action,
+                        sessions=sessions,
+                        steps=steps,
+                        seconds=seconds,
+                        warmup=warmup,
+                        timeout=timeout,
+                        on_progress=None if progress.disable else show,
+                    )
+                except BenchmarkError as exc:  # the other URLs are still measured and reported
+                    failures.append(str(exc))
+                    progress.remove_task(task)
+                    continue
                 results.append(result)
-        return results
 
+    # inproc://module:Factory imports from the current directory, as `openenv serve` does.
+    sys.path.insert(0, os.getcwd())
     # In-process environments run here: their errors are counted and shown, not logged with tracebacks.
     quiet = logging.NullHandler()
     server_logger = logging.getLogger("openenv.server")
     server_logger.addHandler(quiet)
     try:
-        results = anyio.run(measure_all, backend=backend)
-    except BenchmarkError as exc:
-        raise click.ClickException(str(exc)) from exc
+        anyio.run(measure_all, backend=backend)
     finally:
         server_logger.removeHandler(quiet)
     if as_json:
         click.echo(json.dumps(json_document(results, backend=backend), indent=2))
-    else:
+    elif results:
         print_table(results, Console())
     failed = [result.url for result in results if result.steps == 0]
     if failed:
         hint = "" if action is not None else " with the action built from its schema: pass one with --action"
-        raise click.ClickException(f"not one step succeeded at {', '.join(failed)}{hint}")
+        failures.append(f"not one step succeeded at {', '.join(failed)}{hint}")
+    if failures:
+        raise click.ClickException("; ".join(failures))
 
 
 if __name__ == "__main__":  # python -m transports.cli

@@ -26,6 +26,7 @@ JSON_RESULT_KEYS = (
     "sessions",
     "steps",
     "errors",
+    "resets",
     "seconds",
     "steps_per_second",
     "latency_ms",

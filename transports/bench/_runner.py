@@ -158,7 +158,12 @@ class _Measurement:
 
 
 async def _measure(client: EnvClient[Any, Any, Any], action: Any, measurement: _Measurement) -> None:
-    """Step until the budget is spent, the time is up, or the session cannot go on."""
+    """Step until the budget is spent, the time is up, or the session cannot go on.
+
+    A new episode starts (unmeasured) after an episode ends, and after a step
+    fails: an action legal once per episode (a board game's first move) fails
+    the second time, and succeeds again after a reset.
+    """
     latencies = measurement.latencies
     perf_counter = time.perf_counter
     while measurement.take_step():
@@ -168,31 +173,36 @@ async def _measure(client: EnvClient[Any, Any, Any], action: Any, measurement: _
         except OpenEnvError as exc:
             measurement.attempted += 1
             measurement.record_error(exc)
-            if _ends_session(exc):
+            if _ends_session(exc) or not await _new_episode(client, measurement):
                 break
             continue
         latencies.append(perf_counter() - started)
         measurement.attempted += 1
-        if result.done:
-            try:
-                await client.reset()
-            except OpenEnvError as exc:
-                measurement.record_error(exc)
-                if _ends_session(exc):
-                    break
-            else:
-                measurement.resets += 1
+        if result.done and not await _new_episode(client, measurement):
+            break
     measurement.session_done()
 
 
+async def _new_episode(client: EnvClient[Any, Any, Any], measurement: _Measurement) -> bool:
+    """Reset, counting it; returns ``False`` if the session cannot go on."""
+    try:
+        await client.reset()
+    except OpenEnvError as exc:
+        measurement.record_error(exc)
+        return not _ends_session(exc)
+    measurement.resets += 1
+    return True
+
+
 async def _warm_up(client: EnvClient[Any, Any, Any], action: Any, steps: int) -> None:
-    """Take steps that are not measured; errors a session survives are ignored."""
+    """Take steps that are not measured, resetting as `_measure` does; errors a session survives are ignored."""
     for _ in range(steps):
         try:
             result = await client.step(action)
         except ServerError as exc:
             if exc.fatal:
                 raise
+            await client.reset()
             continue
         if result.done:
             await client.reset()
