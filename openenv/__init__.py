@@ -4,6 +4,8 @@ One `EnvClient` talks to an environment server over any `Transport`
 (WebSocket, HTTP long-polling or in-process) and behaves the same over each.
 """
 
+import logging as _logging
+
 from ._client import USE_CLIENT_DEFAULT, EnvClient
 from ._environment import Environment, EnvironmentMetadata
 from ._exceptions import (
@@ -43,6 +45,11 @@ from ._sync import SyncEnvClient
 from ._tools import MCPEnvironment, tool
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
+
+# A library logs, the application decides where to: without this, Python's last-resort
+# handler printed an in-process environment's traceback to stderr even when the caller
+# caught the error. `openenv serve` sets up its own console handler.
+_logging.getLogger("openenv").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
 """The version of this openenv package."""

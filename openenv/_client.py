@@ -270,6 +270,26 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         await self._close()
         await self._exit_transport()
 
+    def __enter__(self) -> NoReturn:
+        """Refuse a plain ``with``, saying what to write instead.
+
+        Raises:
+            TypeError: Always: the client is async (``async with``); `sync` gives a blocking one.
+        """
+        name = type(self).__name__
+        raise TypeError(
+            f"{name} is async: use `async with {name}(...) as env:`, "
+            f"or `with {name}(...).sync() as env:` for a blocking client"
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Never reached: `__enter__` refuses."""
+
     async def connect(self) -> Self:
         """Connect to the server without a ``with`` block; pair it with `close`.
 

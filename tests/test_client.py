@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import subprocess
+import sys
 from collections import deque
 from typing import Any
 
@@ -21,6 +24,7 @@ from openenv.examples.echo import (
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from transports.inprocess import InProcessTransport
+from transports.runner import _configure_console_logging
 
 pytestmark = pytest.mark.anyio
 
@@ -328,3 +332,39 @@ def test_a_validation_error_names_every_problem_a_server_reports() -> None:
         "Field required (at target.0); Something else"
     )
     assert str(openenv.ValidationError("Invalid message")) == "[VALIDATION_ERROR] Invalid message"
+
+
+def test_a_plain_with_says_to_use_async_with_or_sync() -> None:
+    def as_a_new_user_writes_it() -> None:
+        with EchoEnv("ws://127.0.0.1:8000"):  # type: ignore[misc]
+            pass
+
+    with pytest.raises(TypeError, match=r"EchoEnv is async: use `async with EchoEnv\(...\) as env:`, or `with EchoEnv"):
+        as_a_new_user_writes_it()
+
+
+def test_an_in_process_environment_error_the_caller_catches_prints_nothing() -> None:
+    script = (
+        "import anyio, openenv\n"
+        "async def main():\n"
+        "    async with openenv.EnvClient('inproc://tests.envs:AsyncCounterEnv') as env:\n"
+        "        await env.reset()\n"
+        "        try:\n"
+        "            await env.step({'fail': True})\n"
+        "        except openenv.ExecutionError as exc:\n"
+        "            print(exc)\n"
+        "anyio.run(main)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "[EXECUTION_ERROR] RuntimeError: asked to fail"
+    assert result.stderr == ""
+
+
+def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
+    openenv_logger = logging.getLogger("openenv")
+    before = list(openenv_logger.handlers)
+    try:
+        _configure_console_logging("info")
+        assert any(type(handler) is logging.StreamHandler for handler in openenv_logger.handlers)
+    finally:
+        openenv_logger.handlers[:] = before

@@ -10,6 +10,7 @@ gets every reply once and the environment runs every request once.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -429,8 +430,9 @@ async def test_an_idle_session_expires() -> None:
                 assert registry.active == 1
                 await wait_until(lambda: registry.active == 0)  # reaped: the client never deleted it
                 assert len(AsyncCounterEnv.closed) == 1
-                with pytest.raises(ConnectionClosed, match="idle"):
+                with pytest.raises(ConnectionClosed, match="idle") as caught:
                     await env.step(CountAction())
+                assert str(caught.value).count("has ended") == 1, caught.value  # said once, not twice
             async with raw_session(running) as session:
                 await wait_until(lambda: registry.active == 0)
                 response = await session.get()
@@ -889,3 +891,18 @@ def test_the_registry_reaps_each_transport_after_its_own_timeout() -> None:
     assert SessionRegistry(transport_idle_timeouts={"http": 5.0}).reap_interval == 1.25
     with pytest.raises(ValueError, match="'http' sessions"):
         SessionRegistry(transport_idle_timeouts={"http": 0})
+
+
+async def test_sessions_opening_and_ending_are_in_the_server_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="openenv.server")
+    with anyio.fail_after(LIMIT):
+        async with server() as running:
+            async with CounterClient(poll_url(running)) as env:
+                await env.reset()
+                session_id = env.transport.session_id  # type: ignore[union-attr]
+            await wait_until(lambda: running.app.state.sessions.active == 0)
+    messages = [record.getMessage() for record in caplog.records if record.name == "openenv.server"]
+    assert "127.0.0.1:" in messages[0]
+    assert messages[0].endswith(f"HTTP long-polling session {session_id[:8]}… opened")
+    assert f"HTTP long-polling session {session_id[:8]}… ended: the client closed the session" in messages
+    assert not any(session_id in message for message in messages)  # the id is a credential: never whole

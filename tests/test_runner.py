@@ -224,6 +224,8 @@ def test_openenv_serve_command(backend: str) -> None:
         _, stderr = process.communicate(timeout=15)
         assert process.returncode == 0, stderr
         assert f"on http://127.0.0.1:{port}" in stderr
+        # The URLs a client takes, as printed: EnvClient appends /ws itself.
+        assert f"clients connect to ws://127.0.0.1:{port} (WebSocket) or http+poll://127.0.0.1:{port}" in stderr
 
 
 def test_openenv_demo_command() -> None:

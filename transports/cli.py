@@ -111,8 +111,9 @@ def serve(
     """Serve FACTORY (package.module:Factory) over WebSocket and HTTP long-polling until Ctrl-C.
 
     FACTORY builds one environment per session: usually an openenv.Environment
-    subclass. Clients connect to http://HOST:PORT (the WebSocket endpoint is /ws),
-    or to http+poll://HOST:PORT for HTTP long-polling (under /poll/sessions).
+    subclass. Clients connect to ws://HOST:PORT or http://HOST:PORT (WebSocket; the
+    client appends the endpoint, /ws), or to http+poll://HOST:PORT for HTTP
+    long-polling (under /poll/sessions).
     """
     if backend == "trio":
         require_installed("trio")
@@ -134,10 +135,12 @@ def serve(
         raise click.BadParameter(message, param_hint="FACTORY") from exc
 
     def announce(running: RunningServer) -> None:
+        # The URLs a client takes: EnvClient appends /ws itself, as OpenEnv's client does.
+        ws_url = running.url.replace("http://", "ws://", 1)
         poll_url = running.url.replace("http://", "http+poll://", 1)
         click.echo(
-            f"openenv: serving {factory} on {running.url} (WebSocket {running.ws_url}, HTTP long-polling "
-            f"{poll_url}; {running.server} on {backend}); press CTRL+C to quit",
+            f"openenv: serving {factory} on {running.url} ({running.server} on {backend}); clients connect to "
+            f"{ws_url} (WebSocket) or {poll_url} (HTTP long-polling); press CTRL+C to quit",
             err=True,
         )
 

@@ -622,7 +622,7 @@ def run(
 def _configure_console_logging(log_level: str) -> None:
     """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
     openenv_logger = logging.getLogger("openenv")
-    if not openenv_logger.handlers:
+    if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         openenv_logger.addHandler(handler)

@@ -214,6 +214,15 @@ def _error_detail(response: httpx.Response) -> str:
     return f"{error.message} ({error.code})" if error.code else error.message
 
 
+def _end_reason(response: httpx.Response) -> str:
+    """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
+    try:
+        error = _decode_error(response.content).error
+    except msgspec.DecodeError:
+        return _error_detail(response)
+    return error.message.removeprefix("the session has ended: ")
+
+
 class HTTPPollingTransport(Transport):
     """OpenEnv frames over plain HTTP requests: ``http+poll://`` and ``https+poll://``.
 
@@ -654,8 +663,7 @@ class HTTPPollingTransport(Transport):
             self._confirm_through(seq)
         elif status == 410:
             self._confirm(answer)
-            reason = _error_detail(answer.response)
-            self._send_closed = f"the session at {self.url} has ended: {reason}"
+            self._send_closed = f"the session at {self.url} has ended: {_end_reason(answer.response)}"
             if self._unconfirmed and self._unconfirmed[0][0] <= seq:
                 self._unconfirmed.clear()
                 raise ConnectionClosed(self._send_closed)
@@ -734,7 +742,7 @@ class HTTPPollingTransport(Transport):
         elif status == 204:
             self._confirm(answer)
         elif status == 410:
-            self._end(ConnectionClosed(f"the session at {self.url} has ended: {_error_detail(answer.response)}"))
+            self._end(ConnectionClosed(f"the session at {self.url} has ended: {_end_reason(answer.response)}"))
         elif status == 404:
             self._end(self._forgotten())
         else:

@@ -64,6 +64,9 @@ __all__ = ["DEFAULT_IDLE_TIMEOUT", "HTTPPollingEndpoint"]
 
 logger = logging.getLogger("openenv.server")
 
+# How much of a session's id the log shows.
+_LOGGED_ID_LENGTH = 8
+
 DEFAULT_IDLE_TIMEOUT: Final = 300.0
 """The idle timeout of HTTP sessions, in seconds, unless the app sets another.
 
@@ -519,6 +522,13 @@ class HTTPPollingEndpoint:
             self._created[idempotency_key] = session
         task_group.start_soon(self._run_session, session)
         await self._respond_created(send, session)
+        client = scope.get("client")
+        # The id is the session's only credential: the log shows a prefix, enough to follow it.
+        logger.info(
+            "%s - HTTP long-polling session %s… opened",
+            f"{client[0]}:{client[1]}" if client else "-",
+            session_id[:_LOGGED_ID_LENGTH],
+        )
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(_Created(session.id, session.dialect.encoding, self.max_body_size, self.max_wait))
@@ -554,6 +564,9 @@ class HTTPPollingEndpoint:
                 lease.release()
                 # The first reason given sticks: the registry's (idle, shutdown), a DELETE's, then ours.
                 session.end(lease.close_reason or session.end_reason or reason)
+                logger.info(
+                    "HTTP long-polling session %s… ended: %s", session.id[:_LOGGED_ID_LENGTH], session.end_reason
+                )
                 self._forget_key(session)
             with anyio.move_on_after(self.linger):
                 await session.forgotten.wait()
