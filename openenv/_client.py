@@ -30,7 +30,7 @@ from ._exceptions import (
 from ._generics import bind_alias_type_attributes, bind_type_attributes
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
 from ._messages import ErrorReply, MCPMessage, ObservationReply, StateReply
-from ._registry import create_transport
+from ._registry import check_transport_options, create_transport
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
 
+
+# The client's own keyword options; every other keyword goes to the transport.
+_CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type")
 
 # How long to look for an error frame a server sent just before closing the channel.
 _PARTING_FRAME_WAIT = 0.5
@@ -147,6 +150,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     Raises:
         ValueError: Neither ``base_url`` nor ``transport`` was given.
+        TypeError: The URL's transport takes no such option (OpenEnv's
+            ``message_timeout_s`` is ``timeout`` here); the message names those
+            it takes.
     """
 
     action_type: Any = dict
@@ -175,6 +181,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     ) -> None:
         if base_url is None and transport is None:
             raise ValueError("EnvClient needs a base_url or a transport")
+        if transport is None and base_url is not None:
+            check_transport_options(base_url, transport_options, also=_CLIENT_OPTIONS)
         self.base_url = base_url
         self.timeout = timeout
         if action_type is not None:

@@ -16,8 +16,9 @@ grpc = "my_package.transport:GRPCTransport"
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -27,6 +28,7 @@ from ._transport import Transport
 __all__ = [
     "ENTRY_POINT_GROUP",
     "TransportFactory",
+    "check_transport_options",
     "create_transport",
     "register_transport",
     "registered_schemes",
@@ -162,3 +164,58 @@ def create_transport(url: str, **options: Any) -> Transport:
         ```
     """
     return _factory_for(url_scheme(url))(url, **options)
+
+
+# OpenEnv's client options, and what openenv calls them.
+_OPENENV_OPTION_NAMES = {
+    "message_timeout_s": "timeout",
+    "connect_timeout_s": "connect_timeout",
+    "max_message_size_mb": "max_message_size (in bytes)",
+}
+
+
+def _option_names(factory: TransportFactory) -> set[str] | None:
+    """The keyword options a transport factory takes after the URL, or ``None`` if it takes any."""
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: let the factory judge at connect
+        return None
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {parameter.name for parameter in parameters[1:] if parameter.kind in keywords}
+
+
+def check_transport_options(url: str, options: Collection[str], *, also: Collection[str] = ()) -> None:
+    """Refuse now, not at connect, an option the URL's transport does not take.
+
+    Args:
+        url: The server's URL; its scheme picks the transport.
+        options: The names of the options given for the transport.
+        also: Other valid names, listed in the message (a client's own options).
+
+    Raises:
+        TypeError: An option the transport does not take; the message names the
+            options it does take (and openenv's name for an OpenEnv option).
+            An unknown scheme is left for `create_transport` to report.
+    """
+    if not options:
+        return
+    try:
+        scheme = url_scheme(url)
+        factory = _factory_for(scheme)
+    except UnsupportedSchemeError:
+        return
+    accepted = _option_names(factory)
+    if accepted is None:
+        return
+    unknown = sorted(set(options) - accepted)
+    if not unknown:
+        return
+    renamed = [f"{name}= is {_OPENENV_OPTION_NAMES[name]}= here" for name in unknown if name in _OPENENV_OPTION_NAMES]
+    valid = ", ".join(sorted({*accepted, *also}))
+    raise TypeError(
+        f"unknown option {', '.join(name + '=' for name in unknown)} for {scheme}:// URLs"
+        + (f" (OpenEnv's {'; '.join(renamed)})" if renamed else "")
+        + f"; the options are: {valid}"
+    )

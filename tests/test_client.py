@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from collections import deque
@@ -368,3 +369,26 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
         assert any(type(handler) is logging.StreamHandler for handler in openenv_logger.handlers)
     finally:
         openenv_logger.handlers[:] = before
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "expected"),
+    [
+        (
+            "ws://127.0.0.1:8000",
+            {"message_timeout_s": 30.0},
+            "unknown option message_timeout_s= for ws:// URLs (OpenEnv's message_timeout_s= is timeout= here); "
+            "the options are: action_type, close_timeout, ",
+        ),
+        ("http+poll://127.0.0.1:8000", {"max_message_size_mb": 10}, "is max_message_size (in bytes)= here"),
+        ("inproc://tests.envs:DictEnv", {"connect_timeout": 1.0}, "unknown option connect_timeout= for inproc:// URLs"),
+    ],
+)
+def test_an_unknown_transport_option_fails_at_construction(url: str, options: dict[str, Any], expected: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        EnvClient(url, **options)
+
+
+def test_options_a_transport_takes_and_unknown_schemes_pass_construction() -> None:
+    EnvClient("ws://127.0.0.1:8000", connect_timeout=1.0, timeout=2.0)
+    EnvClient("no-such-scheme://x", whatever=1)  # the scheme is reported at connect, as before
