@@ -23,6 +23,7 @@ from anyio.abc import SocketStream, TaskGroup, TaskStatus
 
 import openenv
 import transports.http as http_package
+import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
@@ -906,3 +907,13 @@ async def test_sessions_opening_and_ending_are_in_the_server_log(caplog: pytest.
     assert messages[0].endswith(f"HTTP long-polling session {session_id[:8]}… opened")
     assert f"HTTP long-polling session {session_id[:8]}… ended: the client closed the session" in messages
     assert not any(session_id in message for message in messages)  # the id is a credential: never whole
+
+
+async def test_a_plain_http_client_loads_no_ca_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
+    def load_ca_bundle() -> None:
+        raise AssertionError("a plain http+poll:// client built a TLS context (the CA bundle loads in ~20-70 ms)")
+
+    monkeypatch.setattr(http_client_module, "_default_ssl_context", load_ca_bundle)
+    with anyio.fail_after(LIMIT):
+        async with server() as running, CounterClient(poll_url(running)) as env:
+            assert (await env.reset()).observation.count == 0

@@ -184,6 +184,16 @@ def _default_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+@functools.cache
+def _unused_ssl_context() -> ssl.SSLContext:
+    """What a plain ``http+poll://`` client is given instead: it never speaks TLS, so it loads no CA bundle.
+
+    Were it ever used, it would verify every certificate against an empty
+    store and fail: never an unchecked connection.
+    """
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 class _OwnClient(httpx.AsyncClient):
     """The client the transport makes when it is given none: httpx's, with `_LazyCookies`."""
 
@@ -365,7 +375,7 @@ class HTTPPollingTransport(Transport):
         if client is None:
             client = _OwnClient(
                 headers={"User-Agent": _USER_AGENT},
-                verify=_default_ssl_context(),
+                verify=_default_ssl_context() if self.url.startswith("https:") else _unused_ssl_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
                 limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
