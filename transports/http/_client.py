@@ -178,7 +178,7 @@ def _default_ssl_context() -> ssl.SSLContext:
     """The TLS settings of every client this module makes: httpx's defaults, built once.
 
     Building them loads the CA bundle (~70 ms on a slow machine); without the
-    cache every session's new client paid that, even for plain ``http+poll://``,
+    cache every ``https+poll://`` session's new client paid that,
     and hundreds of sessions opened at once timed out creating their sessions.
     """
     return httpx.create_ssl_context()
