@@ -57,7 +57,9 @@ def serve(factory: Callable[[], Any] | str, **kwargs: Any) -> AbstractAsyncConte
         ImportError: The server extra is not installed (``pip install
             'openenv[server]'``), or, on entering, a named factory cannot be
             imported.
-        TypeError: An unknown option; on entering, a factory that is not callable.
+        TypeError: An unknown option; on entering, a factory that cannot build
+            environments: not callable, or a client or message class (see
+            `openenv.server.check_factory`).
         ValueError: On entering: an unknown ``server``, a bad factory name, or
             an option out of range.
         RuntimeError: On entering: no event loop runs, uvicorn was asked for on

@@ -4,8 +4,32 @@ from __future__ import annotations
 
 import pytest
 
+from tests.interop.reference_venv import MARKER_NAME, REFERENCE_VERSION, venv_dir
+
+# Measured: the reference environment (openenv-core and its dependencies) on disk.
+_REFERENCE_ENV_SIZE = "~474 MB"
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run each ``@pytest.mark.anyio`` test once per backend."""
     return str(request.param)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say, before any test runs, that the interop tests are about to build the reference environment."""
+    if not any(item.get_closest_marker("interop") for item in session.items):
+        return
+    path = venv_dir()
+    if (path / MARKER_NAME).is_file():
+        return  # built on an earlier run
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    reporter.ensure_newline()
+    reporter.write_line(
+        f"note: the interop tests first build a {_REFERENCE_ENV_SIZE} reference environment "
+        f"(openenv-core {REFERENCE_VERSION} from PyPI, once) in {path}; "
+        "to run without them: pytest -m 'not interop'",
+        yellow=True,
+    )

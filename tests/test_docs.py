@@ -490,6 +490,40 @@ def test_markers_are_known_and_in_place() -> None:
     assert not stray, f"markers not followed by a python fence: {stray}"
 
 
+def _imported_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def test_each_example_imports_what_it_uses() -> None:
+    """A reader may copy any one block: it imports every name it uses that an earlier block imported.
+
+    Classes and functions an earlier block of the page defines may be used: the
+    page introduces them. Imports may not be borrowed.
+    """
+    borrowing = []
+    for page in _pages():
+        imported_before: set[str] = set()
+        for block in page_blocks(page):
+            if block.mode not in ("run", "file"):
+                continue
+            try:
+                tree = ast.parse(block.code)
+            except SyntaxError:
+                continue  # test_page_examples_run reports it
+            used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+            own = _imported_names(tree)
+            if missing := sorted((used & imported_before) - own):
+                borrowing.append(f"{block.where()}: imports nothing for {', '.join(missing)}")
+            imported_before |= own
+    assert not borrowing, borrowing
+
+
 def test_the_runner_finds_blocks_and_markers() -> None:
     """The parser itself: indented fences, markers, other languages left alone."""
     text = textwrap.dedent(

@@ -690,3 +690,13 @@ async def test_openenv_serve_is_the_runner() -> None:
                 reply = await ws.request('{"type":"step","data":{"tool_name":"echo_message","arguments":{}}}')
                 assert reply["type"] == "observation"
                 await ws.close()
+
+
+@pytest.mark.anyio
+async def test_serving_a_client_class_fails_before_anything_is_served() -> None:
+    from openenv.examples.echo import CallToolAction, EchoEnv
+
+    for not_an_environment, says in ((EchoEnv, "is a client class"), (CallToolAction, "is a message class")):
+        with pytest.raises(TypeError, match=says):
+            async with openenv.serve(not_an_environment):
+                pass
