@@ -490,25 +490,30 @@ def test_markers_are_known_and_in_place() -> None:
     assert not stray, f"markers not followed by a python fence: {stray}"
 
 
-def _imported_names(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
+def _bindings(tree: ast.Module) -> dict[str, bool]:
+    """Every name a block binds, anywhere in it; ``True`` for those an import binds."""
+    bound: dict[str, bool] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names |= {(alias.asname or alias.name).partition(".")[0] for alias in node.names}
+            bound.update({(alias.asname or alias.name).partition(".")[0]: True for alias in node.names})
         elif isinstance(node, ast.ImportFrom):
-            names |= {alias.asname or alias.name for alias in node.names}
-    return names
+            bound.update({alias.asname or alias.name: True for alias in node.names})
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.setdefault(node.name, False)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.setdefault(node.id, False)
+    return bound
 
 
 def test_each_example_imports_what_it_uses() -> None:
     """A reader may copy any one block: it imports every name it uses that an earlier block imported.
 
-    Classes and functions an earlier block of the page defines may be used: the
-    page introduces them. Imports may not be borrowed.
+    What an earlier block of the page defines (a class, a function) may be used:
+    the page introduces it. Imports may not be borrowed.
     """
     borrowing = []
     for page in _pages():
-        imported_before: set[str] = set()
+        imported: dict[str, bool] = {}  # each name the page has bound so far: by an import?
         for block in page_blocks(page):
             if block.mode not in ("run", "file"):
                 continue
@@ -516,11 +521,11 @@ def test_each_example_imports_what_it_uses() -> None:
                 tree = ast.parse(block.code)
             except SyntaxError:
                 continue  # test_page_examples_run reports it
+            own = _bindings(tree)
             used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-            own = _imported_names(tree)
-            if missing := sorted((used & imported_before) - own):
+            if missing := sorted(name for name in used - set(own) if imported.get(name)):
                 borrowing.append(f"{block.where()}: imports nothing for {', '.join(missing)}")
-            imported_before |= own
+            imported.update(own)
     assert not borrowing, borrowing
 
 
