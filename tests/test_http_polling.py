@@ -125,7 +125,7 @@ def observation(response: httpx.Response) -> Any:
 
 
 async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building TLS settings loads the CA bundle (tens of ms): once per process, not once per session."""
+    """Building TLS settings loads the CA bundle (tens of ms): once per process, never for plain http+poll://."""
     from transports.http import _client as client_module
 
     built: list[object] = []
@@ -143,6 +143,9 @@ async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -
                 for _ in range(3):
                     async with EnvClient[CountAction, CountObservation, CountState](poll_url(running)) as env:
                         assert (await env.step(CountAction(by=1))).observation.count == 1
+        assert built == []  # plain HTTP: no TLS context at all
+        # What every https+poll:// client is given: built once.
+        assert client_module._default_ssl_context() is client_module._default_ssl_context()
     finally:
         client_module._default_ssl_context.cache_clear()
     assert len(built) == 1
