@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from openenv.examples.echo import EchoEnvironment
+from transports._cli_errors import listen_error
 from transports.runner import run
 
 ECHO = "openenv.examples.echo:EchoEnvironment"
@@ -61,10 +62,17 @@ def test_serve_on_a_port_in_use(backend: str) -> None:
     assert "pick another --port" in line
 
 
-def test_serve_on_a_host_that_does_not_resolve() -> None:
-    status, stderr = _openenv("serve", ECHO, "--host", "no-such-host.invalid", "--port", "0")
+def test_serve_on_an_address_not_of_this_machine() -> None:
+    # TEST-NET-1 (RFC 5737): never a local address, and binding to it fails without a packet sent.
+    status, stderr = _openenv("serve", ECHO, "--host", "192.0.2.1", "--port", "0")
     assert status == 1
-    assert "give an address such as 127.0.0.1" in _one_line(stderr)
+    assert "192.0.2.1 is not an address of this machine; give one of its addresses, or 0.0.0.0" in _one_line(stderr)
+
+
+def test_what_a_host_that_does_not_resolve_is_told() -> None:
+    # Not through the command: resolving a name could leave the machine (tests stay on loopback).
+    line = listen_error(socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "no-such-host", 8000)
+    assert line.startswith("cannot listen on 'no-such-host': no such host here; give an address such as 127.0.0.1")
 
 
 def test_serve_with_uvicorn_on_trio() -> None:
