@@ -50,8 +50,8 @@ class Environment(Generic[ActT, ObsT, StateT]):
     """Base class of an environment served to clients.
 
     Subclass it with concrete types and write ``reset``, ``step`` and ``state``;
-    each may be a plain method (run in a worker thread, never two at once for one
-    session, so a slow step does not stall the server) or a coroutine (awaited
+    each may be a plain method (run on a thread of the session's own, one call
+    at a time, so a slow step does not stall the server) or a coroutine (awaited
     directly on the event loop: use it when the work is async or trivial).
 
     The type parameters tell the server how to decode actions and describe the

@@ -15,13 +15,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import msgspec
 
 from ._codec import RequestError, ServerCodec
+from ._environment import Environment
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
 from ._tools import mcp_unsupported
+from ._worker import SessionWorker
 
 __all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
 
@@ -46,9 +47,10 @@ def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
 class ServerSession:
     """Runs one environment for one client session, frame by frame.
 
-    Sync methods of the environment run in a worker thread, one call at a time
-    (a per-session limiter), so a slow step never blocks the event loop and the
-    environment is never entered from two threads at once. Async methods are
+    Plain (sync) methods of the environment run on a thread of the session's
+    own, one call at a time (see `openenv._worker`), so a slow step never
+    blocks the event loop and the environment is never entered from two
+    threads at once; the thread ends with the session. Async methods are
     awaited directly.
 
     Examples:
@@ -87,7 +89,7 @@ class ServerSession:
         )
         handle_mcp = getattr(env, "handle_mcp", None)
         self._mcp = handle_mcp if callable(handle_mcp) else None
-        self._limiter = anyio.CapacityLimiter(1)
+        self._worker = SessionWorker()
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
         self._step = self._runner(env.step)
@@ -95,7 +97,9 @@ class ServerSession:
         async_env = inspect.iscoroutinefunction(env.step)
         self._state = self._read_state_inline if async_env else self._runner(self._read_state)
         close = getattr(env, "close", None)
-        self._close = self._runner(close) if close is not None else None
+        # The base class's close does nothing: no need to hand it to a thread.
+        inherited = getattr(type(env), "close", None) is Environment.close
+        self._close = self._runner(close) if close is not None and not inherited else None
         self._closed = False
 
     @property
@@ -107,19 +111,16 @@ class ServerSession:
         """Wrap one environment method, once, into a coroutine function that runs it right."""
         if inspect.iscoroutinefunction(function):
             return function
-        limiter = self._limiter
+        run = self._worker.run
 
-        async def run_in_worker_thread(*args: Any, **kwargs: Any) -> Any:
-            if kwargs:
-                result = await anyio.to_thread.run_sync(lambda: function(*args, **kwargs), limiter=limiter)
-            else:
-                result = await anyio.to_thread.run_sync(function, *args, limiter=limiter)
+        async def run_on_session_thread(*args: Any, **kwargs: Any) -> Any:
+            result = await run(function, *args, **kwargs)
             # A sync method may still hand back an awaitable (an async property, say).
             if inspect.isawaitable(result):
                 result = await result
             return result
 
-        return run_in_worker_thread
+        return run_on_session_thread
 
     def _read_state(self) -> Any:
         return self.env.state
@@ -172,13 +173,13 @@ class ServerSession:
         if self._closed:
             return
         self._closed = True
-        if self._close is None:
-            return
         with anyio.CancelScope(shield=True):
-            try:
-                await self._close()
-            except Exception:
-                logger.exception("environment close() raised")
+            if self._close is not None:
+                try:
+                    await self._close()
+                except Exception:
+                    logger.exception("environment close() raised")
+            await self._worker.aclose()
 
 
 async def serve_frames(

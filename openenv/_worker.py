@@ -1,0 +1,166 @@
+"""One thread per session for an environment's plain (``def``) methods, with a cheap hand-off.
+
+A `SessionWorker` runs the plain methods of one session's environment on one
+thread of its own, one call at a time and in order: a blocking ``step`` holds
+up only its own session, and the environment never runs on two threads at
+once. The thread starts with the session's first plain call and ends with
+`SessionWorker.aclose`, so a server keeps one thread per live session, never more.
+
+Most environment methods take microseconds, and waking the event loop from
+another thread costs more than that. So the event loop waits for a call on the
+thread itself, for at most `INLINE_WAIT` seconds, when the session's previous
+call ran shorter than that; otherwise (or if the wait runs out) it awaits the
+call like any other event, and the other sessions run meanwhile. Either way a
+call blocks the event loop for at most `INLINE_WAIT`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+__all__ = ["INLINE_WAIT", "SessionWorker"]
+
+INLINE_WAIT = 200e-6
+"""Seconds the event loop may wait, blocked, for a call it expects to be quick."""
+
+
+class _Call:
+    """One call handed to the thread, and what came of it."""
+
+    __slots__ = ("args", "completed", "error", "finished", "function", "guard", "kwargs", "ran_for", "result", "waiter")
+
+    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ran_for = 0.0  # seconds the function took, measured on the thread
+        # Held until the thread has run the call: the event loop's blocking wait.
+        self.finished = threading.Lock()
+        self.finished.acquire()
+        # Guards the hand-over between the two ways of waiting: ``completed`` (set
+        # by the thread) and ``waiter`` (set by the event loop once it stops
+        # waiting blocked), so that exactly one side sees the other.
+        self.guard = threading.Lock()
+        self.completed = False
+        self.waiter: anyio.Event | None = None
+
+
+class SessionWorker:
+    """Runs one session's plain calls on one dedicated thread, in order.
+
+    Use it from the event loop that serves the session, and `aclose` it when
+    the session ends: the thread exits once it has run every call queued before.
+
+    Args:
+        name: The thread's name.
+    """
+
+    def __init__(self, *, name: str = "openenv-session") -> None:
+        self._name = name
+        self._calls: queue.SimpleQueue[_Call | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._quick = True  # whether the previous call ran within INLINE_WAIT
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread, once the first call has started it (``None`` before)."""
+        return self._thread
+
+    def _start(self) -> queue.SimpleQueue[_Call | None]:
+        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        token = anyio.lowlevel.current_token()
+        # A daemon: an environment stuck in a call must not keep the process alive.
+        thread = threading.Thread(target=_run_calls, args=(calls, token), name=self._name, daemon=True)
+        thread.start()
+        self._calls, self._thread = calls, thread
+        return calls
+
+    async def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on the session's thread; return what it returns.
+
+        If the caller is cancelled meanwhile, it still waits for the call to
+        finish (as ``anyio.to_thread.run_sync`` does), then the cancellation
+        goes on.
+
+        Args:
+            function: A plain callable.
+            *args: Its positional arguments.
+            **kwargs: Its keyword arguments.
+
+        Returns:
+            What ``function`` returned.
+
+        Raises:
+            RuntimeError: The worker is closed.
+            BaseException: Whatever ``function`` raised.
+        """
+        if self._closed:
+            raise RuntimeError("the session's worker is closed")
+        calls = self._calls if self._calls is not None else self._start()
+        call = _Call(function, args, kwargs)
+        calls.put(call)
+        if not (self._quick and call.finished.acquire(timeout=INLINE_WAIT)):
+            await _wait_for(call)
+        self._quick = call.ran_for < INLINE_WAIT
+        if call.error is not None:
+            error, call.error = call.error, None  # no cycle through the traceback
+            raise error
+        return call.result
+
+    async def aclose(self) -> None:
+        """Let the thread end once the calls queued before have run; idempotent.
+
+        Returns at once: join `thread` to wait for it to be gone.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._calls is not None:
+            self._calls.put(None)
+
+
+async def _wait_for(call: _Call) -> None:
+    """Await ``call`` on the event loop, letting other tasks run until the thread has run it."""
+    waiter = anyio.Event()
+    with call.guard:
+        if call.completed:
+            return
+        call.waiter = waiter
+    with anyio.CancelScope(shield=True):
+        await waiter.wait()
+    await anyio.lowlevel.checkpoint_if_cancelled()
+
+
+def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
+    """The thread: run calls in order until the ``None`` that ends it."""
+    while True:
+        call = calls.get()
+        if call is None:
+            return
+        start = time.perf_counter()
+        try:
+            call.result = call.function(*call.args, **call.kwargs)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            call.error = exc
+        call.ran_for = time.perf_counter() - start
+        with call.guard:
+            call.completed = True
+            waiter = call.waiter
+        call.finished.release()
+        if waiter is not None:
+            try:
+                anyio.from_thread.run_sync(waiter.set, token=token)
+            except anyio.RunFinishedError:  # the event loop has ended: nobody waits any more
+                return
+        del call, waiter

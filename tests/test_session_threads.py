@@ -1,0 +1,201 @@
+"""Plain (sync) environment methods on a thread of their session's own: isolation, order, and no thread left behind."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+import openenv
+from openenv import Action, EnvClient, Observation, State
+from openenv._worker import SessionWorker
+from openenv.server import Environment, ServerSession
+from tests.envs import SyncCounterEnv
+
+pytestmark = pytest.mark.anyio
+
+# Bounds every wait on a thread: generous, as the machine may be loaded.
+WAIT = 10.0
+
+
+class GateAction(Action):
+    block: bool = False
+
+
+class GateObservation(Observation):
+    thread: int = 0
+
+
+class GatedEnv(Environment[GateAction, GateObservation, State]):
+    """A plain ``step`` that, when asked, blocks its thread until the test opens the gate."""
+
+    entered: ClassVar[threading.Event] = threading.Event()
+    gate: ClassVar[threading.Event] = threading.Event()
+    timed_out: ClassVar[list[bool]] = []
+
+    def reset(self, **kwargs: Any) -> GateObservation:
+        return GateObservation(thread=threading.get_ident())
+
+    def step(self, action: GateAction) -> GateObservation:
+        if action.block:
+            GatedEnv.entered.set()
+            # Bounded: if the event loop were stalled, the test could not open it.
+            GatedEnv.timed_out.append(not GatedEnv.gate.wait(WAIT))
+        return GateObservation(thread=threading.get_ident())
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class GatedClient(EnvClient[GateAction, GateObservation, State]):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _reset_gate() -> None:
+    GatedEnv.entered.clear()
+    GatedEnv.gate.clear()
+    GatedEnv.timed_out.clear()
+
+
+async def ask(session: ServerSession, message: Any) -> Any:
+    with anyio.fail_after(WAIT):
+        reply = await session.handle(json.dumps(message).encode())
+    return None if reply is None else json.loads(reply)
+
+
+async def test_a_blocking_step_never_stalls_the_other_sessions() -> None:
+    async with (
+        openenv.serve(GatedEnv, port=0) as server,
+        GatedClient(server.url) as blocked,
+        GatedClient(server.url) as other,
+        anyio.create_task_group() as group,
+    ):
+        await blocked.reset()
+        await other.reset()
+        group.start_soon(blocked.step, GateAction(block=True))
+        await anyio.to_thread.run_sync(GatedEnv.entered.wait, WAIT)
+        # The first session's step holds its thread; the second one's goes through.
+        for _ in range(3):
+            with anyio.fail_after(WAIT):
+                result = await other.step(GateAction())
+            assert not result.done
+        GatedEnv.gate.set()
+    assert GatedEnv.timed_out == [False]
+
+
+async def test_one_sessions_calls_run_on_one_thread_one_at_a_time() -> None:
+    SyncCounterEnv.threads.clear()
+    session = ServerSession(SyncCounterEnv())
+    await ask(session, {"type": "reset"})
+    async with anyio.create_task_group() as group:
+        # Concurrent requests on one session (SyncCounterEnv raises if entered twice at once).
+        for _ in range(50):
+            group.start_soon(ask, session, {"type": "step", "data": {"by": 1, "delay": 0.0005}})
+    reply = await ask(session, {"type": "state"})
+    assert reply["data"]["count"] == 50
+    assert len(SyncCounterEnv.threads) == 1
+    assert threading.get_ident() not in SyncCounterEnv.threads
+    await session.aclose()
+
+
+async def test_each_session_has_its_own_thread() -> None:
+    first, second = ServerSession(GatedEnv()), ServerSession(GatedEnv())
+    one = (await ask(first, {"type": "reset"}))["data"]["observation"]["thread"]
+    two = (await ask(second, {"type": "reset"}))["data"]["observation"]["thread"]
+    assert one != two
+    assert (await ask(first, {"type": "step", "data": {}}))["data"]["observation"]["thread"] == one
+    await first.aclose()
+    await second.aclose()
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "openenv-session"]
+
+
+async def test_a_thousand_sessions_leave_no_threads_behind() -> None:
+    before = threading.active_count()
+    sessions = [ServerSession(SyncCounterEnv()) for _ in range(1000)]
+    for session in sessions:
+        await ask(session, {"type": "step", "data": {"by": 1}})
+    assert len(worker_threads()) >= 1000
+    async with anyio.create_task_group() as group:
+        for session in sessions:
+            group.start_soon(session.aclose)
+    for thread in worker_threads():
+        thread.join(WAIT)
+    assert worker_threads() == []
+    assert threading.active_count() <= before
+
+
+async def test_closing_sessions_that_never_ran_a_plain_call_starts_no_thread() -> None:
+    before = threading.active_count()
+    sessions = [ServerSession(SyncCounterEnv()) for _ in range(1000)]
+    async with anyio.create_task_group() as group:
+        for session in sessions:
+            group.start_soon(session.aclose)  # the inherited close() does nothing: no thread for it
+    assert worker_threads() == []
+    assert threading.active_count() <= before
+
+
+async def test_a_plain_close_runs_on_the_sessions_thread_after_its_calls() -> None:
+    ran_on: list[int] = []
+
+    class ClosingEnv(GatedEnv):
+        def close(self) -> None:
+            ran_on.append(threading.get_ident())
+
+    session = ServerSession(ClosingEnv())
+    thread = (await ask(session, {"type": "reset"}))["data"]["observation"]["thread"]
+    with anyio.fail_after(WAIT):
+        await session.aclose()
+    assert ran_on == [thread]
+
+
+async def test_the_worker_hands_back_results_and_errors() -> None:
+    worker = SessionWorker()
+    assert worker.thread is None
+    assert await worker.run(lambda a, b=0: a + b, 2, b=3) == 5
+    with pytest.raises(ZeroDivisionError):
+        await worker.run(lambda: 1 / 0)
+    # A slow call is awaited on the event loop rather than waited for inline.
+    assert await worker.run(lambda: threading.Event().wait(0.01) or "slow") == "slow"
+    assert await worker.run(str, 7) == "7"
+    thread = worker.thread
+    assert thread is not None
+    await worker.aclose()
+    await worker.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await worker.run(str, 1)
+    thread.join(WAIT)
+    assert not thread.is_alive()
+
+
+async def test_a_cancelled_caller_waits_for_its_call_to_finish() -> None:
+    worker = SessionWorker()
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def blocking() -> None:
+        started.set()
+        release.wait(WAIT)
+        finished.append("call")
+
+    async def caller() -> None:
+        try:
+            await worker.run(blocking)
+        finally:
+            finished.append("caller")
+
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as group:
+            group.start_soon(caller)
+            await anyio.to_thread.run_sync(started.wait, WAIT)
+            group.cancel_scope.cancel()
+            release.set()
+    assert finished == ["call", "caller"]
+    await worker.aclose()
