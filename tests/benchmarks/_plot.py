@@ -13,6 +13,8 @@ COLOURS = {
     "floor": "#555555",
     "ref-to-ours": "#9467bd",
     "ours-to-ref": "#8c564b",
+    "ws-sync": "#17becf",
+    "reference-sync": "#d62728",
 }
 
 
@@ -62,13 +64,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
     figure.suptitle(title, fontsize=12)
 
     echo = [row for row in results["echo"] if row["median"]]
-    base = next((row["median"] for row in echo if row["key"] == "ref-sync"), None) or 1.0
+    medians = {row["key"]: row["median"] for row in echo}
+
+    def reference_of(row: dict[str, Any]) -> str:
+        """The reference pair with the same kind of environment: the row's own (a reference), or its versus."""
+        if row["group"] == "reference":
+            return str(row["key"])
+        refs = [key for key in row.get("versus", []) if key.startswith("ref")]
+        return refs[0] if refs else "ref-async"  # the floors: against the faster reference
+
+    echo = [row for row in echo if medians.get(reference_of(row))]
     _bars(
         echo_axes,
-        [row["label"] for row in echo],
-        [row["median"] / base for row in echo],
+        [row["label"] + ("  [÷ async ref]" if row["group"] == "floor" else "") for row in echo],
+        [row["median"] / medians[reference_of(row)] for row in echo],
         [row["group"] for row in echo],
-        "One session, small frames: steps/s ÷ reference client -> server (sync env)",
+        "One session, small frames: steps/s ÷ the reference pair with the same kind of env (sync or async)",
         "x the reference (1 = as fast)",
         suffix="x",
         legend="center right",

@@ -57,6 +57,10 @@ def _headline(results: dict[str, Any]) -> list[str]:
                  ref["steps_per_second"])  # fmt: skip
             if ref["error"]:
                 lines.append(f"- the reference with {most} sessions: failed ({ref['error']})")
+        ours_sync, ref_sync = scale.get(("ws-sync", most)), scale.get(("reference-sync", most))
+        if ours_sync and ref_sync:
+            line(f"openenv ws ÷ the reference, sync env, aggregate steps/s with {most} sessions",
+                 ours_sync["steps_per_second"], ref_sync["steps_per_second"])  # fmt: skip
         for key, text in (
             ("ref-to-ours", "the openenv server ÷ the reference server, both driven by the reference client"),
             ("ours-to-ref", "the openenv client ÷ the reference client, both against the reference server"),
@@ -109,8 +113,9 @@ def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"| {row['label']} | {row['sessions']} | - | - | - | failed: {row['error']} | - | - | - |")
             continue
         one = by_key.get((row["target"], counts[0]), {})
-        ref = by_key.get(("reference", row["sessions"]), {})
-        versus = _ratio(row["steps_per_second"], ref.get("steps_per_second")) if row["target"] != "reference" else ""
+        base = row.get("versus", "reference")  # the reference with the same kind of environment
+        ref = by_key.get((base, row["sessions"]), {})
+        versus = _ratio(row["steps_per_second"], ref.get("steps_per_second")) if row["target"] != base else ""
         failed = f"; a later run failed: {row['error']}" if row["error"] else ""
         out.append(
             f"| {row['label']} | {row['sessions']} | {_ratio(row['steps_per_second'], one.get('steps_per_second'))} "
@@ -221,7 +226,9 @@ def render(results: dict[str, Any], image: str) -> str:
         f"after all are open; medians of {scale_runs}. Ours is measured with `openenv bench URL",
         "--sessions C --seconds T --json` (one client process, asyncio); the reference with",
         "`tests/interop/reference_bench_client.py --sessions C` (its `GenericEnvClient`, asyncio, sessions",
-        "opened 16 at a time), against its step_async echo env (ours is async too). Each measurement",
+        "opened 16 at a time), against its step_async echo env (ours is async too); the *sync env* rows",
+        "serve a plain `def step` echo instead (the reference runs it in its thread pool, ours on a thread",
+        "per session) and are divided by the reference's sync env. Each measurement",
         "starts a fresh server, warms it with one session, reads its RSS (`VmRSS` in `/proc/<pid>/status`)",
         "as the idle figure, then samples it every 10 ms during the run: *KiB per session* is (peak - idle)",
         "÷ C (at one session, that is within the noise of page-sized growth). *x 1 session* divides by",

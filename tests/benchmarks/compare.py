@@ -124,6 +124,7 @@ class ScaleTarget:
     server: Callable[[], AbstractContextManager[Server]]
     client: Callable[[str, int, float], list[str]]
     reference: bool = False
+    versus: str = "reference"  # the key of the target whose figures this one's are divided by
 
 
 def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
@@ -158,6 +159,21 @@ def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
     ]  # fmt: skip
 
 
+def sync_scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
+    """Our ws and the reference at scale with a plain ``def step`` environment: each runs it in threads."""
+    capacity = max(max_sessions, 1) * 2
+    clients = {target.key: target.client for target in scale_targets(python, max_sessions)}
+    ours, reference = clients["ws"], clients["reference"]
+    return [
+        ScaleTarget("ws-sync", "openenv ws [asyncio] -> openenv [uvicorn] (sync env)",
+                    lambda: our_server(SYNC_ECHO, "asyncio", "--max-sessions", str(capacity)), ours,
+                    versus="reference-sync"),
+        ScaleTarget("reference-sync", "reference client -> reference server (sync env)",
+                    lambda: reference_server(python, max_sessions=capacity), reference, reference=True,
+                    versus="reference-sync"),
+    ]  # fmt: skip
+
+
 def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, seconds: float) -> list[dict[str, Any]]:
     """Each target at each session count, a fresh server per measurement (so idle memory is idle).
 
@@ -165,8 +181,8 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
     loads lazily); the server's RSS then is the idle figure, and the peak RSS
     during the C-session run minus it, divided by C, is the memory per session.
     """
-    rows = {(t.key, c): {"target": t.key, "label": t.label, "sessions": c, "runs": [], "idle_kib": [],
-                         "peak_kib": [], "error": None} for t in targets for c in sessions}  # fmt: skip
+    rows = {(t.key, c): {"target": t.key, "label": t.label, "sessions": c, "versus": t.versus, "runs": [],
+                         "idle_kib": [], "peak_kib": [], "error": None} for t in targets for c in sessions}  # fmt: skip
     for run in range(runs):
         for count in sessions:
             for target in targets:
@@ -248,7 +264,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         results["blob"] = measure_pairs(blob_pairs(python, args.seconds), servers, args.runs, args.seconds, "1 MiB")
     with _timer(durations, "scale"):
-        targets = scale_targets(python, max(args.sessions))
+        targets = scale_targets(python, max(args.sessions)) + sync_scale_targets(python, max(args.sessions))
         results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
     meta["durations_s"] = durations
     meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
