@@ -4,7 +4,8 @@ A `SessionWorker` runs the plain methods of one session's environment on one
 thread of its own, one call at a time and in order: a blocking ``step`` holds
 up only its own session, and the environment never runs on two threads at
 once. The thread starts with the session's first plain call and ends with
-`SessionWorker.aclose`, so a server keeps one thread per live session, never more.
+`SessionWorker.aclose` (or when the worker is garbage-collected), so a server
+keeps one thread per live session, never more.
 
 Most environment methods take microseconds, and waking the event loop from
 another thread costs more than that. So the event loop waits for a call on the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +100,8 @@ class SessionWorker:
         thread = threading.Thread(target=_run_calls, args=(calls, token), name=self._name, daemon=True)
         thread.start()
         self._calls, self._thread = calls, thread
+        # A session dropped without aclose() still lets its thread go.
+        weakref.finalize(self, calls.put, None)
         return calls
 
     async def run(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from typing import Any, ClassVar
@@ -118,28 +119,37 @@ def worker_threads() -> list[threading.Thread]:
 
 
 async def test_a_thousand_sessions_leave_no_threads_behind() -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())
     sessions = [ServerSession(SyncCounterEnv()) for _ in range(1000)]
     for session in sessions:
         await ask(session, {"type": "step", "data": {"by": 1}})
-    assert len(worker_threads()) >= 1000
+    started = set(worker_threads()) - before
+    assert len(started) == 1000
     async with anyio.create_task_group() as group:
         for session in sessions:
             group.start_soon(session.aclose)
-    for thread in worker_threads():
+    for thread in started:
         thread.join(WAIT)
-    assert worker_threads() == []
-    assert threading.active_count() <= before
+    assert set(threading.enumerate()) <= before
 
 
 async def test_closing_sessions_that_never_ran_a_plain_call_starts_no_thread() -> None:
-    before = threading.active_count()
+    before = set(threading.enumerate())
     sessions = [ServerSession(SyncCounterEnv()) for _ in range(1000)]
     async with anyio.create_task_group() as group:
         for session in sessions:
             group.start_soon(session.aclose)  # the inherited close() does nothing: no thread for it
-    assert worker_threads() == []
-    assert threading.active_count() <= before
+    assert set(threading.enumerate()) <= before
+
+
+async def test_a_session_dropped_without_closing_lets_its_thread_go() -> None:
+    session = ServerSession(GatedEnv())
+    ident = (await ask(session, {"type": "reset"}))["data"]["observation"]["thread"]
+    [thread] = [thread for thread in worker_threads() if thread.ident == ident]
+    del session
+    gc.collect()
+    thread.join(WAIT)
+    assert not thread.is_alive()
 
 
 async def test_a_plain_close_runs_on_the_sessions_thread_after_its_calls() -> None:
