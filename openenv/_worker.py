@@ -9,10 +9,10 @@ keeps one thread per live session, never more.
 
 Most environment methods take microseconds, and waking the event loop from
 another thread costs more than that. So the event loop waits for a call on the
-spot, for at most `INLINE_WAIT` seconds, when the session's previous call was
-done that fast (queued, run and finished); otherwise (or if the wait runs out)
-it awaits the call like any other event, and the other sessions run meanwhile.
-Either way a call blocks the event loop for at most `INLINE_WAIT`.
+spot, blocked, for at most `INLINE_WAIT` seconds, when the session's previous
+call ran shorter than that; otherwise (or if the wait runs out) it awaits the
+call like any other event, and the other sessions run meanwhile. Either way a
+call blocks the event loop for at most `INLINE_WAIT`.
 """
 
 from __future__ import annotations
@@ -37,19 +37,7 @@ INLINE_WAIT = 200e-6
 class _Call:
     """One call handed to the thread, and what came of it."""
 
-    __slots__ = (
-        "args",
-        "completed",
-        "error",
-        "finished",
-        "function",
-        "guard",
-        "kwargs",
-        "latency",
-        "queued_at",
-        "result",
-        "waiter",
-    )
+    __slots__ = ("args", "completed", "error", "finished", "function", "guard", "kwargs", "ran_for", "result", "waiter")
 
     def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.function = function
@@ -57,9 +45,7 @@ class _Call:
         self.kwargs = kwargs
         self.result: Any = None
         self.error: BaseException | None = None
-        # Seconds from being queued until the thread had run it (set by the thread).
-        self.latency = 0.0
-        self.queued_at = 0.0
+        self.ran_for = 0.0  # seconds the function took, measured on the thread
         # Held until the thread has run the call: the event loop's blocking wait.
         self.finished = threading.Lock()
         self.finished.acquire()
@@ -86,7 +72,7 @@ class SessionWorker:
         self._calls: queue.SimpleQueue[_Call | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._quick = True  # whether the previous call was done within INLINE_WAIT
+        self._quick = True  # whether the previous call ran within INLINE_WAIT
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -127,14 +113,10 @@ class SessionWorker:
             raise RuntimeError("the session's worker is closed")
         calls = self._calls if self._calls is not None else self._start()
         call = _Call(function, args, kwargs)
-        call.queued_at = time.perf_counter()
         calls.put(call)
         if not (self._quick and call.finished.acquire(timeout=INLINE_WAIT)):
             await _wait_for(call)
-        # Waiting on the spot pays while calls come back that fast: a slow method,
-        # or a thread slow to get a core on a loaded machine, turns it off until
-        # a call is quick again.
-        self._quick = call.latency < INLINE_WAIT
+        self._quick = call.ran_for < INLINE_WAIT
         if call.error is not None:
             error, call.error = call.error, None  # no cycle through the traceback
             raise error
@@ -170,11 +152,12 @@ def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.Eve
         call = calls.get()
         if call is None:
             return
+        start = time.perf_counter()
         try:
             call.result = call.function(*call.args, **call.kwargs)
         except BaseException as exc:  # handed to the caller, whatever it is
             call.error = exc
-        call.latency = time.perf_counter() - call.queued_at
+        call.ran_for = time.perf_counter() - start
         with call.guard:
             call.completed = True
             waiter = call.waiter
