@@ -68,6 +68,7 @@ class RunningServer:
         self.host = host
         self.port = port
         self.server = server
+        self._stopped = anyio.Event()
 
     @property
     def url(self) -> str:
@@ -288,6 +289,7 @@ async def _run_hypercorn(
     if current_backend() == "trio":
         from hypercorn.trio.run import worker_serve as trio_worker_serve
 
+        _mend_hypercorn_trio_closing()
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
         return
@@ -302,6 +304,38 @@ async def _run_hypercorn(
         host, port = sock.getsockname()[:2]
         await _wait_until_serving(host, port)
         task_status.started()
+
+
+def _mend_hypercorn_trio_closing() -> None:
+    """Keep a client closing its WebSocket from killing hypercorn's whole trio server.
+
+    Hypercorn's trio connection half-closes its socket (``send_eof``) outside the
+    lock its other writes take. A write that lands meanwhile (the closing
+    handshake's answer, or the app's last frame when both ends close at once)
+    raises `trio.BusyResourceError`, which nothing catches: it ends the server's
+    task group, listener and every session with it, while the process lives on.
+    The write is moot (the socket is being closed), so this treats it as the
+    peer having gone, as hypercorn treats a broken socket. Idempotent.
+    """
+    import hypercorn.trio.run
+    import trio
+    from hypercorn.events import Closed
+    from hypercorn.trio.tcp_server import TCPServer
+
+    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
+    if getattr(run_module.TCPServer, "_openenv_mended", False):
+        return
+
+    class MendedTCPServer(TCPServer):
+        _openenv_mended = True
+
+        async def protocol_send(self, event: Any) -> None:
+            try:
+                await super().protocol_send(event)
+            except trio.BusyResourceError:  # send_eof is closing the socket: the write is moot
+                await self.protocol.handle(Closed())
+
+    run_module.TCPServer = MendedTCPServer
 
 
 async def _wait_until_serving(host: str, port: int) -> None:
@@ -427,8 +461,10 @@ async def _serving(
                     await stopped.wait()
                 task_group.cancel_scope.cancel()
             else:
+                running = RunningServer(app=app, host=bound_host, port=bound_port, server=name)
+                task_group.start_soon(_set_when_set, stopped, running._stopped)
                 try:
-                    yield RunningServer(app=app, host=bound_host, port=bound_port, server=name)
+                    yield running
                 except Exception as exc:
                     body_error = exc
                 finally:
@@ -455,6 +491,11 @@ async def _serving(
         raise RuntimeError(f"{name} failed to start the app: {cause}") from cause
     if server_errors:
         raise RuntimeError(f"the {name} server failed: {server_errors[0]}") from server_errors[0]
+
+
+async def _set_when_set(event: anyio.Event, follower: anyio.Event) -> None:
+    await event.wait()
+    follower.set()
 
 
 @contextlib.asynccontextmanager
@@ -557,6 +598,10 @@ async def _serve_until_signalled(
                 ) as running:
                     if on_ready is not None:
                         on_ready(running)
+                    # A server that stops on its own (it failed) ends the process: a
+                    # supervisor can restart it, which it cannot do for a live process
+                    # that no longer listens.
+                    task_group.start_soon(_set_when_set, running._stopped, stop_requested)
                     await stop_requested.wait()
             except Exception as exc:
                 # Raised below, as itself: the task group would wrap it in an exception group.
