@@ -9,6 +9,7 @@ import logging as _logging
 from ._client import USE_CLIENT_DEFAULT, EnvClient
 from ._environment import Environment, EnvironmentMetadata
 from ._exceptions import (
+    AuthenticationError,
     CapacityReachedError,
     ClientStateError,
     ConnectError,
@@ -58,6 +59,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "USE_CLIENT_DEFAULT",
     "Action",
+    "AuthenticationError",
     "CallToolAction",
     "CallToolObservation",
     "CapacityReachedError",

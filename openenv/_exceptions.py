@@ -11,6 +11,7 @@ Several classes also subclass a builtin, so that generic handlers keep working
 OpenEnvError
 ├── TransportError
 │   ├── ConnectError            (ConnectionError) the channel could not be opened
+│   │   └── AuthenticationError                   the server refused the client's token
 │   ├── ConnectionClosed        (ConnectionError) the peer or the network ended it
 │   └── ProtocolError                             the peer sent a malformed frame
 ├── TimeoutError                (TimeoutError)    no reply within the timeout
@@ -37,6 +38,7 @@ import builtins
 from typing import Any, ClassVar
 
 __all__ = [
+    "AuthenticationError",
     "CapacityReachedError",
     "ClientStateError",
     "ConnectError",
@@ -107,6 +109,29 @@ class ConnectError(TransportError, ConnectionError):
                 await env.reset()
         except openenv.ConnectError as exc:
             print(exc)  # cannot load the environment factory of 'inproc://no_such_module:Environment': ...
+        ```
+    """
+
+
+class AuthenticationError(ConnectError):
+    """The server refused the client's credentials: a missing or wrong bearer token (HTTP 401).
+
+    Raised on entering a client (``async with``, `EnvClient.connect`) when the
+    server requires a token (``openenv serve --auth-token``) and the client sent
+    none or another. No session was opened and no environment built. Give the
+    token with the client's ``auth_token=`` option or the ``OPENENV_AUTH_TOKEN``
+    environment variable. Also a `ConnectError`.
+
+    Examples:
+        ```python
+        import openenv
+        from openenv.examples.echo import EchoEnv
+
+        try:
+            async with EchoEnv("ws://127.0.0.1:8000", auth_token="wrong") as env:
+                await env.reset()
+        except openenv.AuthenticationError as exc:
+            print(exc)  # the server at ws://127.0.0.1:8000/ws refused the token: HTTP 401 ...
         ```
     """
 

@@ -46,7 +46,10 @@ def serve(factory: Callable[[], Any] | str, **kwargs: Any) -> AbstractAsyncConte
             asyncio, hypercorn on trio), ``max_sessions`` (``None``: no limit),
             ``session_idle_timeout`` (seconds, ``None``: never), ``log_level``
             (``"warning"``), ``shutdown_timeout`` (5 s), ``startup_timeout``
-            (30 s) and ``max_message_size`` (bytes, 100 MiB).
+            (30 s), ``max_message_size`` (bytes, 100 MiB), ``auth_token`` (a
+            bearer token, or several, clients must send; by default
+            ``OPENENV_AUTH_TOKEN``'s, if set) and ``allow_origins`` (browser
+            origins accepted; by default none).
 
     Returns:
         An async context manager; entering it starts the server and gives its

@@ -34,6 +34,8 @@ from typing import Any
 import anyio
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -41,8 +43,17 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from openenv import Environment, EnvironmentMetadata
 from openenv.server import MCPEnvironment, check_factory, factory_name, load_factory, struct_union_members
 
+from ._guard import RequestGuard, auth_tokens_from
 from ._sessions import SessionRegistry
-from .http._protocol import DEFAULT_MAX_BODY_SIZE
+from .http._protocol import (
+    ACK_HEADER,
+    DEFAULT_MAX_BODY_SIZE,
+    ERROR_HEADER,
+    IDEMPOTENCY_KEY_HEADER,
+    RECEIVED_HEADER,
+    SEQ_HEADER,
+    WAIT_HEADER,
+)
 from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
 from .websocket._server import WebSocketEndpoint
@@ -215,6 +226,8 @@ def create_app(
     metadata: EnvironmentMetadata | None = None,
     http_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     http_max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+    auth_token: str | Sequence[str] | None = None,
+    allow_origins: Sequence[str] = (),
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -251,6 +264,15 @@ def create_app(
             only ``session_idle_timeout``.
         http_max_body_size: The largest request frame the HTTP long-polling
             endpoint accepts, in bytes (100 MiB, as over WebSocket).
+        auth_token: The bearer token every request but ``GET /health`` must
+            carry (``Authorization: Bearer <token>``), or several (any one is
+            accepted); ``None`` takes it from ``OPENENV_AUTH_TOKEN`` if that is
+            set; ``()`` accepts requests without one. A missing or wrong token
+            gets ``401`` before any environment is built.
+        allow_origins: The browser origins (``"https://app.example"``; ``"*"``
+            for any) whose requests are accepted, with CORS headers. A request
+            with any other ``Origin`` gets ``403``; requests without one (every
+            client but a browser) are not affected.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -260,12 +282,13 @@ def create_app(
         ``metadata`` and ``lifespan_tasks``.
 
     Raises:
-        ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout or
-            ``http_max_body_size``.
+        ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout,
+            ``http_max_body_size`` or auth token.
         ImportError: The named factory cannot be imported.
         TypeError: The factory cannot build environments: not callable, or a
             client or message class (see `openenv.server.check_factory`).
     """
+    tokens = auth_tokens_from(auth_token)
     env_factory = load_factory(factory) if isinstance(factory, str) else factory
     check_factory(env_factory)
     registry = SessionRegistry(
@@ -308,8 +331,19 @@ def create_app(
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
         *openenv_http_routes(env_factory, schemas=schemas, metadata=meta),
     ]
+    middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins)]
+    if allow_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(allow_origins),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", SEQ_HEADER, ACK_HEADER, WAIT_HEADER, IDEMPOTENCY_KEY_HEADER],
+                expose_headers=[SEQ_HEADER, RECEIVED_HEADER, ERROR_HEADER, "Location", "Retry-After"],
+            )
+        )
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.lifespan_tasks = [registry.run_reaper, polling.run]
     app.state.sessions = registry
     app.state.http_polling = polling

@@ -87,6 +87,21 @@ def main(ctx: click.Context, debug: bool) -> None:
     show_default=True,
     help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
 )
+@click.option(
+    "--auth-token",
+    "auth_tokens",
+    multiple=True,
+    envvar="OPENENV_AUTH_TOKEN",
+    help="A bearer token clients must send (Authorization: Bearer TOKEN); repeat it to accept several. "
+    "Also read from OPENENV_AUTH_TOKEN. /health stays open.",
+)
+@click.option(
+    "--allow-origin",
+    "allow_origins",
+    multiple=True,
+    help="A browser origin (https://app.example, or '*') whose requests are accepted, with CORS headers; "
+    "repeatable. By default requests carrying an Origin header are refused.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
     "--app-dir",
@@ -105,6 +120,8 @@ def serve(
     session_idle_timeout: float | None,
     http_idle_timeout: float,
     max_message_size: int,
+    auth_tokens: tuple[str, ...],
+    allow_origins: tuple[str, ...],
     log_level: str,
     app_dir: str,
 ) -> None:
@@ -144,13 +161,18 @@ def serve(
             err=True,
         )
 
-    app = create_app(
-        env_factory,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        http_idle_timeout=http_idle_timeout,
-        http_max_body_size=max_message_size,
-    )
+    try:
+        app = create_app(
+            env_factory,
+            max_sessions=max_sessions,
+            session_idle_timeout=session_idle_timeout,
+            http_idle_timeout=http_idle_timeout,
+            http_max_body_size=max_message_size,
+            auth_token=auth_tokens,
+            allow_origins=allow_origins,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
     try:
         run(
             app,

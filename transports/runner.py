@@ -20,7 +20,7 @@ import functools
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal, cast
 
 import anyio
@@ -318,9 +318,14 @@ def _mend_hypercorn_trio_closing() -> None:
     peer having gone, as hypercorn treats a broken socket. Idempotent.
     """
     import hypercorn.trio.run
-    import trio
+    import hypercorn.trio.tcp_server
     from hypercorn.events import Closed
     from hypercorn.trio.tcp_server import TCPServer
+
+    # Trio's own exception, taken from the hypercorn module that meets it (the
+    # rest of openenv reaches trio only through anyio).
+    tcp_server_module: Any = hypercorn.trio.tcp_server
+    busy_error: type[Exception] = tcp_server_module.trio.BusyResourceError
 
     run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
     if getattr(run_module.TCPServer, "_openenv_mended", False):
@@ -332,7 +337,7 @@ def _mend_hypercorn_trio_closing() -> None:
         async def protocol_send(self, event: Any) -> None:
             try:
                 await super().protocol_send(event)
-            except trio.BusyResourceError:  # send_eof is closing the socket: the write is moot
+            except busy_error:  # send_eof is closing the socket: the write is moot
                 await self.protocol.handle(Closed())
 
     run_module.TCPServer = MendedTCPServer
@@ -355,16 +360,14 @@ async def _wait_until_serving(host: str, port: int) -> None:
 _RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {"uvicorn": _run_uvicorn, "hypercorn": _run_hypercorn}
 
 
-def _app_for(
-    app_or_factory: Starlette | Callable[[], Any] | str,
-    max_sessions: int | None,
-    session_idle_timeout: float | None,
-) -> Starlette:
+def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options: Any) -> Starlette:
+    """The app to serve: ``app_or_factory`` itself, or `create_app` of it with the options set."""
+    given = {name: value for name, value in app_options.items() if value is not None}
     if isinstance(app_or_factory, Starlette):
-        if max_sessions is not None or session_idle_timeout is not None:
-            raise ValueError("max_sessions and session_idle_timeout are set in create_app(), not for a ready app")
+        if given:
+            raise ValueError(f"{', '.join(sorted(given))} are set in create_app(), not for a ready app")
         return app_or_factory
-    return create_app(app_or_factory, max_sessions=max_sessions, session_idle_timeout=session_idle_timeout)
+    return create_app(app_or_factory, **given)
 
 
 async def _end_sessions(app: Starlette, timeout: float) -> None:
@@ -511,6 +514,8 @@ async def serve(
     shutdown_timeout: float = 5.0,
     startup_timeout: float = 30.0,
     max_message_size: int = DEFAULT_WS_MAX_SIZE,
+    auth_token: str | Sequence[str] | None = None,
+    allow_origins: Sequence[str] | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -544,6 +549,8 @@ async def serve(
         startup_timeout: Seconds the server may take to start.
         max_message_size: The largest WebSocket message accepted, in bytes; a
             larger one ends its connection (close code 1009), never another's.
+        auth_token: See `create_app` (only with a factory).
+        allow_origins: See `create_app` (only with a factory).
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -558,7 +565,13 @@ async def serve(
         OSError: The address cannot be bound.
         TimeoutError: The server did not start within ``startup_timeout``.
     """
-    app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
+    app = _app_for(
+        app_or_factory,
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        auth_token=auth_token,
+        allow_origins=allow_origins,
+    )
     options = _Options(
         log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True, max_message_size=max_message_size
     )
@@ -623,6 +636,8 @@ def run(
     log_level: str = "info",
     shutdown_timeout: float = 5.0,
     max_message_size: int = DEFAULT_WS_MAX_SIZE,
+    auth_token: str | Sequence[str] | None = None,
+    allow_origins: Sequence[str] | None = None,
     on_ready: Callable[[RunningServer], object] | None = None,
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
@@ -644,6 +659,8 @@ def run(
         log_level: The log level; the server's usual console logging is set up.
         shutdown_timeout: Seconds open connections get to finish after a signal.
         max_message_size: As for `serve`.
+        auth_token: See `create_app` (only with a factory).
+        allow_origins: See `create_app` (only with a factory).
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
@@ -651,7 +668,13 @@ def run(
         ValueError: An unknown ``server``, or session options with a ready app.
         OSError: The address cannot be bound.
     """
-    app = _app_for(app_or_factory, max_sessions, session_idle_timeout)
+    app = _app_for(
+        app_or_factory,
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        auth_token=auth_token,
+        allow_origins=allow_origins,
+    )
     _configure_console_logging(log_level)
     options = _Options(
         log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=False, max_message_size=max_message_size

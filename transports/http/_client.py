@@ -37,8 +37,17 @@ import anyio.lowlevel
 import httpx
 import msgspec
 
-from openenv import ClientStateError, ConnectError, ConnectionClosed, ProtocolError, Transport, __version__
+from openenv import (
+    AuthenticationError,
+    ClientStateError,
+    ConnectError,
+    ConnectionClosed,
+    ProtocolError,
+    Transport,
+    __version__,
+)
 
+from .._credentials import with_auth_token
 from ._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
@@ -271,8 +280,12 @@ class HTTPPollingTransport(Transport):
         poll_timeout: The longest the server may hold one request waiting for a
             reply, in seconds: keep it below the idle timeouts of the proxies on
             the way (often 30 to 60 s). The server may cap it.
-        headers: Extra headers for every request (``Authorization``, ...), as a
-            mapping or as ``(name, value)`` pairs; the protocol's own cannot be set.
+        headers: Extra headers for every request, as a mapping or as
+            ``(name, value)`` pairs; the protocol's own cannot be set.
+        auth_token: The bearer token the server asks for, sent as
+            ``Authorization: Bearer <token>``; ``None`` takes it from the
+            ``OPENENV_AUTH_TOKEN`` environment variable, if set (unless the given
+            ``client`` has its own ``Authorization`` header or auth).
         encoding: The frames' encoding: ``"json"`` or ``"msgpack"``.
         retries: How many times a request that failed on the network (or got a
             gateway's 502, 503 or 504) is tried again, with a short backoff,
@@ -286,7 +299,8 @@ class HTTPPollingTransport(Transport):
 
     Raises:
         ValueError: An unsupported URL, an unknown encoding, a protocol header in
-            ``headers``, or a ``poll_timeout`` or ``retries`` out of range.
+            ``headers``, both ``auth_token`` and an ``Authorization`` header, or
+            a ``poll_timeout`` or ``retries`` out of range.
     """
 
     def __init__(
@@ -300,6 +314,7 @@ class HTTPPollingTransport(Transport):
         encoding: str = "json",
         retries: int = 5,
         close_timeout: float = 5.0,
+        auth_token: str | None = None,
     ) -> None:
         self.url, self._query = polling_url(url)
         self.dialect = dialect_for(encoding)
@@ -308,6 +323,9 @@ class HTTPPollingTransport(Transport):
         if retries < 0:
             raise ValueError(f"retries must be 0 or more, not {retries}")
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
+        client_authenticates = client is not None and ("authorization" in client.headers or client.auth is not None)
+        if auth_token is not None or not client_authenticates:
+            pairs = with_auth_token(pairs, auth_token)
         for name, _ in pairs:
             if name.lower() in _OWN_HEADERS:
                 raise ValueError(f"the {name} header belongs to the long-polling protocol; it cannot be set")
@@ -362,6 +380,7 @@ class HTTPPollingTransport(Transport):
             The transport itself.
 
         Raises:
+            AuthenticationError: The server refused the token (HTTP 401).
             ConnectError: The server is unreachable, refused to create a session
                 (the message gives the HTTP status), answered something else than
                 the protocol, or `connect_timeout` elapsed.
@@ -436,6 +455,11 @@ class HTTPPollingTransport(Transport):
             self._send_closed = reason
             self._ended = ConnectionClosed(reason)
             return
+        if status == 401:
+            raise AuthenticationError(
+                f"the server at {self.url} refused the token: HTTP 401 {response.reason_phrase}: "
+                f"{_error_detail(response)}"
+            )
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(

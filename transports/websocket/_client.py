@@ -49,6 +49,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import WebSocketURI, parse_uri
 
 from openenv import (
+    AuthenticationError,
     ClientStateError,
     ConnectError,
     ConnectionClosed,
@@ -57,6 +58,7 @@ from openenv import (
     __version__,
 )
 
+from .._credentials import with_auth_token
 from ._subprotocols import PLAIN, SUBPROTOCOLS, offered_subprotocols
 
 __all__ = ["WebSocketTransport", "websocket_url"]
@@ -156,6 +158,11 @@ def _connect_error(url: str, exc: BaseException) -> ConnectError:
     if isinstance(exc, InvalidStatus):
         response = exc.response
         detail = response.body.decode("utf-8", "replace").strip()[:200] if response.body else ""
+        if response.status_code == 401:
+            return AuthenticationError(
+                f"the server at {url} refused the token: HTTP 401 {response.reason_phrase}"
+                + (f": {detail}" if detail else "")
+            )
         return ConnectError(
             f"the server at {url} refused the WebSocket handshake: HTTP "
             f"{response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
@@ -205,7 +212,7 @@ class WebSocketTransport(Transport):
         ```python
         from openenv.examples.echo import EchoEnv
 
-        async with EchoEnv("ws://127.0.0.1:8000", encoding="msgpack", headers={"Authorization": "Bearer ..."}) as env:
+        async with EchoEnv("ws://127.0.0.1:8000", encoding="msgpack", auth_token="...") as env:
             await env.reset()
             print(env.transport.subprotocol)  # openenv.v1.msgpack
         ```
@@ -229,9 +236,12 @@ class WebSocketTransport(Transport):
         ping_interval: Seconds between keepalive pings (``None``: no pings).
         ping_timeout: Seconds to wait for the pong to a keepalive ping before the
             connection is declared dead (``None``: wait forever).
-        headers: Extra HTTP headers for the handshake (``Authorization``, ...),
-            as a mapping or as ``(name, value)`` pairs. They replace a default
-            of the same name (``User-Agent``); handshake headers cannot be set.
+        headers: Extra HTTP headers for the handshake, as a mapping or as
+            ``(name, value)`` pairs. They replace a default of the same name
+            (``User-Agent``); handshake headers cannot be set.
+        auth_token: The bearer token the server asks for, sent as
+            ``Authorization: Bearer <token>``; ``None`` takes it from the
+            ``OPENENV_AUTH_TOKEN`` environment variable, if set.
         compression: Offer permessage-deflate, as OpenEnv's client does.
         encoding: The dialect to ask for: ``"json"`` or ``"msgpack"`` (binary
             frames). Ignored when ``subprotocols`` is given.
@@ -249,7 +259,8 @@ class WebSocketTransport(Transport):
 
     Raises:
         ValueError: An unsupported URL scheme, an unknown encoding, a TLS context
-            for a plain-text URL, or an invalid header.
+            for a plain-text URL, an invalid header, or both ``auth_token`` and
+            an ``Authorization`` header.
     """
 
     def __init__(
@@ -266,6 +277,7 @@ class WebSocketTransport(Transport):
         subprotocols: Sequence[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
         close_timeout: float = 5.0,
+        auth_token: str | None = None,
     ) -> None:
         self.url = websocket_url(url)
         offer = offered_subprotocols(encoding)
@@ -274,6 +286,7 @@ class WebSocketTransport(Transport):
         if ssl_context is not None and not self.url.startswith("wss://"):
             raise ValueError(f"an ssl_context was given for {url!r}, which is not a TLS URL")
         pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
+        pairs = with_auth_token(pairs, auth_token)
         for name, _ in pairs:
             if name.lower() in _HANDSHAKE_HEADERS:
                 raise ValueError(f"the {name} header belongs to the WebSocket handshake; it cannot be set")
@@ -334,6 +347,7 @@ class WebSocketTransport(Transport):
             The transport itself, with `dialect` and `subprotocol` set.
 
         Raises:
+            AuthenticationError: The server refused the token (HTTP 401).
             ConnectError: The URL is invalid, the server is unreachable or refused
                 the connection, TLS failed, the handshake was rejected (the message
                 gives the HTTP status) or invalid, the server selected a
