@@ -721,6 +721,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 frame = encode(request_id)
             except (TypeError, msgspec.EncodeError) as exc:
                 raise EncodingError(f"cannot encode the request: {exc}") from exc
+            except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
+                raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, math.inf)
             deadline = anyio.current_time() + timeout

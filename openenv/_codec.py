@@ -28,7 +28,40 @@ from ._messages import (
 from ._types import ActT, ObsT, StateT
 from ._unions import StructUnionDecoder, struct_union_members
 
-__all__ = ["ClientCodec", "RequestError", "ServerCodec", "validation_errors"]
+__all__ = ["MAX_ECHOED_INPUT", "MAX_NESTING", "ClientCodec", "RequestError", "ServerCodec", "validation_errors"]
+
+MAX_NESTING = 128
+"""The deepest nesting of arrays and objects a server accepts in a JSON request frame.
+
+Deeper frames get ``INVALID_JSON``: an environment (or the reply that echoes
+its input) would otherwise meet Python's recursion limit, far from the input.
+MessagePack frames are bounded by the decoder's own recursion guard.
+"""
+
+MAX_ECHOED_INPUT = 4096
+"""The largest request data (bytes, encoded) a ``VALIDATION_ERROR`` reply echoes back as ``input``."""
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+
+
+def _nested_deeper_than(frame: bytes, limit: int) -> bool:
+    """Whether a valid JSON document nests arrays and objects deeper than ``limit``."""
+    if frame.count(b"[") + frame.count(b"{") <= limit:  # the usual case: one C-speed pass
+        return False
+    structure = _JSON_STRING.sub(b"", frame).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):  # each pass removes the innermost level
+        shorter = structure.replace(b"[]", b"").replace(b"{}", b"")
+        if not shorter:
+            return False
+        structure = shorter
+    return True
+
+
+def _out_of_range(exc: msgspec.ValidationError) -> bool:
+    """Whether msgspec refused a number too large for any type (``1e999``): a malformed frame, not bad data."""
+    return str(exc).startswith("Number out of range")
+
 
 # Observation fields that travel beside the observation on the wire, or not at all.
 _LIFTED_FIELDS = ("done", "reward", "metadata")
@@ -291,18 +324,24 @@ class ServerCodec(Generic[ActT]):
             self._decode_action = _decoder(dialect, action_type, strict=strict).decode
         self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
         self._decode_any = _decoder(dialect, Any).decode
+        self._json = dialect.encoding != "msgpack"
 
     def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:
+        if _out_of_range(exc):  # 1e999: no value of any type, so the frame is malformed
+            return RequestError("INVALID_JSON", f"Invalid JSON: {exc}", request_id=request_id)
         try:
             value = self._decode_any(raw) if raw else None
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             value = None
+        # The input is echoed as the reference does, but only while small.
+        echoed = len(raw) <= MAX_ECHOED_INPUT if raw else True
         if isinstance(value, dict):
-            errors = validation_errors(exc, value)
+            errors = validation_errors(exc, value if echoed else None)
         else:  # The frame's data itself is no object: say so as the reference does.
-            errors = [
-                {"type": "dict_type", "loc": ["data"], "msg": "Input should be a valid dictionary", "input": value}
-            ]
+            entry: dict[str, Any] = {"type": "dict_type", "loc": ["data"], "msg": "Input should be a valid dictionary"}
+            if echoed:
+                entry["input"] = value
+            errors = [entry]
         return RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": errors}, request_id=request_id)
 
     def decode_request(self, frame: bytes) -> tuple[str, Any, int | None]:
@@ -325,10 +364,18 @@ class ServerCodec(Generic[ActT]):
         try:
             request = self._decode_request(frame)
         except msgspec.ValidationError as exc:
+            if _out_of_range(exc):
+                raise RequestError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
             raise RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": validation_errors(exc)}) from exc
         except msgspec.DecodeError as exc:
             raise RequestError("INVALID_JSON", f"Invalid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise RequestError("INVALID_JSON", f"Invalid JSON: nested deeper than {MAX_NESTING} levels") from exc
         request_id = request.id if self._request_ids else None
+        if self._json and _nested_deeper_than(frame, MAX_NESTING):
+            raise RequestError(
+                "INVALID_JSON", f"Invalid JSON: nested deeper than {MAX_NESTING} levels", request_id=request_id
+            )
         kind = request.type
         raw = request.data
         if kind == "step":

@@ -28,6 +28,10 @@ __all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session"
 
 logger = logging.getLogger("openenv.server")
 
+# What an error reply says instead of the exception when a server hides error details.
+_HIDDEN_EXECUTION_ERROR = "the environment raised an exception (details are in the server's log)"
+_HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
+
 
 def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
     """The keyword names ``method`` accepts, or ``None`` if it takes ``**kwargs``."""
@@ -73,15 +77,22 @@ class ServerSession:
         strict: Validate actions strictly (no numeric strings for numbers, no
             floats for ints); ``None`` takes the environment's
             ``strict_validation`` (``False`` by default, as OpenEnv is lax).
+        error_details: Whether an ``EXECUTION_ERROR`` reply names the
+            exception the environment raised and its message (OpenEnv's
+            behaviour); ``False`` sends a generic message instead, so no path
+            or module name leaves the server (the log keeps the traceback).
 
     Attributes:
         env: The environment instance.
         dialect: The dialect of its frames.
     """
 
-    def __init__(self, env: Any, *, dialect: Dialect = Dialect(), strict: bool | None = None) -> None:
+    def __init__(
+        self, env: Any, *, dialect: Dialect = Dialect(), strict: bool | None = None, error_details: bool = True
+    ) -> None:
         self.env = env
         self.dialect = dialect
+        self.error_details = error_details
         if strict is None:
             strict = bool(getattr(env, "strict_validation", False))
         self.codec: ServerCodec[Any] = ServerCodec(
@@ -166,7 +177,8 @@ class ServerSession:
         except Exception as exc:
             # The environment raised, or returned something that cannot be encoded.
             logger.exception("environment error in session")
-            return self.codec.error("EXECUTION_ERROR", f"{type(exc).__name__}: {exc}", request_id=request_id)
+            message = f"{type(exc).__name__}: {exc}" if self.error_details else _HIDDEN_EXECUTION_ERROR
+            return self.codec.error("EXECUTION_ERROR", message, request_id=request_id)
 
     async def aclose(self) -> None:
         """End the session and close its environment, once; never raises for the environment."""
@@ -248,6 +260,7 @@ async def host_session(
     send: Callable[[bytes], Awaitable[None]],
     *,
     dialect: Dialect = Dialect(),
+    error_details: bool = True,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
 
@@ -260,6 +273,9 @@ async def host_session(
             the client has gone.
         send: Sends one reply frame; may raise `ConnectionClosed`.
         dialect: The dialect the channel negotiated.
+        error_details: Whether error replies say what failed (see
+            `ServerSession`); also whether ``FACTORY_ERROR`` names the factory
+            and its exception.
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
     session ends. The environment is closed however the session ends. It returns
@@ -301,11 +317,16 @@ async def host_session(
         env = factory()
     except Exception as exc:
         logger.exception("environment factory failed")
-        name = factory_name(factory)
-        frame = encode_fatal_error(
-            dialect, "FACTORY_ERROR", f"Failed to create environment: {type(exc).__name__}: {exc}", factory_name=name
-        )
+        if error_details:
+            frame = encode_fatal_error(
+                dialect,
+                "FACTORY_ERROR",
+                f"Failed to create environment: {type(exc).__name__}: {exc}",
+                factory_name=factory_name(factory),
+            )
+        else:
+            frame = encode_fatal_error(dialect, "FACTORY_ERROR", _HIDDEN_FACTORY_ERROR)
         with contextlib.suppress(ConnectionClosed):
             await send(frame)
         return
-    await serve_frames(ServerSession(env, dialect=dialect), receive, send)
+    await serve_frames(ServerSession(env, dialect=dialect, error_details=error_details), receive, send)

@@ -247,7 +247,11 @@ async def test_an_allowed_origin_gets_cors_headers(server_name: ServerName) -> N
             assert "OpenEnv-Seq" in created.headers["access-control-expose-headers"]
             deleted = await http.delete(
                 f"{server.url}{created.headers['location']}",
-                headers={"Origin": app_origin, "Authorization": "Bearer tok"},
+                headers={
+                    "Origin": app_origin,
+                    "Authorization": "Bearer tok",
+                    "OpenEnv-Session-Key": created.json()["session_key"],
+                },
             )
             assert deleted.status_code == 204
             # The token is still needed from the allowed origin.

@@ -95,6 +95,7 @@ class RawSession:
         if response.status_code == 201:
             self.created = response.json()
             self.id = self.created["session_id"]
+            self.http.headers["OpenEnv-Session-Key"] = self.created["session_key"]
         return response
 
     async def post(
@@ -450,7 +451,7 @@ async def test_an_idle_session_expires() -> None:
 def test_http_sessions_are_reaped_after_five_minutes_by_default() -> None:
     app = create_app(AsyncCounterEnv)
     assert app.state.sessions.idle_timeout_of("http") == 300.0
-    assert app.state.sessions.idle_timeout_of("websocket") is None
+    assert app.state.sessions.idle_timeout_of("websocket") == 600.0
     app = create_app(AsyncCounterEnv, session_idle_timeout=30, http_idle_timeout=None)
     assert app.state.sessions.idle_timeout_of("http") == 30
     with pytest.raises(ValueError, match="http"):
@@ -488,16 +489,18 @@ async def test_a_failing_factory_is_reported_like_over_websocket() -> None:
     with anyio.fail_after(LIMIT):
         async with server(broken) as running:
             async with raw_session(running) as session:
-                response = await session.get()
+                # The environment is built when the first frame comes: that frame gets the error.
+                assert (await session.get(wait=0)).status_code == 204
+                response = await session.post(1)
                 reply = observation(response)
                 assert reply["data"]["code"] == "FACTORY_ERROR"
                 assert response.headers["OpenEnv-Seq"] == "1"
                 response = await session.get(ack=1)
                 assert (response.status_code, error_code(response)) == (410, "session_ended")
                 assert "could not be created" in response.json()["error"]["message"]
-                response = await session.post(1)
+                response = await session.post(2)
                 assert (response.status_code, error_code(response)) == (410, "session_ended")
-                assert response.headers["OpenEnv-Received"] == "0"  # not accepted, not run
+                assert response.headers["OpenEnv-Received"] == "1"  # not accepted, not run
             assert running.app.state.sessions.active == 0
 
 
@@ -560,15 +563,20 @@ async def test_an_exchange_on_the_wire() -> None:
             created = response.json()
             session_id = created["session_id"]
             assert len(session_id) >= 43  # secrets.token_urlsafe(32)
+            session_key = created["session_key"]
+            assert len(session_key) >= 43
+            assert session_key != session_id
             assert created == {
                 "session_id": session_id,
+                "session_key": session_key,
                 "encoding": "json",
-                "max_body_size": 100 * 1024 * 1024,
+                "max_body_size": 16 * 1024 * 1024,
                 "max_wait": 60.0,
             }
             assert response.headers["Location"] == f"/poll/sessions/{session_id}"
             session = RawSession(http, running.url)
             session.id = session_id
+            http.headers["OpenEnv-Session-Key"] = session_key
             response = await session.post(1, b'{"type":"reset","id":1,"data":{"episode_id":"e","start":3}}')
             assert response.headers["OpenEnv-Seq"] == "1"
             assert response.headers["Content-Type"] == "application/json"

@@ -210,15 +210,22 @@ def test_openenv_serve_command(backend: str) -> None:
         created = httpx.post(f"http://127.0.0.1:{port}/poll/sessions", timeout=5)
         assert created.status_code == 201
         session = f"http://127.0.0.1:{port}/poll/sessions/{created.json()['session_id']}"
+        key = {"OpenEnv-Session-Key": created.json()["session_key"]}
         # --max-message-size bounds HTTP request frames too.
         oversize = httpx.post(
             f"{session}/frames",
             content=b'{"type":"step","id":1,"data":{"pad":"' + b"x" * 70_000 + b'"}}',
-            headers={"Content-Type": "application/json", "OpenEnv-Seq": "1", "OpenEnv-Ack": "0", "OpenEnv-Wait": "0"},
+            headers={
+                "Content-Type": "application/json",
+                "OpenEnv-Seq": "1",
+                "OpenEnv-Ack": "0",
+                "OpenEnv-Wait": "0",
+                **key,
+            },
             timeout=5,
         )
         assert oversize.status_code == 413
-        assert httpx.delete(session, timeout=5).status_code == 204
+        assert httpx.delete(session, headers=key, timeout=5).status_code == 204
         # Ctrl-C: a graceful shutdown, and a clean exit.
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=15)

@@ -44,6 +44,7 @@ from openenv import Environment, EnvironmentMetadata
 from openenv.server import MCPEnvironment, check_factory, factory_name, load_factory, struct_union_members
 
 from ._guard import RequestGuard, auth_tokens_from
+from ._limits import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from ._sessions import SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
@@ -52,13 +53,21 @@ from .http._protocol import (
     IDEMPOTENCY_KEY_HEADER,
     RECEIVED_HEADER,
     SEQ_HEADER,
+    SESSION_KEY_HEADER,
     WAIT_HEADER,
 )
 from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
 from .websocket._server import WebSocketEndpoint
 
-__all__ = ["create_app", "environment_metadata", "environment_schemas", "mount_routes"]
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_IDLE_TIMEOUT",
+    "create_app",
+    "environment_metadata",
+    "environment_schemas",
+    "mount_routes",
+]
 
 
 class _JSONResponse(Response):
@@ -221,13 +230,14 @@ def mount_routes(
 def create_app(
     factory: Callable[[], Any] | str,
     *,
-    max_sessions: int | None = None,
-    session_idle_timeout: float | None = None,
+    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     metadata: EnvironmentMetadata | None = None,
     http_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     http_max_body_size: int = DEFAULT_MAX_BODY_SIZE,
     auth_token: str | Sequence[str] | None = None,
     allow_origins: Sequence[str] = (),
+    error_details: bool = True,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -252,10 +262,11 @@ def create_app(
     Args:
         factory: Builds one environment per session: an `openenv.Environment`
             subclass, a function, or its ``"package.module:Factory"`` name.
-        max_sessions: The most sessions open at once over all transports; a
-            client beyond it gets ``CAPACITY_REACHED``. ``None`` for no limit.
+        max_sessions: The most sessions open at once over all transports
+            (256 by default); a client beyond it gets ``CAPACITY_REACHED``.
+            ``None`` for no limit.
         session_idle_timeout: Seconds a session may wait for its client's next
-            request before the server ends it; ``None`` for never.
+            request before the server ends it (600 by default); ``None`` for never.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
         http_idle_timeout: The same for HTTP long-polling sessions, whose
@@ -263,7 +274,7 @@ def create_app(
             it (or after ``session_idle_timeout``, if shorter). ``None`` leaves
             only ``session_idle_timeout``.
         http_max_body_size: The largest request frame the HTTP long-polling
-            endpoint accepts, in bytes (100 MiB, as over WebSocket).
+            endpoint accepts, in bytes (16 MiB, as over WebSocket).
         auth_token: The bearer token every request but ``GET /health`` must
             carry (``Authorization: Bearer <token>``), or several (any one is
             accepted); ``None`` takes it from ``OPENENV_AUTH_TOKEN`` if that is
@@ -273,6 +284,11 @@ def create_app(
             for any) whose requests are accepted, with CORS headers. A request
             with any other ``Origin`` gets ``403``; requests without one (every
             client but a browser) are not affected.
+        error_details: Whether error replies say what failed on the server:
+            the exception an environment or its factory raised, and the
+            factory's name (OpenEnv's behaviour). ``False`` sends generic
+            messages, so no path or module name leaves the server; the log
+            keeps the details.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -296,7 +312,9 @@ def create_app(
         session_idle_timeout=session_idle_timeout,
         transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
     )
-    polling = HTTPPollingEndpoint(env_factory, registry=registry, max_body_size=http_max_body_size)
+    polling = HTTPPollingEndpoint(
+        env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details
+    )
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
 
@@ -322,9 +340,10 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
+    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=error_details)
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
-        WebSocketRoute("/ws", WebSocketEndpoint(env_factory, registry=registry), name="ws"),
+        WebSocketRoute("/ws", websocket, name="ws"),
         *polling.routes(),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
@@ -338,7 +357,14 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=list(allow_origins),
                 allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["Authorization", SEQ_HEADER, ACK_HEADER, WAIT_HEADER, IDEMPOTENCY_KEY_HEADER],
+                allow_headers=[
+                    "Authorization",
+                    SEQ_HEADER,
+                    ACK_HEADER,
+                    WAIT_HEADER,
+                    IDEMPOTENCY_KEY_HEADER,
+                    SESSION_KEY_HEADER,
+                ],
                 expose_headers=[SEQ_HEADER, RECEIVED_HEADER, ERROR_HEADER, "Location", "Retry-After"],
             )
         )

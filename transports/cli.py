@@ -33,6 +33,7 @@ import click
 import openenv
 
 from ._cli_errors import CLIGroup, listen_error, require_installed
+from ._limits import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 
 __all__ = ["main"]
 
@@ -66,11 +67,18 @@ def main(ctx: click.Context, debug: bool) -> None:
     default=None,
     help="The ASGI server, if not the backend's default.",
 )
-@click.option("--max-sessions", type=click.IntRange(min=1), default=None, help="The most sessions open at once.")
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_SESSIONS,
+    show_default=True,
+    help="The most sessions open at once.",
+)
 @click.option(
     "--session-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=None,
+    default=DEFAULT_SESSION_IDLE_TIMEOUT,
+    show_default=True,
     help="Seconds a session may wait for its client before it is closed.",
 )
 @click.option(
@@ -83,9 +91,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--max-message-size",
     type=click.IntRange(min=1),
-    default=100 * 1024 * 1024,
+    default=DEFAULT_MAX_MESSAGE_SIZE,
     show_default=True,
     help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
+)
+@click.option(
+    "--hide-error-details",
+    is_flag=True,
+    help="Error replies say only that the environment failed, not its exception (the log keeps it).",
 )
 @click.option(
     "--auth-token",
@@ -120,6 +133,7 @@ def serve(
     session_idle_timeout: float | None,
     http_idle_timeout: float,
     max_message_size: int,
+    hide_error_details: bool,
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
     log_level: str,
@@ -170,6 +184,7 @@ def serve(
             http_max_body_size=max_message_size,
             auth_token=auth_tokens,
             allow_origins=allow_origins,
+            error_details=not hide_error_details,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import signal
 import socket
@@ -27,6 +28,7 @@ import anyio
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
+from ._limits import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from .app import create_app
 
@@ -37,8 +39,12 @@ logger = logging.getLogger("openenv.server")
 ServerName = Literal["uvicorn", "hypercorn"]
 """The ASGI servers that can run the app: uvicorn (asyncio only) or hypercorn (asyncio or trio)."""
 
-DEFAULT_WS_MAX_SIZE = 100 * 1024 * 1024
-"""The largest WebSocket message the server accepts: 100 MiB, as OpenEnv's client allows."""
+DEFAULT_WS_MAX_SIZE = DEFAULT_MAX_MESSAGE_SIZE
+"""The largest WebSocket message the server accepts by default: 16 MiB (the HTTP body limit too).
+
+A message is refused as its frames arrive, before it is buffered whole; a larger
+one ends its own connection (close code 1009).
+"""
 
 # Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
 _WS_PING_INTERVAL = 20.0
@@ -248,6 +254,13 @@ def _uvicorn_websocket_protocol() -> Any:
                 self.read_paused = True
                 self.transport.pause_reading()
 
+        async def send(self, message: Any) -> None:
+            await super().send(message)
+            if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+                # A handshake refused with a response (401, 403) is complete:
+                # else uvicorn logs an error and tries to send a 500 after it.
+                self.handshake_complete = True
+
     return WebSocketProtocol
 
 
@@ -361,13 +374,14 @@ _RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {"uvicorn": _run_uvicorn, 
 
 
 def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options: Any) -> Starlette:
-    """The app to serve: ``app_or_factory`` itself, or `create_app` of it with the options set."""
-    given = {name: value for name, value in app_options.items() if value is not None}
+    """The app to serve: ``app_or_factory`` itself, or `create_app` of it with the options given."""
     if isinstance(app_or_factory, Starlette):
-        if given:
-            raise ValueError(f"{', '.join(sorted(given))} are set in create_app(), not for a ready app")
+        defaults = inspect.signature(create_app).parameters
+        changed = sorted(name for name, value in app_options.items() if value != defaults[name].default)
+        if changed:
+            raise ValueError(f"{', '.join(changed)} are set in create_app(), not for a ready app")
         return app_or_factory
-    return create_app(app_or_factory, **given)
+    return create_app(app_or_factory, **app_options)
 
 
 async def _end_sessions(app: Starlette, timeout: float) -> None:
@@ -508,14 +522,15 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     server: ServerName | None = None,
-    max_sessions: int | None = None,
-    session_idle_timeout: float | None = None,
+    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     log_level: str = "warning",
     shutdown_timeout: float = 5.0,
     startup_timeout: float = 30.0,
     max_message_size: int = DEFAULT_WS_MAX_SIZE,
     auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] | None = None,
+    allow_origins: Sequence[str] = (),
+    error_details: bool = True,
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -551,6 +566,7 @@ async def serve(
             larger one ends its connection (close code 1009), never another's.
         auth_token: See `create_app` (only with a factory).
         allow_origins: See `create_app` (only with a factory).
+        error_details: See `create_app` (only with a factory).
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -571,6 +587,7 @@ async def serve(
         session_idle_timeout=session_idle_timeout,
         auth_token=auth_token,
         allow_origins=allow_origins,
+        error_details=error_details,
     )
     options = _Options(
         log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True, max_message_size=max_message_size
@@ -631,13 +648,14 @@ def run(
     port: int = 8000,
     backend: Literal["asyncio", "trio"] = "asyncio",
     server: ServerName | None = None,
-    max_sessions: int | None = None,
-    session_idle_timeout: float | None = None,
+    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
+    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     log_level: str = "info",
     shutdown_timeout: float = 5.0,
     max_message_size: int = DEFAULT_WS_MAX_SIZE,
     auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] | None = None,
+    allow_origins: Sequence[str] = (),
+    error_details: bool = True,
     on_ready: Callable[[RunningServer], object] | None = None,
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
@@ -661,6 +679,7 @@ def run(
         max_message_size: As for `serve`.
         auth_token: See `create_app` (only with a factory).
         allow_origins: See `create_app` (only with a factory).
+        error_details: See `create_app` (only with a factory).
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
@@ -674,6 +693,7 @@ def run(
         session_idle_timeout=session_idle_timeout,
         auth_token=auth_token,
         allow_origins=allow_origins,
+        error_details=error_details,
     )
     _configure_console_logging(log_level)
     options = _Options(

@@ -55,6 +55,7 @@ from ._protocol import (
     MEDIA_TYPES,
     RECEIVED_HEADER,
     SEQ_HEADER,
+    SESSION_KEY_HEADER,
     SESSIONS_PATH,
     WAIT_HEADER,
     dialect_for,
@@ -84,6 +85,7 @@ _OWN_HEADERS = frozenset(
         ACK_HEADER,
         WAIT_HEADER,
         IDEMPOTENCY_KEY_HEADER,
+        SESSION_KEY_HEADER,
         "content-type",
         "content-length",
         "transfer-encoding",
@@ -98,10 +100,12 @@ _ACK = ACK_HEADER.encode()
 _WAIT = WAIT_HEADER.encode()
 _SEQ_NAME = SEQ_HEADER.lower().encode()
 _RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
+_SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
 class _Created(msgspec.Struct):
     session_id: str
+    session_key: str | None = None
     max_body_size: int | None = None
     max_wait: float | None = None
 
@@ -334,6 +338,7 @@ class HTTPPollingTransport(Transport):
         self.retries = retries
         self.close_timeout = close_timeout
         self.session_id: str | None = None
+        self._session_key: str | None = None
         self._headers = pairs
         self._given_client = client
         self._client: httpx.AsyncClient | None = None
@@ -471,6 +476,7 @@ class HTTPPollingTransport(Transport):
         except msgspec.DecodeError as exc:
             raise ConnectError(f"the server at {self.url} answered the session's creation with {exc}") from exc
         self.session_id = created.session_id
+        self._session_key = created.session_key
         self._max_body_size = created.max_body_size
         if created.max_wait is not None:
             self._wait = min(self.poll_timeout, created.max_wait)
@@ -495,6 +501,8 @@ class HTTPPollingTransport(Transport):
             for name, value in template.headers.raw
             if name.lower() not in (b"content-length", b"transfer-encoding", b"content-type")
         ]
+        if self._session_key is not None:
+            common.append((_SESSION_KEY_NAME, self._session_key.encode()))
         self._get_headers = common
         self._post_headers = [*common, (b"Content-Type", self._media_type.encode())]
 

@@ -23,6 +23,8 @@ from typing import Final
 
 from openenv import Dialect
 
+from .._limits import DEFAULT_MAX_MESSAGE_SIZE
+
 __all__ = [
     "ACK_HEADER",
     "DEFAULT_MAX_BODY_SIZE",
@@ -34,6 +36,7 @@ __all__ = [
     "RECEIVED_HEADER",
     "SEQ_HEADER",
     "SESSIONS_PATH",
+    "SESSION_KEY_HEADER",
     "SESSION_PATH",
     "WAIT_HEADER",
     "dialect_for",
@@ -62,14 +65,20 @@ RECEIVED_HEADER: Final = "OpenEnv-Received"
 """On a frame response: the highest request sequence number the server has accepted."""
 ERROR_HEADER: Final = "OpenEnv-Error"
 """On the ``503`` of a refused session: the error code of the frame in its body."""
+SESSION_KEY_HEADER: Final = "OpenEnv-Session-Key"
+"""On every request to a session (frames, ``DELETE``): the secret key its creation gave.
+
+The session id travels in URLs, which proxies and access logs record; the key
+travels only in this header, so an id seen in a log cannot drive the session.
+"""
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 """On ``POST /poll/sessions``: makes a retried creation return the same session."""
 
 MEDIA_TYPES: Final = {"json": "application/json", "msgpack": "application/msgpack"}
 """The media type of the frames of each encoding."""
 
-DEFAULT_MAX_BODY_SIZE: Final = 100 * 1024 * 1024
-"""The largest body the server accepts by default: 100 MiB, as over WebSocket."""
+DEFAULT_MAX_BODY_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE
+"""The largest body the server accepts by default: 16 MiB, as over WebSocket."""
 DEFAULT_MAX_WAIT: Final = 60.0
 """The longest the server holds a frame request by default, in seconds."""
 

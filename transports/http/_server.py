@@ -25,6 +25,7 @@ directly, without Starlette's request and response objects.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import secrets
@@ -54,13 +55,14 @@ from ._protocol import (
     MEDIA_TYPES,
     RECEIVED_HEADER,
     SEQ_HEADER,
+    SESSION_KEY_HEADER,
     SESSION_PATH,
     SESSIONS_PATH,
     WAIT_HEADER,
     dialect_for,
 )
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "HTTPPollingEndpoint"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_UNACKNOWLEDGED_BYTES", "DEFAULT_UNUSED_TIMEOUT", "HTTPPollingEndpoint"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -77,10 +79,24 @@ Their clients cannot be seen leaving, so a session nobody deletes must end some 
 # replies it has not acknowledged and learn why it ended (410, then 404).
 _LINGER: Final = 60.0
 
+# The most unacknowledged reply bytes an ended session keeps without holding
+# its slot while its record lingers (the last reply, unacknowledged, is usual).
+_LINGER_FREE_BYTES: Final = 64 * 1024
+
 # Requests a session may hold whose replies the client has not acknowledged.
 # Our client has one in flight (and a few abandoned by timeouts at most); this
 # bounds what a client that never acknowledges can make the server keep.
 _MAX_UNACKNOWLEDGED: Final = 64
+
+DEFAULT_MAX_UNACKNOWLEDGED_BYTES: Final = 64 * 1024 * 1024
+"""The most reply bytes an HTTP session keeps for a client that does not acknowledge them."""
+
+DEFAULT_UNUSED_TIMEOUT: Final = 30.0
+"""Seconds a new HTTP session may wait for its first frame before it ends.
+
+Its environment is built only when that frame comes, so sessions created and
+never used cost no environment, and hold their slot only this long.
+"""
 
 # Times a frame request lets other tasks run before it waits for a reply: twice,
 # as trio may run the woken session after the request's task once.
@@ -100,6 +116,7 @@ _ACK = ACK_HEADER.lower().encode()
 _WAIT = WAIT_HEADER.lower().encode()
 _IDEMPOTENCY_KEY = IDEMPOTENCY_KEY_HEADER.lower().encode()
 _RECEIVED = RECEIVED_HEADER.lower().encode()
+_SESSION_KEY = SESSION_KEY_HEADER.lower().encode()
 _CONTENT_TYPE = b"content-type"
 _CONTENT_LENGTH = b"content-length"
 _NO_STORE = (b"cache-control", b"no-store")
@@ -118,6 +135,7 @@ class _Created(msgspec.Struct):
     """The body of the ``201`` that creates a session."""
 
     session_id: str
+    session_key: str
     encoding: str
     max_body_size: int
     max_wait: float
@@ -173,10 +191,12 @@ class _Session:
         "id",
         "idempotency_key",
         "inbox",
+        "key",
         "lease",
         "media_type",
         "new_event",
         "outbox",
+        "outbox_bytes",
         "received",
         "scope",
         "sent",
@@ -186,12 +206,14 @@ class _Session:
 
     def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event]) -> None:
         self.id = session_id
+        self.key = secrets.token_urlsafe(32).encode()
         self.dialect = dialect
         self.media_type = MEDIA_TYPES[dialect.encoding].encode()
         self.lease: SessionLease | None = None
         self.scope = anyio.CancelScope()
         self.inbox: FrameQueue[tuple[int, bytes]] = FrameQueue()
         self.outbox: deque[tuple[int, int, bytes]] = deque()  # (reply seq, request seq, frame)
+        self.outbox_bytes = 0
         self.received = 0
         self.sent = 0
         self.acked = 0
@@ -235,9 +257,11 @@ class _Session:
         """Keep a reply for the client until it acknowledges it, and wake whoever waits for one."""
         self.sent += 1
         self.outbox.append((self.sent, self.current, frame))
-        self._wake()
+        self.outbox_bytes += len(frame)
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake whoever waits for a reply, or for the first frame."""
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -248,7 +272,7 @@ class _Session:
         if self.end_reason is None:
             self.end_reason = reason
         self.inbox.close()
-        self._wake()
+        self.wake()
 
     def delete(self) -> None:
         """End the session at the client's request: after the request in hand, if any."""
@@ -257,9 +281,24 @@ class _Session:
             self.end_reason = "the client deleted the session"
         self.inbox.close()
         self.forgotten.set()
-        self._wake()
+        self.wake()
 
     # -- the client's side (the HTTP requests) -----------------------------------
+
+    def holds_key(self, key: bytes | None) -> bool:
+        """Whether a request carries this session's key (compared in constant time)."""
+        return key is not None and hmac.compare_digest(key, self.key)
+
+    async def first_request(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the first frame; whether one came (or the session ended)."""
+        with anyio.move_on_after(timeout):
+            while not self.inbox and self.end_reason is None:
+                waiter = self.waiter
+                if waiter is None:  # shared with long polls waiting for a reply
+                    waiter = self.waiter = self.new_event()
+                await waiter.wait()
+            return True
+        return False
 
     def acknowledge(self, ack: int) -> None:
         """Forget the replies up to ``ack``; the client holds them."""
@@ -267,7 +306,8 @@ class _Session:
             return
         outbox = self.outbox
         while outbox and outbox[0][0] <= ack:
-            request_seq = outbox.popleft()[1]
+            _, request_seq, frame = outbox.popleft()
+            self.outbox_bytes -= len(frame)
             if request_seq > self.answered:
                 self.answered = request_seq
         self.acked = ack
@@ -300,8 +340,13 @@ class _Session:
         return None
 
 
+# The most digits a numeric header may have: far beyond any count a session
+# reaches, and far below what Python refuses to parse (4,300 digits).
+_MAX_HEADER_DIGITS: Final = 18
+
+
 def _header_int(value: bytes, name: str, minimum: int) -> int:
-    if not value.isdigit() or int(value) < minimum:
+    if not value.isdigit() or len(value) > _MAX_HEADER_DIGITS or int(value) < minimum:
         raise _HTTPError(400, "invalid_header", f"{name} must be an integer of at least {minimum}, not {value!r}")
     return int(value)
 
@@ -322,8 +367,12 @@ def _media_type(value: bytes) -> str:
 
 async def _read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
     """Read a request's whole body; ``413`` past ``limit`` bytes."""
-    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        raise _HTTPError(413, "body_too_large", f"the body of {int(content_length)} bytes exceeds {limit} bytes")
+    if (
+        content_length is not None
+        and content_length.isdigit()
+        and (len(content_length) > _MAX_HEADER_DIGITS or int(content_length) > limit)
+    ):
+        raise _HTTPError(413, "body_too_large", f"the body of {content_length.decode()} bytes exceeds {limit} bytes")
     message = await receive()
     if message["type"] != "http.request":
         raise _Disconnected
@@ -399,9 +448,17 @@ class HTTPPollingEndpoint:
             reply, in seconds; a client asking for longer gets this.
         max_body_size: The largest request frame accepted, in bytes (``413`` beyond).
         linger: Seconds an ended session's record stays before its id is forgotten.
+        unused_timeout: Seconds a new session may wait for its first frame; its
+            environment is built only when that frame comes.
+        error_details: Whether error replies name the server's exceptions (see
+            `openenv.server.ServerSession`).
+        max_unacknowledged_bytes: The most reply bytes a session keeps for its
+            client; beyond, its frames get ``409 too_many_unacknowledged`` until
+            it acknowledges replies.
 
     Raises:
-        ValueError: ``max_wait`` or ``max_body_size`` is not positive, or ``linger`` is negative.
+        ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
+            ``max_unacknowledged_bytes`` is not positive, or ``linger`` is negative.
     """
 
     def __init__(
@@ -412,9 +469,17 @@ class HTTPPollingEndpoint:
         max_wait: float = DEFAULT_MAX_WAIT,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         linger: float = _LINGER,
+        unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
+        error_details: bool = True,
+        max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
     ) -> None:
         if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
+        if not unused_timeout > 0 or not max_unacknowledged_bytes > 0:
+            raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
+        self.unused_timeout = unused_timeout
+        self.error_details = error_details
+        self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
@@ -531,7 +596,9 @@ class HTTPPollingEndpoint:
         )
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
-        body = _json_encode(_Created(session.id, session.dialect.encoding, self.max_body_size, self.max_wait))
+        body = _json_encode(
+            _Created(session.id, session.key.decode(), session.dialect.encoding, self.max_body_size, self.max_wait)
+        )
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
 
@@ -552,16 +619,32 @@ class HTTPPollingEndpoint:
         try:
             try:
                 with session.scope:
-                    await host_session(
-                        self.factory, session.receive_request, session.send_reply, dialect=session.dialect
-                    )
-                reason = "the client closed the session" if session.served else "the environment could not be created"
+                    # No environment until the client sends a frame: a session
+                    # created and never used costs a slot for a short while only.
+                    if not await session.first_request(self.unused_timeout):
+                        reason = f"no frame came within {self.unused_timeout:g} s of its creation"
+                    elif session.inbox:
+                        await host_session(
+                            self.factory,
+                            session.receive_request,
+                            session.send_reply,
+                            dialect=session.dialect,
+                            error_details=self.error_details,
+                        )
+                        reason = (
+                            "the client closed the session"
+                            if session.served
+                            else "the environment could not be created"
+                        )
             except Exception:
                 logger.exception("HTTP session failed")
                 session.push(encode_fatal_error(session.dialect, "SESSION_ERROR", "the session failed on the server"))
                 reason = "the session failed on the server"
             finally:
-                lease.release()
+                # Large replies the client has yet to fetch keep the slot while
+                # they linger, so ended sessions cannot pin memory past the limit.
+                if session.outbox_bytes <= _LINGER_FREE_BYTES:
+                    lease.release()
                 # The first reason given sticks: the registry's (idle, shutdown), a DELETE's, then ours.
                 session.end(lease.close_reason or session.end_reason or reason)
                 logger.info(
@@ -571,6 +654,7 @@ class HTTPPollingEndpoint:
             with anyio.move_on_after(self.linger):
                 await session.forgotten.wait()
         finally:
+            lease.release()
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
 
@@ -584,9 +668,10 @@ class HTTPPollingEndpoint:
     async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "DELETE":
             raise _HTTPError(405, "method_not_allowed", "use DELETE to end a session", [(b"allow", b"DELETE")])
-        session = self._sessions.pop(scope["path_params"]["session_id"], None)
-        if session is None:
+        session = self._sessions.get(scope["path_params"]["session_id"])
+        if session is None or not session.holds_key(_header(scope, _SESSION_KEY)):
             raise _not_found()
+        del self._sessions[session.id]
         self._forget_key(session)
         session.delete()
         await _respond(send, 204, [_NO_STORE])
@@ -603,9 +688,11 @@ class HTTPPollingEndpoint:
             raise _not_found()
         seq = ack = 0
         wait = self.max_wait
-        content_type = content_length = None
+        content_type = content_length = key = None
         for name, value in scope["headers"]:
-            if name == _SEQ:
+            if name == _SESSION_KEY:
+                key = value
+            elif name == _SEQ:
                 seq = _header_int(value, SEQ_HEADER, 1)
             elif name == _ACK:
                 ack = _header_int(value, ACK_HEADER, 0)
@@ -615,6 +702,8 @@ class HTTPPollingEndpoint:
                 content_type = value
             elif name == _CONTENT_LENGTH:
                 content_length = value
+        if not session.holds_key(key):  # its id alone (seen in a URL, a log) does not drive it
+            raise _not_found()
         if ack > session.sent:
             raise _HTTPError(
                 409,
@@ -673,7 +762,7 @@ class HTTPPollingEndpoint:
                 f"the session has ended: {session.end_reason}",
                 [(_RECEIVED, b"%d" % received)],
             )
-        if received - session.answered >= _MAX_UNACKNOWLEDGED:
+        if received - session.answered >= _MAX_UNACKNOWLEDGED or session.outbox_bytes > self.max_unacknowledged_bytes:
             raise _HTTPError(
                 409,
                 "too_many_unacknowledged",
@@ -681,10 +770,19 @@ class HTTPPollingEndpoint:
             )
         session.received = seq
         session.inbox.put((seq, frame))
+        if seq == 1:
+            session.wake()  # the session waits for its first frame to build the environment
         assert session.lease is not None
         session.lease.mark_busy()  # a request in hand: not idle, even before the session takes it
         if seq == 1:
             self._forget_key(session)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
 
 
 def _not_found() -> _HTTPError:

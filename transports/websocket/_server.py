@@ -104,11 +104,14 @@ class WebSocketEndpoint:
     Args:
         factory: Builds one environment per session.
         registry: The app's session registry (capacity and idle reaping).
+        error_details: Whether error replies name the server's exceptions (see
+            `openenv.server.ServerSession`).
     """
 
-    def __init__(self, factory: Callable[[], Any], *, registry: SessionRegistry) -> None:
+    def __init__(self, factory: Callable[[], Any], *, registry: SessionRegistry, error_details: bool = True) -> None:
         self.factory = factory
         self.registry = registry
+        self.error_details = error_details
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket connection (the ASGI entry point).
@@ -187,7 +190,9 @@ class WebSocketEndpoint:
         close_code, reason = NORMAL_CLOSURE, ""
         try:
             with scope:
-                await host_session(self.factory, receive_frame, send_frame, dialect=dialect)
+                await host_session(
+                    self.factory, receive_frame, send_frame, dialect=dialect, error_details=self.error_details
+                )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
         except Exception:

@@ -1,0 +1,27 @@
+"""The server's resource bounds and their defaults, in one place (``docs/reliability.md`` tabulates them).
+
+A module of constants only, so the command line can show them without
+importing the server.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_IDLE_TIMEOUT",
+]
+
+DEFAULT_MAX_SESSIONS: Final = 256
+"""The most sessions a server holds at once by default, over all transports."""
+
+DEFAULT_SESSION_IDLE_TIMEOUT: Final = 600.0
+"""Seconds a session may wait for its client by default before the server ends it."""
+
+DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
+"""The largest request a server accepts by default, in bytes: a WebSocket message or an HTTP body.
+
+A larger one is refused as it arrives, before it is buffered whole.
+"""
