@@ -9,6 +9,7 @@ well-behaved session on the same server keeps working.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -118,6 +119,7 @@ class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
 @pytest.fixture(autouse=True)
 def _count_from_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     CountedEnv.built = 0
+    WireEchoEnv.closed.clear()
     monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
 
 
@@ -256,3 +258,234 @@ async def test_an_allowed_origin_gets_cors_headers(server_name: ServerName) -> N
             assert deleted.status_code == 204
             # The token is still needed from the allowed origin.
             assert await _handshake_status(server, app_origin) == 401
+
+
+# -- raw HTTP long-polling sessions --------------------------------------------------
+
+
+class PollSession:
+    """One HTTP long-polling session driven by hand."""
+
+    def __init__(self, http: httpx.AsyncClient, server: RunningServer, created: dict[str, Any]) -> None:
+        self.http = http
+        self.frames = f"{server.url}/poll/sessions/{created['session_id']}/frames"
+        self.key = {"OpenEnv-Session-Key": created["session_key"]}
+
+    async def post(self, seq: int, frame: bytes, *, ack: int = 0, key: bool = True) -> httpx.Response:
+        headers = {"Content-Type": "application/json", "OpenEnv-Seq": str(seq), "OpenEnv-Ack": str(ack)}
+        headers["OpenEnv-Wait"] = "5"
+        return await self.http.post(self.frames, content=frame, headers={**headers, **(self.key if key else {})})
+
+
+async def _poll_session(http: httpx.AsyncClient, server: RunningServer) -> PollSession:
+    created = await http.post(f"{server.url}/poll/sessions")
+    assert created.status_code == 201, created.text
+    return PollSession(http, server, created.json())
+
+
+def _server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+# -- defect 9: undecodable input gets a decode error, with no server traceback -------
+
+DEEP = b"[" * 980 + b"]" * 980
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'{"type":"step","data":{"message":1e999}}',
+        b'{"type":"reset","data":{"seed":1e999}}',
+        b'{"type":"step","data":{"message":' + DEEP + b"}}",
+        b'{"type":"step","data":' + b"[" * 5000 + b"]" * 5000 + b"}",
+    ],
+    ids=["huge-number-in-step", "huge-number-in-reset", "980-deep", "5000-deep"],
+)
+async def test_undecodable_input_is_invalid_json_without_a_traceback(
+    server_name: ServerName, frame: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server:
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                await ws.send_text(frame.decode())
+                reply = await ws.receive_json()
+                assert (reply["type"], reply["data"]["code"]) == ("error", "INVALID_JSON")
+                assert (await ws.request('{"type":"state"}'))["type"] == "state"  # the session goes on
+                await ws.close()
+            async with httpx.AsyncClient(timeout=LIMIT) as http:
+                session = await _poll_session(http, server)
+                response = await session.post(1, frame)
+                assert response.status_code == 200
+                assert response.json()["data"]["code"] == "INVALID_JSON"
+    assert _server_errors(caplog) == []
+
+
+async def test_a_too_deep_action_is_an_encoding_error_in_the_client(server_name: ServerName) -> None:
+    deep: Any = "bottom"
+    for _ in range(990):
+        deep = [deep]
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, EnvClient(server.url) as client:
+            with pytest.raises(openenv.EncodingError, match="nested too deeply"):
+                await client.step({"message": deep})
+            assert (await client.step({"message": "fine"})).reward == 4.0  # nothing was sent
+
+
+async def test_an_absurd_sequence_number_is_a_bad_request(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, httpx.AsyncClient(timeout=LIMIT) as http:
+            session = await _poll_session(http, server)
+            for seq in ("9" * 4301, "1" + "0" * 18):
+                response = await session.http.post(
+                    session.frames,
+                    content=b'{"type":"state"}',
+                    headers={"Content-Type": "application/json", "OpenEnv-Seq": seq, **session.key},
+                )
+                assert response.status_code == 400
+                assert response.json()["error"]["code"] == "invalid_header"
+            assert (await session.post(1, b'{"type":"state","id":1}')).status_code == 200
+
+
+# -- defect 11: server internals can be kept out of error replies ----------------------
+
+
+def broken_factory() -> WireEchoEnv:
+    raise OSError("/srv/secret/path/weights.bin is missing")
+
+
+@pytest.mark.parametrize("error_details", [True, False])
+async def test_error_details_can_be_hidden(server_name: ServerName, error_details: bool) -> None:
+    async def first_reply(factory: Any, request: str | None) -> dict[str, Any]:
+        async with (
+            serving(server_name, factory, error_details=error_details) as server,
+            RawWebSocket.connect(server.ws_url) as ws,
+        ):
+            reply: dict[str, Any] = await (ws.request(request) if request else ws.receive_json())
+            await ws.close()
+            return reply["data"]
+
+    with anyio.fail_after(LIMIT):
+        execution = await first_reply(WireEchoEnv, '{"type":"step","data":{"message":"raise"}}')
+        assert execution["code"] == "EXECUTION_ERROR"
+        assert ("echo env: step raised" in execution["message"]) is error_details
+        assert ("RuntimeError" in execution["message"]) is error_details
+        factory = await first_reply(broken_factory, None)
+        assert factory["code"] == "FACTORY_ERROR"
+        assert ("/srv/secret" in factory["message"]) is error_details
+        assert ("factory_name" in factory) is error_details
+
+
+# -- defects 5 and 2: one large message, and replies nobody fetches ---------------------
+
+
+async def test_a_message_over_the_default_limit_ends_only_its_own_session(server_name: ServerName) -> None:
+    too_big = b'{"type":"step","data":{"message":"' + b"x" * (16 * 1024 * 1024) + b'"}}'
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                await ws.send_text(too_big.decode())
+                # 1009, or a reset if the server closed while the message still flowed in.
+                assert (await ws.expect_close()).code in (1009, None)
+            async with httpx.AsyncClient(timeout=LIMIT) as http:
+                session = await _poll_session(http, server)
+                # Refused at its headers: the body is never sent, let alone buffered.
+                head = (
+                    f"POST {session.frames.removeprefix(server.url)} HTTP/1.1\r\n"
+                    f"Host: {server.host}\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(too_big)}\r\nOpenEnv-Seq: 1\r\n"
+                    f"OpenEnv-Session-Key: {session.key['OpenEnv-Session-Key']}\r\n\r\n"
+                )
+                async with await anyio.connect_tcp(server.host, server.port) as stream:
+                    await stream.send(head.encode())
+                    assert (await stream.receive()).startswith(b"HTTP/1.1 413")
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+
+
+async def test_a_validation_error_does_not_echo_a_large_input(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, RawWebSocket.connect(server.ws_url) as ws:
+            small = await ws.request('{"type":"step","data":{"message":"x","extra":1}}')
+            assert small["data"]["errors"][0]["input"] == {"message": "x", "extra": 1}  # as OpenEnv echoes it
+            padding = "y" * 1_000_000
+            large = await ws.request('{"type":"step","data":{"message":"x","pad":"' + padding + '"}}')
+            assert large["data"]["code"] == "VALIDATION_ERROR"
+            assert "input" not in large["data"]["errors"][0]
+            await ws.close()
+
+
+async def test_replies_nobody_fetches_are_bounded(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, max_sessions=1) as server, httpx.AsyncClient(timeout=LIMIT) as http:
+            server.app.state.http_polling.max_unacknowledged_bytes = 256 * 1024
+            server.app.state.http_polling.linger = LIMIT  # past the test: only a DELETE frees the slot
+            session = await _poll_session(http, server)
+            reply = b'{"type":"step","id":%d,"data":{"message":"' + b"z" * 50_000 + b'"}}'
+            statuses = [(await session.post(seq, reply % seq)).status_code for seq in range(1, 8)]
+            # Each reply is kept until acknowledged, up to 256 KiB of them: then frames are refused.
+            assert statuses == [200] * 6 + [409]
+            # The session ends with 250 kB of replies unfetched: they keep its slot while they linger.
+            assert (await session.post(7, b'{"type":"close"}', ack=1)).status_code == 200
+            await wait_until(lambda: len(WireEchoEnv.closed) == 1, "the session ends")
+            assert registry_of(server).active == 1
+            delete = await http.delete(session.frames.removesuffix("/frames"), headers=session.key)
+            assert delete.status_code == 204
+            await wait_until(lambda: registry_of(server).active == 0, "the slot is released once deleted")
+
+
+# -- defect 6: sessions created and never used ------------------------------------------
+
+
+async def test_unused_http_sessions_build_nothing_and_end_soon(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, CountedEnv, max_sessions=16) as server, httpx.AsyncClient() as http:
+            server.app.state.http_polling.unused_timeout = 0.2
+            for _ in range(16):
+                assert (await http.post(f"{server.url}/poll/sessions")).status_code == 201
+            assert registry_of(server).active == 16
+            assert CountedEnv.built == 0
+            await wait_until(lambda: registry_of(server).active == 0, "the unused sessions end")
+            async with MessageEnv(_url(server, "http+poll")) as client:
+                assert (await client.step(MessageAction(message="in"))).reward == 2.0
+            assert CountedEnv.built == 1
+
+
+def test_every_transport_has_a_session_limit_and_an_idle_timeout_by_default() -> None:
+    registry = create_app(WireEchoEnv).state.sessions
+    assert registry.max_sessions == 256
+    assert registry.idle_timeout_of("websocket") == 600.0
+    assert registry.idle_timeout_of("http") == 300.0
+
+
+# -- defect 8: a session id alone does not drive a session ----------------------------
+
+
+async def test_a_session_id_without_its_key_cannot_inject_frames(
+    server_name: ServerName, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.INFO)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, log_level="debug") as server, httpx.AsyncClient(timeout=LIMIT) as http:
+            owner = await _poll_session(http, server)
+            first = await owner.post(1, b'{"type":"step","id":1,"data":{"message":"mine"}}')
+            assert first.json()["data"]["observation"]["echoed_message"] == "mine"
+            # The intruder knows the id (from a URL, a log) and guesses the next number.
+            intruder = await owner.post(2, b'{"type":"step","id":2,"data":{"message":"theirs"}}', key=False)
+            assert intruder.status_code == 404
+            wrong_key = await http.post(
+                owner.frames,
+                content=b'{"type":"state","id":2}',
+                headers={"Content-Type": "application/json", "OpenEnv-Seq": "2", "OpenEnv-Session-Key": "guess"},
+            )
+            assert wrong_key.status_code == 404
+            # The owner's frame 2, and its retry, get the owner's own reply.
+            for _ in range(2):
+                second = await owner.post(2, b'{"type":"step","id":2,"data":{"message":"mine too"}}', ack=1)
+                assert second.json()["data"]["observation"]["echoed_message"] == "mine too"
+            session_id = owner.frames.split("/")[-2]
+    server_loggers = ("uvicorn", "hypercorn", "openenv")
+    logged = "\n".join(record.getMessage() for record in caplog.records if record.name.startswith(server_loggers))
+    logged += capsys.readouterr().out  # hypercorn writes its access log to stdout
+    assert "/poll/sessions/" in logged  # the access log was on
+    assert session_id not in logged

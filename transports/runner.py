@@ -19,6 +19,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -440,6 +441,7 @@ async def _serving(
     when the block ends (the block is not interrupted).
     """
     backend = current_backend()
+    _redact_access_logs()
     name: ServerName = server if server is not None else _default_server(backend)
     if name not in _RUNNERS:
         raise ValueError(f"unknown server {name!r}; use 'uvicorn' or 'hypercorn'")
@@ -705,6 +707,36 @@ def run(
         ),
         backend=backend,
     )
+
+
+# A session id in a logged path: the id, not its key, but ids stay out of logs anyway.
+_SESSION_IN_PATH = re.compile(r"(/poll/sessions/)[^/\s?\"]+")
+
+
+class _RedactSessionIds(logging.Filter):
+    """Replaces HTTP session ids in the servers' access-log lines with ``...``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple):
+            record.args = tuple(_redact(arg) for arg in args)
+        elif isinstance(args, dict):  # hypercorn's atoms: updated in place, keeping its class
+            for key, value in list(args.items()):
+                args[key] = _redact(value)
+        record.msg = _redact(record.msg)
+        return True
+
+
+def _redact(value: Any) -> Any:
+    return _SESSION_IN_PATH.sub(r"\1...", value) if isinstance(value, str) else value
+
+
+def _redact_access_logs() -> None:
+    """Keep session ids out of the access logs of both servers (idempotent)."""
+    for name in ("uvicorn.access", "hypercorn.access"):
+        access_logger = logging.getLogger(name)
+        if not any(isinstance(existing, _RedactSessionIds) for existing in access_logger.filters):
+            access_logger.addFilter(_RedactSessionIds())
 
 
 def _configure_console_logging(log_level: str) -> None:
