@@ -489,3 +489,28 @@ async def test_a_session_id_without_its_key_cannot_inject_frames(
     logged += capsys.readouterr().out  # hypercorn writes its access log to stdout
     assert "/poll/sessions/" in logged  # the access log was on
     assert session_id not in logged
+
+
+# -- defect 3: pings from a client that never reads ------------------------------------
+
+
+async def test_a_ping_flood_from_a_client_that_never_reads_is_held_back(server_name: ServerName) -> None:
+    """The server stops reading once its pongs back up: the flooder's sends stall, its memory stays bounded."""
+    limit = 64 * 1024 * 1024  # far beyond what the socket buffers on the way hold
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            async with RawWebSocket.connect(server.ws_url) as flooder:
+                protocol = flooder._protocol
+                for _ in range(2000):
+                    protocol.send_ping(b"p" * 125)
+                chunk = b"".join(protocol.data_to_send())
+                sent = 0
+                stalled = False
+                while sent < limit and not stalled:
+                    with anyio.move_on_after(2) as scope:  # a send that makes no progress: held back
+                        await flooder._stream.send(chunk)
+                        sent += len(chunk)
+                    stalled = scope.cancelled_caught
+                assert stalled, f"{sent} bytes of pings were read without backpressure"
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0

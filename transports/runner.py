@@ -240,9 +240,31 @@ def _uvicorn_websocket_protocol() -> Any:
         return "websockets-sansio"
 
     class WebSocketProtocol(WebSocketsSansIOProtocol):
+        writing_paused = False
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             _limit_read_size(transport)
+
+        # Backpressure for what the client makes the server write without the
+        # app (pongs): while the socket's write buffer is over its high-water
+        # mark, read nothing more, so a client that pings and never reads
+        # cannot grow the buffer without bound.
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self.writing_paused = True
+            self.transport.pause_reading()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self.writing_paused = False
+            if not self.read_paused:
+                self.transport.resume_reading()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.writing_paused:  # the app's receive may have resumed reading meanwhile
+                self.transport.pause_reading()
 
         def send_receive_event_to_app(self) -> None:
             paused = self.read_paused
