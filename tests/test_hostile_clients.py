@@ -514,3 +514,39 @@ async def test_a_ping_flood_from_a_client_that_never_reads_is_held_back(server_n
                     stalled = scope.cancelled_caught
                 assert stalled, f"{sent} bytes of pings were read without backpressure"
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+
+
+# -- defect 7: connections that never finish their request headers ----------------------
+
+
+async def _closed_by_server(stream: Any) -> bool:
+    """Read until the server closes the connection; whether it did (rather than answer)."""
+    try:
+        while True:
+            if await stream.receive():
+                return False
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        return True
+
+
+async def test_slow_and_silent_connections_are_closed(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, header_timeout=0.5) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            host, port = server.host, server.port
+            async with (
+                await anyio.connect_tcp(host, port) as silent,
+                await anyio.connect_tcp(host, port) as slow,
+                await anyio.connect_tcp(host, port) as slow_second,
+            ):
+                await slow.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+                await slow_second.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                response = b""
+                while not response.endswith(b'{"status":"healthy"}'):
+                    response += await slow_second.receive()
+                assert response.startswith(b"HTTP/1.1 200")
+                await slow_second.send(b"GET /health HTTP/1.1\r\n")  # a second request, never finished
+                for stream in (silent, slow, slow_second):
+                    assert await _closed_by_server(stream)
+            # A WebSocket session idle for longer than the header timeout is a session, not a slow client.
+            assert (await bystander.step(MessageAction(message="still"))).reward == 5.0

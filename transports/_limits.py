@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_IDLE_TIMEOUT",
@@ -25,3 +27,9 @@ DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
 
 A larger one is refused as it arrives, before it is buffered whole.
 """
+
+DEFAULT_HEADER_TIMEOUT: Final = 10.0
+"""Seconds a connection may take to send a request's headers (a WebSocket handshake's too)."""
+
+DEFAULT_MAX_CONNECTIONS: Final = 1000
+"""The most connections a uvicorn server holds at once by default; beyond, requests get 503."""

@@ -33,7 +33,13 @@ import click
 import openenv
 
 from ._cli_errors import CLIGroup, listen_error, require_installed
-from ._limits import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
+from ._limits import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+)
 
 __all__ = ["main"]
 
@@ -96,6 +102,20 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
 )
 @click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_HEADER_TIMEOUT,
+    show_default=True,
+    help="Seconds a connection may take to send a request's headers (or WebSocket handshake).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_CONNECTIONS,
+    show_default=True,
+    help="The most connections at once (uvicorn; beyond, requests get 503).",
+)
+@click.option(
     "--hide-error-details",
     is_flag=True,
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
@@ -133,6 +153,8 @@ def serve(
     session_idle_timeout: float | None,
     http_idle_timeout: float,
     max_message_size: int,
+    header_timeout: float,
+    max_connections: int,
     hide_error_details: bool,
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
@@ -197,6 +219,8 @@ def serve(
             server=server,  # type: ignore[arg-type]
             log_level=log_level,
             max_message_size=max_message_size,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
             on_ready=announce,
         )
     except OSError as exc:

@@ -29,7 +29,13 @@ import anyio
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
-from ._limits import DEFAULT_MAX_MESSAGE_SIZE, DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
+from ._limits import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+)
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from .app import create_app
 
@@ -135,12 +141,25 @@ class _Options:
     """What the server runners need besides the app and the socket."""
 
     def __init__(
-        self, *, log_level: str, shutdown_timeout: float, embedded: bool, max_message_size: int = DEFAULT_WS_MAX_SIZE
+        self,
+        *,
+        log_level: str,
+        shutdown_timeout: float,
+        embedded: bool,
+        max_message_size: int = DEFAULT_WS_MAX_SIZE,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
+        if not header_timeout > 0:
+            raise ValueError(f"header_timeout must be positive, not {header_timeout}")
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1 (or None), not {max_connections}")
         self.log_level = log_level
         self.shutdown_timeout = shutdown_timeout
         self.embedded = embedded
         self.max_message_size = max_message_size
+        self.header_timeout = header_timeout
+        self.max_connections = max_connections
 
 
 async def _run_uvicorn(
@@ -168,7 +187,8 @@ async def _run_uvicorn(
 
     config = uvicorn.Config(
         app,
-        http=_uvicorn_http_protocol(),
+        http=_uvicorn_http_protocol(options.header_timeout),
+        limit_concurrency=options.max_connections,
         ws=_uvicorn_websocket_protocol(),
         lifespan="on",
         interface="asgi3",
@@ -210,14 +230,51 @@ def _limit_read_size(transport: Any) -> None:
         transport.max_size = _READ_SIZE
 
 
-def _uvicorn_http_protocol() -> Any:
-    """Uvicorn's HTTP protocol (httptools or h11, as it picks), reading at most `_READ_SIZE`."""
+def _uvicorn_http_protocol(header_timeout: float) -> Any:
+    """Uvicorn's HTTP protocol (httptools or h11, as it picks), reading at most `_READ_SIZE`.
+
+    It also closes a connection whose request headers are not complete within
+    ``header_timeout`` seconds of their first byte (or of the connection), which
+    uvicorn does not: a slow or silent client cannot hold a connection open.
+    """
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class HTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        header_timer: Any = None
+
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             _limit_read_size(transport)
+            self._watch_headers()
+
+        watched_cycle: Any = None
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            if (cycle is None or cycle.response_complete) and (
+                self.header_timer is None or self.watched_cycle is not cycle
+            ):
+                self._watch_headers()  # the first bytes of a new request: its headers' clock starts
+            super().data_received(data)
+
+        def _watch_headers(self) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+            self.watched_cycle = self.cycle
+            self.header_timer = self.loop.call_later(header_timeout, self._headers_late, self.cycle)
+
+        def _headers_late(self, cycle_before: Any) -> None:
+            self.header_timer = None
+            transport = self.transport
+            # Not once a request began since (a new cycle), nor after a WebSocket upgrade.
+            if self.cycle is cycle_before and transport.get_protocol() is self and not transport.is_closing():
+                transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.header_timer is not None:
+                self.header_timer.cancel()
+                self.header_timer = None
+            super().connection_lost(exc)
 
     return HTTPProtocol
 
@@ -316,6 +373,9 @@ async def _run_hypercorn(
         config.errorlog = error_logger
     config.accesslog = "-" if options.log_level in ("debug", "trace") else None
     config.websocket_max_message_size = options.max_message_size
+    # Hypercorn closes a connection idle (no request in hand) this long: it also
+    # bounds how long a client may take to send a request's headers.
+    config.keep_alive_timeout = options.header_timeout
     # No keepalive pings (hypercorn's default): its ping task outlives a closed
     # connection by up to one interval, holding the socket and delaying shutdown.
     config.graceful_timeout = options.shutdown_timeout
@@ -555,6 +615,8 @@ async def serve(
     auth_token: str | Sequence[str] | None = None,
     allow_origins: Sequence[str] = (),
     error_details: bool = True,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -591,6 +653,11 @@ async def serve(
         auth_token: See `create_app` (only with a factory).
         allow_origins: See `create_app` (only with a factory).
         error_details: See `create_app` (only with a factory).
+        header_timeout: Seconds a connection may take to send a request's
+            headers (the WebSocket handshake's included), from its first byte
+            or the connection's start; then it is closed.
+        max_connections: The most connections at once (uvicorn only: beyond,
+            requests get 503); ``None`` for no limit.
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -614,7 +681,12 @@ async def serve(
         error_details=error_details,
     )
     options = _Options(
-        log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=True, max_message_size=max_message_size
+        log_level=log_level,
+        shutdown_timeout=shutdown_timeout,
+        embedded=True,
+        max_message_size=max_message_size,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
     )
     async with _serving(
         app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
@@ -680,6 +752,8 @@ def run(
     auth_token: str | Sequence[str] | None = None,
     allow_origins: Sequence[str] = (),
     error_details: bool = True,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
     on_ready: Callable[[RunningServer], object] | None = None,
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
@@ -704,6 +778,8 @@ def run(
         auth_token: See `create_app` (only with a factory).
         allow_origins: See `create_app` (only with a factory).
         error_details: See `create_app` (only with a factory).
+        header_timeout: As for `serve`.
+        max_connections: As for `serve`.
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
@@ -721,7 +797,12 @@ def run(
     )
     _configure_console_logging(log_level)
     options = _Options(
-        log_level=log_level, shutdown_timeout=shutdown_timeout, embedded=False, max_message_size=max_message_size
+        log_level=log_level,
+        shutdown_timeout=shutdown_timeout,
+        embedded=False,
+        max_message_size=max_message_size,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
     )
     anyio.run(
         functools.partial(
