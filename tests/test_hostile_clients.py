@@ -29,6 +29,7 @@ from tests.test_server_app import (
     registry_of,
     wait_until,
 )
+from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingTransport
 from transports.runner import RunningServer, ServerName, current_backend, serve
@@ -550,3 +551,62 @@ async def test_slow_and_silent_connections_are_closed(server_name: ServerName) -
                     assert await _closed_by_server(stream)
             # A WebSocket session idle for longer than the header timeout is a session, not a slow client.
             assert (await bystander.step(MessageAction(message="still"))).reward == 5.0
+
+
+# -- admission at capacity: a bounded queue, in arrival order ---------------------------
+
+
+async def test_the_admission_queue_admits_in_arrival_order() -> None:
+    registry = SessionRegistry(max_sessions=1, queue_timeout=LIMIT)
+    held = registry.open()
+    assert held is not None
+    admitted: list[str] = []
+
+    async def arrive(name: str, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        lease = await registry.admit()
+        assert lease is not None
+        admitted.append(name)
+
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as task_group:
+            for name in ("first", "second", "third"):
+                await task_group.start(arrive, name)
+                await wait_until(lambda n=name: registry.queued == ("first", "second", "third").index(n) + 1, "queued")
+            await wait_until(lambda: registry.queued == 3, "all three wait")
+            assert registry.open() is None  # a newcomer does not jump the queue
+            held.release()
+            await wait_until(lambda: admitted == ["first"], "the first is admitted")
+            registry.leases()[0].release()
+            await wait_until(lambda: admitted == ["first", "second"], "then the second")
+            registry.leases()[0].release()
+    assert admitted == ["first", "second", "third"]
+
+
+async def test_the_admission_queue_is_bounded_in_time() -> None:
+    registry = SessionRegistry(max_sessions=1, queue_timeout=0.05)
+    assert registry.open() is not None
+    with anyio.fail_after(LIMIT):
+        assert await registry.admit() is None
+    assert registry.queued == 0
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_session_at_capacity_waits_for_a_slot(server_name: ServerName, scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, max_sessions=1, queue_timeout=LIMIT) as server:
+            url = _url(server, scheme)
+            results: list[float | None] = []
+
+            async def latecomer() -> None:
+                async with MessageEnv(url) as client:
+                    results.append((await client.step(MessageAction(message="late"))).reward)
+
+            async with MessageEnv(url) as first:
+                await first.reset()
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(latecomer)
+                    await wait_until(lambda: registry_of(server).queued == 1, "the latecomer waits")
+                    assert results == []
+                    await first.close()  # its slot goes to the latecomer
+            assert results == [4.0]

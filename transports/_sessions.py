@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -182,6 +183,18 @@ class SessionLease:
         return f"<SessionLease {self.id} {self.transport} {state}>"
 
 
+class _Waiter:
+    """A session waiting in `SessionRegistry.admit` for a slot; handed its lease when one frees."""
+
+    __slots__ = ("admitted", "lease", "on_close", "transport")
+
+    def __init__(self, transport: str, on_close: Callable[[], object] | None) -> None:
+        self.transport = transport
+        self.on_close = on_close
+        self.admitted = anyio.Event()
+        self.lease: SessionLease | None = None
+
+
 class SessionRegistry:
     """The live sessions of one server, across all its transports.
 
@@ -197,8 +210,11 @@ class SessionRegistry:
             it and ``session_idle_timeout`` applies.
         clock: The clock leases are timed with (seconds, monotonic).
 
+        queue_timeout: Seconds `admit` lets a new session wait for a slot when
+            all are taken (in arrival order); ``None`` refuses it at once.
+
     Raises:
-        ValueError: ``max_sessions`` is below 1, or an idle timeout is not positive.
+        ValueError: ``max_sessions`` is below 1, or an idle or queue timeout is not positive.
     """
 
     def __init__(
@@ -208,7 +224,13 @@ class SessionRegistry:
         session_idle_timeout: float | None = None,
         transport_idle_timeouts: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        queue_timeout: float | None = None,
     ) -> None:
+        if queue_timeout is not None and not queue_timeout > 0:
+            raise ValueError(f"queue_timeout must be positive (or None for no queue), not {queue_timeout}")
+        self.queue_timeout = queue_timeout
+        self._queue: deque[_Waiter] = deque()
+        self._closing = False
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1 (or None for no limit), not {max_sessions}")
         if session_idle_timeout is not None and not session_idle_timeout > 0:
@@ -236,6 +258,12 @@ class SessionRegistry:
 
     def _forget(self, lease: SessionLease) -> None:
         self._leases.pop(lease.id, None)
+        # A freed slot goes to the longest waiting session first, straight away,
+        # so a session arriving meanwhile cannot take it.
+        while self._queue and not self.full and not self._closing:
+            waiter = self._queue.popleft()
+            waiter.lease = self._new_lease(waiter.transport, waiter.on_close)
+            waiter.admitted.set()
         if not self._leases and self._emptied is not None:
             self._emptied.set()
             self._emptied = None
@@ -306,13 +334,55 @@ class SessionRegistry:
             already (then tell the client ``CAPACITY_REACHED`` with `active` and
             `max_sessions`).
         """
-        if self.full:
+        if self.full or self._queue:  # with sessions queued, a slot is theirs first
             return None
+        return self._new_lease(transport, on_close)
+
+    def _new_lease(self, transport: str, on_close: Callable[[], object] | None) -> SessionLease:
         lease = SessionLease(
             self, next(self._ids), transport, on_close, self.clock(), idle_timeout=self.idle_timeout_of(transport)
         )
         self._leases[lease.id] = lease
         return lease
+
+    @property
+    def queued(self) -> int:
+        """The number of sessions waiting in `admit` for a slot now."""
+        return len(self._queue)
+
+    async def admit(
+        self, *, transport: str = "websocket", on_close: Callable[[], object] | None = None
+    ) -> SessionLease | None:
+        """Take a slot for a new session, waiting up to `queue_timeout` for one if all are taken.
+
+        Sessions waiting are admitted in the order they came, each as soon as a
+        slot is released. Without a `queue_timeout` it is `open`.
+
+        Args:
+            transport: As for `open`.
+            on_close: As for `open`.
+
+        Returns:
+            The lease; or ``None`` if no slot came free in time (tell the client
+            ``CAPACITY_REACHED``, as for `open`).
+        """
+        lease = self.open(transport=transport, on_close=on_close)
+        if lease is not None or self.queue_timeout is None:
+            return lease
+        waiter = _Waiter(transport, on_close)
+        self._queue.append(waiter)
+        try:
+            with anyio.move_on_after(self.queue_timeout):
+                await waiter.admitted.wait()
+        except BaseException:  # cancelled (the client went, the server stops): give back what came
+            if waiter.lease is not None:
+                waiter.lease.release()
+            elif waiter in self._queue:
+                self._queue.remove(waiter)
+            raise
+        if waiter.lease is None and waiter in self._queue:
+            self._queue.remove(waiter)
+        return waiter.lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:
         """Expire every session idle for longer than its idle timeout (see `idle_timeout_of`).
@@ -349,6 +419,9 @@ class SessionRegistry:
         """
         for lease in list(self._leases.values()):
             lease.request_close(reason)
+        self._closing = True
+        while self._queue:  # sessions still waiting for a slot are turned away
+            self._queue.popleft().admitted.set()
 
     @property
     def reap_interval(self) -> float | None:

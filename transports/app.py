@@ -238,6 +238,7 @@ def create_app(
     auth_token: str | Sequence[str] | None = None,
     allow_origins: Sequence[str] = (),
     error_details: bool = True,
+    queue_timeout: float | None = None,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -289,6 +290,10 @@ def create_app(
             factory's name (OpenEnv's behaviour). ``False`` sends generic
             messages, so no path or module name leaves the server; the log
             keeps the details.
+        queue_timeout: Seconds a new session may wait for a slot when
+            ``max_sessions`` are open, admitted in arrival order as slots free
+            up, before it gets ``CAPACITY_REACHED``; ``None`` (the default)
+            refuses it at once, as OpenEnv does.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -311,6 +316,7 @@ def create_app(
         max_sessions=max_sessions,
         session_idle_timeout=session_idle_timeout,
         transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
+        queue_timeout=queue_timeout,
     )
     polling = HTTPPollingEndpoint(
         env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details

@@ -116,6 +116,13 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="The most connections at once (uvicorn; beyond, requests get 503).",
 )
 @click.option(
+    "--queue-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds a new session may wait for a free slot at --max-sessions (in arrival order) "
+    "before it is refused; by default it is refused at once.",
+)
+@click.option(
     "--hide-error-details",
     is_flag=True,
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
@@ -155,6 +162,7 @@ def serve(
     max_message_size: int,
     header_timeout: float,
     max_connections: int,
+    queue_timeout: float | None,
     hide_error_details: bool,
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
@@ -207,6 +215,7 @@ def serve(
             auth_token=auth_tokens,
             allow_origins=allow_origins,
             error_details=not hide_error_details,
+            queue_timeout=queue_timeout,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc

@@ -617,6 +617,7 @@ async def serve(
     error_details: bool = True,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    queue_timeout: float | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -658,6 +659,7 @@ async def serve(
             or the connection's start; then it is closed.
         max_connections: The most connections at once (uvicorn only: beyond,
             requests get 503); ``None`` for no limit.
+        queue_timeout: See `create_app` (only with a factory).
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -679,6 +681,7 @@ async def serve(
         auth_token=auth_token,
         allow_origins=allow_origins,
         error_details=error_details,
+        queue_timeout=queue_timeout,
     )
     options = _Options(
         log_level=log_level,
@@ -754,6 +757,7 @@ def run(
     error_details: bool = True,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    queue_timeout: float | None = None,
     on_ready: Callable[[RunningServer], object] | None = None,
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
@@ -780,6 +784,7 @@ def run(
         error_details: See `create_app` (only with a factory).
         header_timeout: As for `serve`.
         max_connections: As for `serve`.
+        queue_timeout: See `create_app` (only with a factory).
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
@@ -794,6 +799,7 @@ def run(
         auth_token=auth_token,
         allow_origins=allow_origins,
         error_details=error_details,
+        queue_timeout=queue_timeout,
     )
     _configure_console_logging(log_level)
     options = _Options(

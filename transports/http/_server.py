@@ -576,7 +576,7 @@ class HTTPPollingEndpoint:
 
         session_id = secrets.token_urlsafe(32)
         session = _Session(session_id, dialect, self._new_event)
-        lease = self.registry.open(transport="http", on_close=session.scope.cancel)
+        lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
         if lease is None:
             await self._refuse_at_capacity(send, dialect)
             return

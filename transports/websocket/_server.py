@@ -141,7 +141,7 @@ class WebSocketEndpoint:
         binary = dialect.encoding == "msgpack"
         registry = self.registry
         scope = anyio.CancelScope()
-        lease = registry.open(transport="websocket", on_close=scope.cancel)
+        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
         if lease is None:
             await self._refuse_at_capacity(asgi_receive, asgi_send, dialect)
             return
