@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 import anyio
 import httpx
 import pytest
+from websockets.client import ClientProtocol
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
 
 import openenv
 from openenv import EnvClient, State
@@ -610,3 +613,93 @@ async def test_a_session_at_capacity_waits_for_a_slot(server_name: ServerName, s
                     assert results == []
                     await first.close()  # its slot goes to the latecomer
             assert results == [4.0]
+
+
+# -- resumable WebSocket sessions (the server's side) ---------------------------------
+
+RESUMABLE = "openenv.v1.json.resumable"
+
+
+@asynccontextmanager
+async def resumable_ws(url: str, token: str | None = None) -> AsyncIterator[RawWebSocket]:
+    """A raw connection offering the resumable subprotocol, resuming ``token``'s session if given."""
+    uri = parse_uri(url)
+    stream = await anyio.connect_tcp(uri.host, uri.port)
+    protocol = ClientProtocol(uri, subprotocols=[Subprotocol(RESUMABLE)], max_size=None)
+    try:
+        request = protocol.connect()
+        if token is not None:
+            request.headers["OpenEnv-Resume"] = token
+        protocol.send_request(request)
+        await stream.send(b"".join(protocol.data_to_send()))
+        events: list[Any] = []
+        while not events:
+            protocol.receive_data(await stream.receive())
+            events = protocol.events_received()
+        assert protocol.subprotocol == RESUMABLE
+        websocket = RawWebSocket(stream, protocol)
+        websocket._frames.extend(events[1:])
+        yield websocket
+    finally:
+        await stream.aclose()
+
+
+async def test_a_resumable_session_survives_a_dropped_connection(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server:
+            url = server.ws_url
+            async with resumable_ws(url) as ws:
+                session = await ws.receive_json()
+                assert session["type"] == "session"
+                assert session["data"]["last_request_id"] == 0
+                token = session["data"]["resume_token"]
+                assert (await ws.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
+                assert (await ws.request('{"type":"step","id":2,"data":{"message":"one"}}'))["id"] == 2
+                # Request 3 goes out, and the connection drops before its reply comes.
+                await ws.send_text('{"type":"step","id":3,"data":{"message":"two"}}')
+            # The connection is gone without a closing handshake; the session waits.
+            async with resumable_ws(url, token) as ws:
+                session = await ws.receive_json()
+                assert session["data"]["last_request_id"] == 3  # so request 3 is not sent again
+                replayed = await ws.receive_json()
+                assert (replayed["id"], replayed["data"]["observation"]["echoed_message"]) == (3, "two")
+                # A request sent again anyway is answered, never run twice.
+                again = await ws.request('{"type":"step","id":3,"data":{"message":"two"}}')
+                assert again == replayed
+                state = await ws.request('{"type":"state","id":4}')
+                assert state["data"]["step_count"] == 2  # the same environment, two steps
+                assert registry_of(server).active == 1
+                await ws.send_text('{"type":"close"}')
+                await ws.close()
+            await wait_until(lambda: registry_of(server).active == 0, "the session ends on close")
+            assert len(WireEchoEnv.closed) == 1
+
+
+async def test_a_resumable_session_ends_when_its_client_does_not_come_back(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server:
+            server.app.state.websocket.resume_timeout = 0.2
+            async with resumable_ws(server.ws_url) as ws:
+                token = (await ws.receive_json())["data"]["resume_token"]
+                await ws.request('{"type":"reset","id":1,"data":{}}')
+            await wait_until(lambda: registry_of(server).active == 0, "the session ends")
+            assert len(WireEchoEnv.closed) == 1
+            async with resumable_ws(server.ws_url, token) as late:
+                refused = await late.receive_json()
+                assert refused["data"]["code"] == "SESSION_ERROR"
+                assert (await late.expect_close()).code in (1000, None)
+
+
+async def test_a_session_can_be_taken_over_from_a_connection_still_open(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, resumable_ws(server.ws_url) as old:
+            token = (await old.receive_json())["data"]["resume_token"]
+            await old.request('{"type":"reset","id":1,"data":{}}')
+            async with resumable_ws(server.ws_url, token) as new:
+                assert (await new.receive_json())["type"] == "session"
+                assert (await new.receive_json())["id"] == 1  # the last reply
+                assert (await old.expect_close()).code == 1001  # the half-open one is let go
+                step = await new.request('{"type":"step","id":2,"data":{"message":"moved"}}')
+                assert step["data"]["observation"]["echoed_message"] == "moved"
+                await new.send_text('{"type":"close"}')
+                await new.close()

@@ -299,7 +299,8 @@ def create_app(
         A Starlette app; run it with `transports.runner.serve` (embedded) or
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
         ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
-        `transports.http.HTTPPollingEndpoint`), ``factory``, ``schemas``,
+        `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
+        ``/ws`` endpoint), ``factory``, ``schemas``,
         ``metadata`` and ``lifespan_tasks``.
 
     Raises:
@@ -379,6 +380,7 @@ def create_app(
     app.state.lifespan_tasks = [registry.run_reaper, polling.run]
     app.state.sessions = registry
     app.state.http_polling = polling
+    app.state.websocket = websocket
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta

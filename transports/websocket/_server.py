@@ -27,7 +27,8 @@ from openenv.server import encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionRegistry
-from ._subprotocols import PLAIN, SUBPROTOCOLS
+from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
+from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -43,6 +44,16 @@ INTERNAL_ERROR = 1011
 _CLOSE_GRACE = 1.0
 
 
+_RESUME = RESUME_HEADER.lower().encode()
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
 def select_subprotocol(offered: Iterable[str]) -> str | None:
     """Pick the subprotocol to answer a client's offer with.
 
@@ -53,7 +64,7 @@ def select_subprotocol(offered: Iterable[str]) -> str | None:
         The first of them that this server speaks, or ``None`` (plain OpenEnv).
     """
     for name in offered:
-        if name in SUBPROTOCOLS:
+        if name in SUBPROTOCOLS or name in RESUMABLE_SUBPROTOCOLS:
             return name
     return None
 
@@ -106,12 +117,24 @@ class WebSocketEndpoint:
         registry: The app's session registry (capacity and idle reaping).
         error_details: Whether error replies name the server's exceptions (see
             `openenv.server.ServerSession`).
+        resume_timeout: Seconds a resumable session (one whose client offered
+            a resumable subprotocol) waits for its client to come back after
+            its connection drops; see `transports.websocket._resume`.
     """
 
-    def __init__(self, factory: Callable[[], Any], *, registry: SessionRegistry, error_details: bool = True) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        error_details: bool = True,
+        resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+    ) -> None:
         self.factory = factory
         self.registry = registry
         self.error_details = error_details
+        self.resume_timeout = resume_timeout
+        self._resumable: dict[str, ResumableLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket connection (the ASGI entry point).
@@ -130,12 +153,24 @@ class WebSocketEndpoint:
         if message["type"] != "websocket.connect":
             return
         subprotocol = select_subprotocol(scope.get("subprotocols") or ())
-        dialect = SUBPROTOCOLS[subprotocol] if subprotocol is not None else PLAIN
+        resumable = subprotocol is not None and subprotocol in RESUMABLE_SUBPROTOCOLS
+        if subprotocol is None:
+            dialect = PLAIN
+        else:
+            dialect = RESUMABLE_SUBPROTOCOLS[subprotocol] if resumable else SUBPROTOCOLS[subprotocol]
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
-        await self._serve_connection(receive, send, dialect)
+        if not resumable:
+            await self._serve_connection(receive, send, dialect)
+            return
+        connection = Connection(receive, send)
+        token = _header(scope, _RESUME)
+        if token is None:
+            await self._serve_resumable(connection, dialect)
+        else:
+            await self._resume(connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
         binary = dialect.encoding == "msgpack"
@@ -218,6 +253,88 @@ class WebSocketEndpoint:
             elif await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
                 return  # FACTORY_ERROR sent: see _refuse_at_capacity
         await _close(asgi_send, close_code, reason)
+
+    async def _serve_resumable(self, first: Connection, dialect: Dialect) -> None:
+        """Host a resumable session: it lives on until its client closes it or fails to come back in time."""
+        registry = self.registry
+        scope = anyio.CancelScope()
+        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
+        if lease is None:
+            await self._refuse_at_capacity(first.receive, first.send, dialect)
+            return
+        link = ResumableLink(first, dialect, self.resume_timeout)
+        self._resumable[link.token] = link
+        binary = dialect.encoding == "msgpack"
+        clock = registry.clock
+
+        async def receive_frame() -> bytes:
+            while True:
+                if lease.close_reason is not None:
+                    raise ConnectionClosed(lease.close_reason)
+                lease.idle_since = clock()
+                message = await link.receive()
+                lease.idle_since = None
+                if message is None or message["type"] != "websocket.receive":
+                    continue  # replaced, or gone: wait for the next connection
+                frame = message.get("bytes") if binary else message.get("text")
+                if frame is None:
+                    assert link.current is not None
+                    wrong = message.get("text") or "" if binary else message.get("bytes") or b""
+                    await link.send_raw(link.current, _wrong_frame_error(dialect, wrong))
+                    continue
+                data = frame if binary else frame.encode()
+                if await link.take(data):
+                    return data  # type: ignore[no-any-return]
+
+        close_code, reason = NORMAL_CLOSURE, ""
+        try:
+            await link.send_raw(first, link.session_frame())
+            with scope:
+                await host_session(
+                    self.factory, receive_frame, link.send, dialect=dialect, error_details=self.error_details
+                )
+            if lease.close_reason is not None:
+                close_code, reason = GOING_AWAY, lease.close_reason
+        except Exception:
+            logger.exception("WebSocket session failed")
+            close_code, reason = INTERNAL_ERROR, "session error"
+            if link.current is not None:
+                await link.send(encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server"))
+        finally:
+            lease.release()
+            del self._resumable[link.token]
+            last = link.current
+            link.current = None
+            if last is not None:
+                if close_code != NORMAL_CLOSURE or not await _client_closes(
+                    last.receive, _CLOSE_GRACE, on_request=False
+                ):
+                    await _close(last.send, close_code, reason)
+                last.released.set()
+            first.released.set()
+
+    async def _resume(self, connection: Connection, token: str, dialect: Dialect) -> None:
+        """Take a resumable session over on a new connection, until the session ends or moves again."""
+        link = self._resumable.get(token)
+        if link is None or link.dialect != dialect:
+            frame = encode_fatal_error(
+                dialect, "SESSION_ERROR", "no session to resume: its token is unknown or expired"
+            )
+            with contextlib.suppress(OSError):
+                if dialect.encoding == "msgpack":
+                    await connection.send({"type": "websocket.send", "bytes": frame})
+                else:
+                    await connection.send({"type": "websocket.send", "text": frame.decode()})
+            if not await _client_closes(connection.receive, _CLOSE_GRACE, on_request=True):
+                await _close(connection.send, NORMAL_CLOSURE, "")
+            return
+        previous = await link.attach(connection)
+        if previous is not None and not previous.disconnected:
+            await _close(previous.send, GOING_AWAY, "the session moved to another connection")
+        await connection.released.wait()
+        if connection.disconnected is False and link.current is not connection:
+            # Replaced by yet another connection: this one is done.
+            await _close(connection.send, GOING_AWAY, "the session moved to another connection")
 
     async def _refuse_at_capacity(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
         frame = self.registry.capacity_reached_frame(dialect)

@@ -9,13 +9,25 @@ to in plain OpenEnv frames: JSON text, no request ids.
 | (none selected)      | JSON, text             | no          |
 | ``openenv.v1.json``    | JSON, text             | yes         |
 | ``openenv.v1.msgpack`` | MessagePack, binary    | yes         |
+
+Each has a resumable variant (``openenv.v1.json.resumable``,
+``openenv.v1.msgpack.resumable``): the same frames, and a session that survives
+a dropped connection (see `transports.websocket._resume`). A client offers it
+only if it can resume; the client in this package does not yet.
 """
 
 from __future__ import annotations
 
 from openenv import Dialect
 
-__all__ = ["JSON_SUBPROTOCOL", "MSGPACK_SUBPROTOCOL", "PLAIN", "SUBPROTOCOLS", "offered_subprotocols"]
+__all__ = [
+    "JSON_SUBPROTOCOL",
+    "MSGPACK_SUBPROTOCOL",
+    "PLAIN",
+    "RESUMABLE_SUBPROTOCOLS",
+    "SUBPROTOCOLS",
+    "offered_subprotocols",
+]
 
 JSON_SUBPROTOCOL = "openenv.v1.json"
 """OpenEnv's JSON text frames, with request ids."""
@@ -28,7 +40,9 @@ SUBPROTOCOLS: dict[str, Dialect] = {
     JSON_SUBPROTOCOL: Dialect(encoding="json", request_ids=True),
     MSGPACK_SUBPROTOCOL: Dialect(encoding="msgpack", request_ids=True),
 }
-"""Every subprotocol openenv speaks, and the dialect it selects."""
+"""Every subprotocol openenv's client speaks, and the dialect it selects."""
+RESUMABLE_SUBPROTOCOLS: dict[str, Dialect] = {f"{name}.resumable": dialect for name, dialect in SUBPROTOCOLS.items()}
+"""The resumable variants the server also speaks, and their dialects."""
 
 
 def offered_subprotocols(encoding: str = "json") -> list[str]:

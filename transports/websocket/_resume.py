@@ -1,0 +1,190 @@
+"""Resumable WebSocket sessions: a session that outlives a dropped connection.
+
+A client that offers a resumable subprotocol (``openenv.v1.json.resumable``,
+``openenv.v1.msgpack.resumable``) gets, as the first frame after the handshake,
+a ``session`` frame::
+
+    {"type": "session", "data": {"resume_token": "...", "resume_timeout": 30.0, "last_request_id": 0}}
+
+If its connection drops, the session (and its environment) waits
+``resume_timeout`` seconds for it: a new connection offering the same
+subprotocol with the handshake header ``OpenEnv-Resume: <resume_token>`` takes
+the session over. It gets the ``session`` frame again, whose
+``last_request_id`` is the highest request id the server has received, then the
+last reply the server sent (it may have been lost with the connection; a client
+drops a reply it already has, by its id). The client then sends again only the
+requests with a higher id: a request the server has received is never run twice
+(one sent again anyway is answered with the last reply if it is that reply's
+request, and otherwise ignored). A token that is unknown or expired gets a
+``SESSION_ERROR`` frame and the connection closes.
+
+Plain OpenEnv clients, and ours offering the other subprotocols, never see any
+of this: their session ends with their connection, as OpenEnv's does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Final
+
+import anyio
+import msgspec
+
+from openenv import ConnectionClosed, Dialect
+
+from .._asgi import Receive, Send
+
+__all__ = ["DEFAULT_RESUME_TIMEOUT", "RESUME_HEADER", "Connection", "ResumableLink"]
+
+RESUME_HEADER: Final = "OpenEnv-Resume"
+"""The handshake header that names the session a new connection takes over."""
+
+DEFAULT_RESUME_TIMEOUT: Final = 30.0
+"""Seconds a resumable session waits for its client to come back after its connection drops."""
+
+
+class _RequestId(msgspec.Struct):
+    id: int | None = None
+
+
+class _SessionData(msgspec.Struct):
+    resume_token: str
+    resume_timeout: float
+    last_request_id: int
+
+
+class _SessionFrame(msgspec.Struct):
+    type: str
+    data: _SessionData
+
+
+class Connection:
+    """One WebSocket connection of a resumable session: its ASGI callables, until it is let go.
+
+    Args:
+        receive: The connection's ASGI ``receive``.
+        send: The connection's ASGI ``send``.
+    """
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self.receive = receive
+        self.send = send
+        self.released = anyio.Event()
+        self.disconnected = False
+
+
+class ResumableLink:
+    """The session's side of a resumable WebSocket session: frames to and from whichever connection it has now.
+
+    Args:
+        first: The connection the session started on.
+        dialect: The session's dialect.
+        resume_timeout: Seconds to wait for a new connection after one drops.
+    """
+
+    def __init__(self, first: Connection, dialect: Dialect, resume_timeout: float) -> None:
+        self.current: Connection | None = first
+        self.dialect = dialect
+        self.resume_timeout = resume_timeout
+        self.token = secrets.token_urlsafe(32)
+        self.last_request_id = 0
+        self.last_reply: bytes | None = None
+        self._last_reply_id = 0
+        self._binary = dialect.encoding == "msgpack"
+        self._decode_id = (msgspec.msgpack if self._binary else msgspec.json).Decoder(_RequestId).decode
+        self._encode = (msgspec.msgpack if self._binary else msgspec.json).Encoder().encode
+        self._attached = anyio.Event()
+        self._receiving: anyio.CancelScope | None = None
+
+    def session_frame(self) -> bytes:
+        """The ``session`` frame: the token, the timeout, and the highest request id received."""
+        data = _SessionData(self.token, self.resume_timeout, self.last_request_id)
+        frame: bytes = self._encode(_SessionFrame("session", data))
+        return frame
+
+    async def send_raw(self, connection: Connection, frame: bytes) -> None:
+        """Send one frame on ``connection``; a connection that fails is let go (the session waits for another)."""
+        try:
+            if self._binary:
+                await connection.send({"type": "websocket.send", "bytes": frame})
+            else:
+                await connection.send({"type": "websocket.send", "text": frame.decode()})
+        except OSError:
+            connection.disconnected = True
+            self.detach(connection)
+
+    def detach(self, connection: Connection) -> None:
+        """Let a connection go: the session now waits for the client to come back."""
+        if self.current is connection:
+            self.current = None
+        connection.released.set()
+
+    async def attach(self, connection: Connection) -> Connection | None:
+        """Take the session over on a new connection; returns the one it replaces, if any.
+
+        The new connection gets the ``session`` frame and the last reply.
+        """
+        previous, self.current = self.current, connection
+        if previous is not None:
+            previous.released.set()
+        if self._receiving is not None:  # stop waiting on the previous connection
+            self._receiving.cancel()
+        self._attached.set()
+        self._attached = anyio.Event()
+        await self.send_raw(connection, self.session_frame())
+        if self.last_reply is not None and self.current is connection:
+            await self.send_raw(connection, self.last_reply)
+        return previous
+
+    async def _connection(self) -> Connection:
+        """The current connection, waiting up to the resume timeout for one."""
+        with anyio.move_on_after(self.resume_timeout):
+            while self.current is None:
+                await self._attached.wait()
+        if self.current is None:
+            raise ConnectionClosed(f"the client did not come back within {self.resume_timeout:g} s")
+        return self.current
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next ASGI message of the current connection, or ``None`` if that connection was replaced."""
+        connection = await self._connection()
+        with anyio.CancelScope() as scope:
+            self._receiving = scope
+            try:
+                message: dict[str, Any] = await connection.receive()
+            finally:
+                self._receiving = None
+        if scope.cancelled_caught:
+            return None
+        if message["type"] == "websocket.disconnect":
+            connection.disconnected = True
+            self.detach(connection)
+        return message
+
+    async def take(self, frame: bytes) -> bool:
+        """Note a request's id; whether the session should handle it.
+
+        A request received before is not handled again: if the last reply
+        answers it, that reply is sent again; otherwise it is dropped.
+        """
+        try:
+            request_id = self._decode_id(frame).id
+        except msgspec.DecodeError:
+            return True  # the session answers it with the error it deserves
+        if request_id is None:
+            return True
+        if request_id > self.last_request_id:
+            self.last_request_id = request_id
+            return True
+        connection = self.current
+        if request_id == self._last_reply_id and self.last_reply is not None and connection is not None:
+            await self.send_raw(connection, self.last_reply)
+        return False
+
+    async def send(self, frame: bytes) -> None:
+        """Send a reply on the current connection; kept, so a client that comes back gets it."""
+        self.last_reply = frame
+        self._last_reply_id = self.last_request_id  # requests are answered in order
+        connection = self.current
+        if connection is not None:
+            await self.send_raw(connection, frame)
