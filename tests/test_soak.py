@@ -1,0 +1,176 @@
+"""A soak of faults against one server: it must end where it began, and its good sessions must never notice.
+
+Bounded in time and loopback only. Each round mixes what the probe of issue 13
+threw at a server: abrupt disconnects mid-step, garbage and oversize frames,
+malformed JSON, slow headers, refusals at capacity. Afterwards the server holds
+no session slot, has closed every environment it built, and holds no more file
+descriptors than before; a well-behaved session ran through it all.
+A server frozen mid-step (SIGSTOP) is noticed by the client's keepalive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+import openenv
+from tests.test_hostile_clients import (
+    MessageEnv,
+    RawWebSocket,
+    ServerName,
+    registry_of,
+    serving,
+    wait_until,
+)
+
+# The fixtures that run each test on each server: uvicorn and hypercorn on asyncio, hypercorn on trio.
+from tests.test_hostile_clients import anyio_backend as anyio_backend
+from tests.test_hostile_clients import backend_and_server as backend_and_server
+from tests.test_hostile_clients import server_name as server_name
+from tests.test_server_app import MessageAction, WireEchoEnv
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 120
+ROUNDS = 10
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TrackedEnv(WireEchoEnv):
+    """The echo environment, counting those built and closed."""
+
+    built: ClassVar[int] = 0
+    closed_count: ClassVar[int] = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        TrackedEnv.built += 1
+
+    async def close(self) -> None:
+        TrackedEnv.closed_count += 1
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def _abrupt(url: str) -> None:
+    """Starts a slow step, then drops the connection without a closing handshake."""
+    async with RawWebSocket.connect(url) as ws:
+        await ws.send_text('{"type":"step","data":{"message":"slow","delay":1}}')
+
+
+async def _garbage(server: Any) -> None:
+    async with await anyio.connect_tcp(server.host, server.port) as stream:
+        await stream.send(b"\x00\xff" * 256)
+        with anyio.move_on_after(2):
+            try:
+                while await stream.receive():
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+
+
+async def _malformed(url: str) -> None:
+    async with RawWebSocket.connect(url) as ws:
+        for frame in ('{"type":', '{"type":"step","data":{"message":1e999}}', "[" * 3000 + "]" * 3000):
+            await ws.send_text(frame)
+            assert (await ws.receive_json())["type"] == "error"
+        await ws.close()
+
+
+async def _oversize(url: str) -> None:
+    async with RawWebSocket.connect(url) as ws:
+        await ws.send_text('{"type":"step","data":{"message":"' + "x" * 300_000 + '"}}')
+        await ws.expect_close()
+
+
+async def _half_request(server: Any) -> None:
+    async with await anyio.connect_tcp(server.host, server.port) as stream:
+        await stream.send(b"GET /ws HTTP/1.1\r\nHost: x\r\n")
+        try:
+            while await stream.receive():
+                pass
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _count_from_zero() -> None:
+    TrackedEnv.built = TrackedEnv.closed_count = 0
+
+
+async def test_a_soak_of_faults_leaves_the_server_as_it_was(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(
+            server_name, TrackedEnv, max_sessions=64, max_message_size=256 * 1024, header_timeout=0.5
+        ) as server:
+            url = server.ws_url
+            async with MessageEnv(server.url) as good:
+                await good.reset()
+                baseline_fds = _open_fds()
+                for round_number in range(ROUNDS):
+                    async with anyio.create_task_group() as task_group:
+                        for _ in range(4):
+                            task_group.start_soon(_abrupt, url)
+                        task_group.start_soon(_garbage, server)
+                        task_group.start_soon(_malformed, url)
+                        task_group.start_soon(_oversize, url)
+                        task_group.start_soon(_half_request, server)
+                    step = await good.step(MessageAction(message=f"round {round_number}"))
+                    assert step.observation.echoed_message == f"round {round_number}"
+                # Every abandoned session ends (its slow step is cut), and gives back all it held.
+                await wait_until(lambda: registry_of(server).active == 1, "only the good session is left")
+                await wait_until(lambda: TrackedEnv.closed_count == TrackedEnv.built - 1, "every environment closed")
+                await wait_until(lambda: _open_fds() <= baseline_fds, "no file descriptor kept")
+                assert (await good.state()).step_count == ROUNDS
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
+    anyio_backend: str,
+    server_name: ServerName,
+) -> None:
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "transports.cli", "serve", "tests.envs:AsyncMessageEchoEnv",
+        "--port", str(port), "--backend", anyio_backend, "--server", server_name, "--log-level", "warning",
+    ]  # fmt: skip
+    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waits below are bounded
+        command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL
+    )
+    try:
+        with anyio.fail_after(LIMIT):
+            while True:
+                try:
+                    async with openenv.EnvClient(f"ws://127.0.0.1:{port}", ping_interval=0.2, ping_timeout=0.5) as env:
+                        assert (await env.step({"message": "alive"})).reward == 5.0
+
+                        async def freeze_soon() -> None:
+                            await anyio.sleep(0.3)
+                            process.send_signal(signal.SIGSTOP)
+
+                        async with anyio.create_task_group() as task_group:
+                            task_group.start_soon(freeze_soon)
+                            with pytest.raises(openenv.ConnectionClosed):
+                                await env.step({"message": "sleep:60"})
+                    break
+                except openenv.ConnectError:
+                    await anyio.sleep(0.1)  # the server is starting
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait(10)
