@@ -703,3 +703,37 @@ async def test_a_session_can_be_taken_over_from_a_connection_still_open(server_n
                 assert step["data"]["observation"]["echoed_message"] == "moved"
                 await new.send_text('{"type":"close"}')
                 await new.close()
+
+
+# -- OpenEnv's stateless HTTP routes get the same bounds --------------------------------
+
+
+async def test_the_stateless_routes_are_bounded(server_name: ServerName, caplog: pytest.LogCaptureFixture) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving(server_name, CountedEnv, max_sessions=1, error_details=False) as server,
+            httpx.AsyncClient(timeout=LIMIT) as http,
+        ):
+            # A body over the limit is refused at its headers, never read.
+            head = (
+                f"POST /step HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {17 * 1024 * 1024}\r\n\r\n"
+            )
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(head.encode())
+                assert (await stream.receive()).startswith(b"HTTP/1.1 413")
+            deep = b'{"action":' + b"[" * 5000 + b"]" * 5000 + b"}"
+            for path in ("/step", "/reset"):
+                response = await http.post(f"{server.url}{path}", content=deep)
+                assert response.status_code == 422
+            raised = await http.post(f"{server.url}/step", json={"action": {"message": "raise"}})
+            assert raised.status_code == 500
+            assert "echo env" not in raised.text  # error details hidden
+            assert CountedEnv.built == 1
+            # Each request's environment takes a slot: none is left while a session holds the only one.
+            async with MessageEnv(server.url) as holder:
+                await holder.reset()
+                refused = await http.post(f"{server.url}/reset", json={})
+                assert refused.status_code == 503
+            assert CountedEnv.built == 2
+    assert [r for r in _server_errors(caplog) if "Traceback" in r or "Exception in ASGI" in r] == []

@@ -355,7 +355,14 @@ def create_app(
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
-        *openenv_http_routes(env_factory, schemas=schemas, metadata=meta),
+        *openenv_http_routes(
+            env_factory,
+            schemas=schemas,
+            metadata=meta,
+            registry=registry,
+            max_body_size=http_max_body_size,
+            error_details=error_details,
+        ),
     ]
     middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins)]
     if allow_origins:

@@ -16,7 +16,10 @@ GET  /openapi.json                                          -> OpenAPI 3.1, with
 ```
 
 A request that does not fit gets ``422`` with ``{"detail": [errors]}``; an
-environment that raises, ``500`` with ``{"detail": message}``.
+environment that raises, ``500`` with ``{"detail": message}``. Each request's
+environment takes a slot in the app's session registry while it lives (``503``
+at capacity), and a body over the app's message limit gets ``413`` before it is
+read whole.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from starlette.routing import BaseRoute, Route
 
 import openenv
 from openenv.server import ServerSession, jsonrpc_error
+
+from ._limits import DEFAULT_MAX_MESSAGE_SIZE
+from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
 
@@ -103,19 +109,48 @@ class JSONRPCRequest(msgspec.Struct, kw_only=True):
     id: int | str | None = None
 
 
-async def _run_one(factory: Callable[[], Any], frame: dict[str, Any]) -> dict[str, Any]:
+class _Limits:
+    """What bounds the routes: the app's session registry, the largest body, and how much errors say."""
+
+    def __init__(self, registry: SessionRegistry | None, max_body_size: int, error_details: bool) -> None:
+        self.registry = registry
+        self.max_body_size = max_body_size
+        self.error_details = error_details
+
+
+class _TooLarge(Exception):
+    """A request body over the limit."""
+
+
+async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _Limits) -> dict[str, Any]:
     """Build an environment, run one request frame on it, close it; return the reply frame."""
+    registry = limits.registry
+    lease = None
+    if registry is not None:
+        lease = await registry.admit(transport="http-stateless")
+        if lease is not None:
+            lease.mark_busy()  # one request, in hand for the environment's whole life
+        else:
+            active, limit = registry.active, registry.max_sessions
+            message = f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections."
+            return {"type": "error", "data": {"code": "CAPACITY_REACHED", "message": message}}
     try:
-        env = factory()
-    except Exception as exc:
-        logger.exception("environment factory failed")
-        message = f"Failed to create environment: {type(exc).__name__}: {exc}"
-        return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-    session = ServerSession(env)
-    try:
-        reply = await session.handle(msgspec.json.encode(frame))
+        try:
+            env = factory()
+        except Exception as exc:
+            logger.exception("environment factory failed")
+            message = "Failed to create environment"
+            if limits.error_details:
+                message += f": {type(exc).__name__}: {exc}"
+            return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
+        session = ServerSession(env, error_details=limits.error_details)
+        try:
+            reply = await session.handle(msgspec.json.encode(frame))
+        finally:
+            await session.aclose()
     finally:
-        await session.aclose()
+        if lease is not None:
+            lease.release()
     assert reply is not None
     return msgspec.json.decode(reply)  # type: ignore[no-any-return]
 
@@ -126,12 +161,36 @@ def _observation_or_error(reply: dict[str, Any]) -> Response:
         return _JSONResponse(data)
     if data.get("code") == "VALIDATION_ERROR":
         return _JSONResponse({"detail": data.get("errors", [])}, status_code=422)
+    if data.get("code") == "CAPACITY_REACHED":
+        return _JSONResponse({"detail": data.get("message", "")}, status_code=503, headers={"Retry-After": "1"})
     return _JSONResponse({"detail": data.get("message", "")}, status_code=500)
 
 
-async def _json_body(request: Request) -> Any:
-    body = await request.body()
-    return msgspec.json.decode(body) if body.strip() else None
+async def _body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (`_TooLarge`) as soon as it is known to pass ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> Response:
+    detail = [{"type": "too_large", "loc": ["body"], "msg": f"the body exceeds {limit} bytes"}]
+    return _JSONResponse({"detail": detail}, status_code=413)
+
+
+async def _json_body(request: Request, limit: int) -> Any:
+    body = await _body(request, limit)
+    try:
+        return msgspec.json.decode(body) if body.strip() else None
+    except RecursionError as exc:  # msgspec's guard: nested too deeply to be a request
+        raise msgspec.DecodeError("JSON is nested too deeply") from exc
 
 
 def _body_error(exc: msgspec.DecodeError) -> Response:
@@ -222,7 +281,13 @@ def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.Envir
 
 
 def openenv_http_routes(
-    factory: Callable[[], Any], *, schemas: dict[str, dict[str, Any]], metadata: openenv.EnvironmentMetadata
+    factory: Callable[[], Any],
+    *,
+    schemas: dict[str, dict[str, Any]],
+    metadata: openenv.EnvironmentMetadata,
+    registry: SessionRegistry | None = None,
+    max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    error_details: bool = True,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -230,15 +295,23 @@ def openenv_http_routes(
         factory: Builds one environment per request.
         schemas: What ``GET /schema`` answers, for ``/openapi.json``.
         metadata: What ``GET /metadata`` answers, for ``/openapi.json``.
+        registry: The app's session registry: each request's environment holds
+            a slot while it lives (``503`` at capacity); ``None`` for no limit.
+        max_body_size: The largest request body, in bytes (``413`` beyond).
+        error_details: Whether errors name the server's exceptions (see
+            `openenv.server.ServerSession`).
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
     """
     document = msgspec.json.encode(openapi_document(schemas, metadata))
+    limits = _Limits(registry, max_body_size, error_details)
 
     async def reset(request: Request) -> Response:
         try:
-            kwargs = await _json_body(request)
+            kwargs = await _json_body(request, max_body_size)
+        except _TooLarge:
+            return _too_large(max_body_size)
         except msgspec.DecodeError as exc:
             return _body_error(exc)
         if kwargs is None:
@@ -246,27 +319,33 @@ def openenv_http_routes(
         if not isinstance(kwargs, dict):
             detail = [{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
             return _JSONResponse({"detail": detail}, status_code=422)
-        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}))
+        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits))
 
     async def step(request: Request) -> Response:
         try:
-            body = msgspec.json.decode(await request.body(), type=StepRequest)
+            body = msgspec.json.decode(await _body(request, max_body_size), type=StepRequest)
+        except _TooLarge:
+            return _too_large(max_body_size)
         except msgspec.ValidationError as exc:
             errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
             return _JSONResponse({"detail": errors}, status_code=422)
         except msgspec.DecodeError as exc:
             return _body_error(exc)
-        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}))
+        except RecursionError as exc:
+            return _body_error(msgspec.DecodeError(f"JSON is nested too deeply ({exc})"))
+        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}, limits))
 
     async def state(request: Request) -> Response:
-        reply = await _run_one(factory, {"type": "state"})
+        reply = await _run_one(factory, {"type": "state"}, limits)
         if reply.get("type") == "error":
-            return _JSONResponse({"detail": reply["data"].get("message", "")}, status_code=500)
+            return _observation_or_error(reply)
         return _JSONResponse(reply["data"])
 
     async def mcp(request: Request) -> Response:
         try:
-            message = await _json_body(request)
+            message = await _json_body(request, max_body_size)
+        except _TooLarge:
+            return _too_large(max_body_size)
         except msgspec.DecodeError:
             return _JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
         if not isinstance(message, dict):
@@ -274,7 +353,7 @@ def openenv_http_routes(
         if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             request_id = message.get("id")
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
-        reply = await _run_one(factory, {"type": "mcp", "data": message})
+        reply = await _run_one(factory, {"type": "mcp", "data": message}, limits)
         if reply.get("type") == "error":
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
         return _JSONResponse(reply["data"])
