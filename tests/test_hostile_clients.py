@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -35,7 +36,7 @@ from tests.test_server_app import (
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingTransport
-from transports.runner import RunningServer, ServerName, current_backend, serve
+from transports.runner import RunningServer, ServerName, _bind, current_backend, serve
 from transports.websocket import WebSocketTransport
 
 pytestmark = pytest.mark.anyio
@@ -737,3 +738,21 @@ async def test_the_stateless_routes_are_bounded(server_name: ServerName, caplog:
                 assert refused.status_code == 503
             assert CountedEnv.built == 2
     assert [r for r in _server_errors(caplog) if "Traceback" in r or "Exception in ASGI" in r] == []
+
+
+# -- defect 6: a peer that vanishes without a word ----------------------------------------
+
+
+def test_connections_have_tcp_keepalive() -> None:
+    """A dead peer (no FIN, no RST) is found out by the kernel's keepalive, on every server."""
+    listener = _bind("127.0.0.1", 0)
+    with listener, socket.create_connection(listener.getsockname()[:2]):
+        listener.setblocking(True)
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                idle = accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)
+                interval = accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL)
+                probes = accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT)
+                assert idle + interval * probes <= 120  # found out within two minutes

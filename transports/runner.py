@@ -118,6 +118,26 @@ def _default_server(backend: str) -> ServerName:
     return "uvicorn" if backend == "asyncio" else "hypercorn"
 
 
+# TCP keepalive on every connection (accepted sockets inherit it from the
+# listener): a peer that vanished without a word (power lost, a network cut) is
+# found out by the kernel after about a minute of silence, on every server,
+# without ping tasks; its session then ends and frees its slot.
+_KEEPALIVE_IDLE = 30
+_KEEPALIVE_INTERVAL = 10
+_KEEPALIVE_PROBES = 3
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", _KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", _KEEPALIVE_PROBES),
+    ):
+        if hasattr(socket, option):  # Linux and most others; macOS lacks TCP_KEEPIDLE
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """Bind and listen on ``(host, port)`` ourselves, so the port is known before serving."""
     addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -128,6 +148,7 @@ def _bind(host: str, port: int) -> socket.socket:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        _keep_alive(sock)
         sock.bind(address)
         sock.listen(_LISTEN_BACKLOG)
         sock.setblocking(False)
