@@ -448,7 +448,6 @@ async def test_unused_http_sessions_build_nothing_and_end_soon(server_name: Serv
             server.app.state.http_polling.unused_timeout = 0.2
             for _ in range(16):
                 assert (await http.post(f"{server.url}/poll/sessions")).status_code == 201
-            assert registry_of(server).active == 16
             assert CountedEnv.built == 0
             await wait_until(lambda: registry_of(server).active == 0, "the unused sessions end")
             async with MessageEnv(_url(server, "http+poll")) as client:
