@@ -46,9 +46,7 @@ _NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 
 
 def _nested_deeper_than(frame: bytes, limit: int) -> bool:
-    """Whether a valid JSON document nests arrays and objects deeper than ``limit``."""
-    if frame.count(b"[") + frame.count(b"{") <= limit:  # the usual case: one C-speed pass
-        return False
+    """Whether a valid JSON document nests arrays and objects deeper than ``limit`` (a slow, exact look)."""
     structure = _JSON_STRING.sub(b"", frame).translate(None, _NOT_BRACKETS)
     for _ in range(limit):  # each pass removes the innermost level
         shorter = structure.replace(b"[]", b"").replace(b"{}", b"")
@@ -372,7 +370,12 @@ class ServerCodec(Generic[ActT]):
         except RecursionError as exc:
             raise RequestError("INVALID_JSON", f"Invalid JSON: nested deeper than {MAX_NESTING} levels") from exc
         request_id = request.id if self._request_ids else None
-        if self._json and _nested_deeper_than(frame, MAX_NESTING):
+        # The bracket count bounds the depth: the precise look is only for frames with many.
+        if (
+            self._json
+            and frame.count(b"[") + frame.count(b"{") > MAX_NESTING
+            and _nested_deeper_than(frame, MAX_NESTING)
+        ):
             raise RequestError(
                 "INVALID_JSON", f"Invalid JSON: nested deeper than {MAX_NESTING} levels", request_id=request_id
             )
