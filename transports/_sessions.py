@@ -209,7 +209,6 @@ class SessionRegistry:
             transports, by transport name (``{"http": 300.0}``); the shorter of
             it and ``session_idle_timeout`` applies.
         clock: The clock leases are timed with (seconds, monotonic).
-
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
 

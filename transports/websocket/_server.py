@@ -305,13 +305,17 @@ class WebSocketEndpoint:
             del self._resumable[link.token]
             last = link.current
             link.current = None
-            if last is not None:
-                if close_code != NORMAL_CLOSURE or not await _client_closes(
-                    last.receive, _CLOSE_GRACE, on_request=False
+            try:
+                # After a close request the client closes first (see _serve_connection).
+                if last is not None and (
+                    close_code != NORMAL_CLOSURE
+                    or not await _client_closes(last.receive, _CLOSE_GRACE, on_request=False)
                 ):
                     await _close(last.send, close_code, reason)
-                last.released.set()
-            first.released.set()
+            finally:  # whatever happens, the connection that resumed the session is let go
+                if last is not None:
+                    last.released.set()
+                first.released.set()
 
     async def _resume(self, connection: Connection, token: str, dialect: Dialect) -> None:
         """Take a resumable session over on a new connection, until the session ends or moves again."""
