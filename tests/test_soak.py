@@ -5,7 +5,9 @@ threw at a server: abrupt disconnects mid-step, garbage and oversize frames,
 malformed JSON, slow headers, refusals at capacity. Afterwards the server holds
 no session slot, has closed every environment it built, and holds no more file
 descriptors than before; a well-behaved session ran through it all.
-A server frozen mid-step (SIGSTOP) is noticed by the client's keepalive.
+A server frozen mid-step (SIGSTOP) is noticed by the client's keepalive, and a
+server that fails ends its process (hypercorn on trio, without the runner's fix
+for it, as the failure).
 """
 
 from __future__ import annotations
@@ -174,3 +176,61 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
         process.send_signal(signal.SIGCONT)
         process.kill()
         process.wait(10)
+
+
+_UNMENDED_TRIO_SERVER = """
+import sys
+import transports.runner as runner
+from tests.test_server_app import WireEchoEnv
+
+runner._mend_hypercorn_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
+runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", max_sessions=1, log_level="critical")
+"""
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_server_that_fails_ends_its_process(anyio_backend: str) -> None:
+    """A server that stops serving must not leave a live process behind, which no supervisor would restart."""
+    port = _free_port()
+    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waits below are bounded
+        [sys.executable, "-c", _UNMENDED_TRIO_SERVER, str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        with anyio.fail_after(LIMIT):
+            url = f"ws://127.0.0.1:{port}/ws"
+            while True:
+                try:
+                    held = await anyio.connect_tcp("127.0.0.1", port)
+                    await held.aclose()
+                    break
+                except OSError:
+                    await anyio.sleep(0.1)  # the server is starting
+            async with RawWebSocket.connect(url) as holder:
+                await holder.request('{"type":"reset"}')
+                while process.poll() is None:
+                    async with anyio.create_task_group() as task_group:
+                        for manner in range(12):
+                            task_group.start_soon(_refused_quietly, url, manner % 3)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, errors = process.communicate(timeout=10)
+    assert process.returncode not in (0, -signal.SIGKILL)  # it ended by itself, with a failure
+    assert b"the hypercorn server failed" in errors
+
+
+async def _refused_quietly(url: str, manner: int) -> None:
+    try:
+        async with RawWebSocket.connect(url) as ws:
+            await ws.receive_json()
+            if manner == 0:
+                await ws.close()
+            elif manner == 1:
+                await ws.send_text('{"type":"reset"}')
+                await ws.close()
+    except Exception:
+        pass
