@@ -378,7 +378,7 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
             "ws://127.0.0.1:8000",
             {"message_timeout_s": 30.0},
             "unknown option message_timeout_s= for ws:// URLs (OpenEnv's message_timeout_s= is timeout= here); "
-            "the options are: action_type, close_timeout, ",
+            "the options are: action_type, auth_token, close_timeout, ",
         ),
         ("http+poll://127.0.0.1:8000", {"max_message_size_mb": 10}, "is max_message_size (in bytes)= here"),
         ("inproc://tests.envs:DictEnv", {"connect_timeout": 1.0}, "unknown option connect_timeout= for inproc:// URLs"),
