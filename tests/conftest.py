@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.envs import AsyncCounterEnv, SyncCounterEnv
 from tests.interop.reference_venv import MARKER_NAME, REFERENCE_VERSION, venv_dir
 
 # Measured: the reference environment (openenv-core and its dependencies) on disk.
@@ -14,6 +15,13 @@ _REFERENCE_ENV_SIZE = "~474 MB"
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run each ``@pytest.mark.anyio`` test once per backend."""
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _forget_what_test_environments_recorded() -> None:
+    """Each test starts with empty class-level records of the shared test environments."""
+    AsyncCounterEnv.closed.clear()
+    SyncCounterEnv.threads.clear()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

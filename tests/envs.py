@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -192,6 +193,15 @@ class AsyncMessageEchoEnv(MessageEchoEnv):
             await anyio.sleep(float(action.message.split(":", 1)[1]))
             action = MessageAction(message="slept")
         return MessageEchoEnv.step(self, action)
+
+
+class AnnouncingEchoEnv(AsyncMessageEchoEnv):
+    """The async echo environment; writes ``stepping`` to stdout as each step starts (served in a subprocess)."""
+
+    async def step(self, action: MessageAction) -> MessageObservation:  # type: ignore[override]
+        sys.stdout.write("stepping\n")
+        sys.stdout.flush()
+        return await super().step(action)
 
 
 class BenchTarget(msgspec.Struct):

@@ -24,7 +24,7 @@ async def test_get_waits_for_a_put_from_another_task() -> None:
         async with anyio.create_task_group() as tg:
 
             async def producer() -> None:
-                await anyio.sleep(0.01)
+                await anyio.wait_all_tasks_blocked()  # the consumer waits in get()
                 queue.put(b"late")
 
             tg.start_soon(producer)
@@ -48,10 +48,9 @@ async def test_close_wakes_a_waiting_consumer() -> None:
     queue: FrameQueue[int] = FrameQueue()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: anyio.sleep(0.01))
 
             async def closer() -> None:
-                await anyio.sleep(0.01)
+                await anyio.wait_all_tasks_blocked()  # the consumer waits in get()
                 queue.close()
 
             tg.start_soon(closer)

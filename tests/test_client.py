@@ -24,6 +24,7 @@ from openenv.examples.echo import (
     ListToolsAction,
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
+from tests.helpers import CounterClient
 from transports.inprocess import InProcessTransport
 from transports.runner import _configure_console_logging
 
@@ -70,10 +71,6 @@ def observation(count: int, **extra: Any) -> bytes:
     return json.dumps(
         {"type": "observation", "data": {"observation": {"count": count}, "reward": 1.0, "done": False}, **extra}
     ).encode()
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
 
 
 def test_type_parameters_drive_decoding() -> None:

@@ -22,15 +22,12 @@ from tests.envs import (
     SyncCounterEnv,
     failing_factory,
 )
+from tests.helpers import CounterClient, wait_until
 from tests.serving import TRANSPORTS, serving
 
 pytestmark = pytest.mark.anyio
 
 LIMIT = 10  # seconds: the bound of every wait in these tests
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -210,15 +207,13 @@ async def test_connect_and_close_without_a_block(kind: str) -> None:
 
 
 async def test_close_mid_step_releases_the_environment(kind: str) -> None:
-    AsyncCounterEnv.closed.clear()
     with anyio.fail_after(LIMIT):
         async with serving(kind, AsyncCounterEnv) as url:
             async with CounterClient(url) as env:
                 with anyio.move_on_after(0.05):
                     await env.step(CountAction(delay=0.5))
             # The server lets the step finish, then closes the environment.
-            while not AsyncCounterEnv.closed:  # noqa: ASYNC110 - the env has no event to wait on
-                await anyio.sleep(0.01)
+            await wait_until(lambda: bool(AsyncCounterEnv.closed))
 
 
 async def test_unencodable_request_is_a_typed_error(kind: str) -> None:

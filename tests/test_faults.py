@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import openenv
 from openenv import EnvClient, State
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -46,11 +46,9 @@ async def _wait_for_health(url: str) -> None:
 @pytest.mark.parametrize("scheme", ["ws", "http+poll"])
 async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: str) -> None:
     port = _free_port()
-    command = [sys.executable, "-m", "transports.cli", "serve", "tests.envs:AsyncMessageEchoEnv", "--port", str(port)]
+    command = [sys.executable, "-m", "transports.cli", "serve", "tests.envs:AnnouncingEchoEnv", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waits below are bounded
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    process = await anyio.open_process(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
     try:
         with anyio.fail_after(LIMIT):
             await _wait_for_health(f"http://127.0.0.1:{port}")
@@ -58,21 +56,25 @@ async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: 
             with anyio.fail_after(LIMIT):
                 assert (await client.step(MessageAction(message="alive"))).reward == 5.0
 
-            async def kill_soon() -> None:
-                await anyio.sleep(0.3)
-                process.send_signal(signal.SIGKILL)
+            async def kill_mid_step() -> None:
+                assert process.stdout is not None
+                seen = b""
+                while seen.count(b"stepping\n") < 2:  # the first was the step above
+                    seen += await process.stdout.receive()
+                process.kill()
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(kill_soon)
+                tg.start_soon(kill_mid_step)
                 # A step that would take a minute: the dead server must end it at once.
                 with anyio.fail_after(10), pytest.raises(openenv.ConnectionClosed):
                     await client.step(MessageAction(message="sleep:60"))
             with pytest.raises(openenv.ConnectionClosed):
                 await client.state()
     finally:
-        if process.poll() is None:
+        if process.returncode is None:
             process.kill()
-        process.wait(10)
+        with anyio.fail_after(10):
+            await process.aclose()
 
 
 async def test_garbage_bytes_leave_the_server_and_its_sessions_unharmed() -> None:
@@ -111,8 +113,7 @@ async def test_an_oversize_frame_ends_only_its_own_session() -> None:
                     await sender.state()
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
             registry = server.app.state.sessions
-            while registry.active != 1:  # noqa: ASYNC110 - the oversize session's slot is released
-                await anyio.sleep(0.01)
+            await wait_until(lambda: registry.active == 1)  # the oversize session's slot is released
 
 
 async def test_a_reply_over_the_clients_limit_is_a_typed_error() -> None:

@@ -27,6 +27,7 @@ import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
+from tests.helpers import CounterClient, wait_until
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingEndpoint, HTTPPollingTransport, polling_url
@@ -39,15 +40,6 @@ LIMIT = 10  # seconds: the bound of every wait in these tests
 
 STEP = b'{"type":"step","id":1,"data":{"by":1}}'
 JSON = {"Content-Type": "application/json"}
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def _forget_closed_envs() -> None:
-    AsyncCounterEnv.closed.clear()
 
 
 @asynccontextmanager
@@ -64,12 +56,6 @@ def endpoint_of(running: RunningServer) -> HTTPPollingEndpoint:
     endpoint = running.app.state.http_polling
     assert isinstance(endpoint, HTTPPollingEndpoint)
     return endpoint
-
-
-async def wait_until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds (the caller bounds the wait)."""
-    while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
-        await anyio.sleep(0.01)
 
 
 def error_code(response: httpx.Response) -> str:
@@ -357,20 +343,36 @@ async def proxied(running: RunningServer) -> AsyncIterator[CuttingProxy]:
         task_group.cancel_scope.cancel()
 
 
+class GatedCounterEnv(AsyncCounterEnv):
+    """A counter whose steps start by setting ``entered``, then wait for ``gate`` to open."""
+
+    def __init__(self, entered: anyio.Event, gate: anyio.Event) -> None:
+        super().__init__()
+        self.entered, self.gate = entered, gate
+
+    async def step(self, action: CountAction) -> CountObservation:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().step(action)
+
+
 async def test_a_poll_cut_off_mid_wait_resumes() -> None:
+    entered, gate = anyio.Event(), anyio.Event()
     with anyio.fail_after(LIMIT):
-        async with server() as running, proxied(running) as proxy:
+        async with server(lambda: GatedCounterEnv(entered, gate)) as running, proxied(running) as proxy:
             url = f"http+poll://127.0.0.1:{proxy.port}"
             async with CounterClient(url, poll_timeout=0.2) as env:
                 await env.reset()
 
-                async def cut_soon() -> None:
-                    await anyio.sleep(0.35)  # during the second poll: the step takes 0.7 s
+                async def cut_mid_poll() -> None:
+                    await entered.wait()
+                    await anyio.wait_all_tasks_blocked()  # the client polls; the server holds the poll
                     assert proxy.cut() >= 1
+                    gate.set()
 
                 async with anyio.create_task_group() as task_group:
-                    task_group.start_soon(cut_soon)
-                    result = await env.step(CountAction(by=2, delay=0.7))
+                    task_group.start_soon(cut_mid_poll)
+                    result = await env.step(CountAction(by=2))
                 assert result.observation.count == 2
                 assert (await env.state()).count == 2
             assert proxy.connections >= 2  # it reconnected
@@ -869,7 +871,7 @@ async def test_aclose_ends_a_receive_in_another_task() -> None:
                         await transport.receive()
 
                 task_group.start_soon(receive)
-                await anyio.sleep(0.1)  # it is polling by now
+                await anyio.wait_all_tasks_blocked()  # it is polling: the server holds its request
                 await transport.aclose()
 
 

@@ -137,11 +137,9 @@ async def test_stopping_ends_open_sessions_politely() -> None:
 
     with anyio.fail_after(LIMIT):
         async with anyio.create_task_group() as task_group:
-            async with serve(EchoEnvironment, shutdown_timeout=5) as server:
+            # A grace period longer than the test's bound: the session must be asked to end at once.
+            async with serve(EchoEnvironment, shutdown_timeout=10 * LIMIT) as server:
                 await task_group.start(hold_session, server.ws_url)
-                started = anyio.current_time()
-            # Not the whole grace period: the session was asked to end at once.
-            assert anyio.current_time() - started < 3
             await closed.wait()
     assert codes == [(1001, "server shutting down")]
 

@@ -28,6 +28,7 @@ import openenv
 from openenv import Action, EnvironmentMetadata, Observation, State
 from openenv.examples.echo import EchoEnvironment
 from openenv.server import Environment
+from tests.helpers import wait_until
 from transports._sessions import IDLE_TIMEOUT_REASON, SHUTDOWN_REASON, SessionRegistry
 from transports.app import create_app, environment_schemas
 from transports.runner import RunningServer, serve
@@ -168,6 +169,7 @@ class WireEchoEnv(Environment[MessageAction, MessageObservation, State]):
     """The wire document's echo environment: reward is the message's length; "raise" raises."""
 
     closed: ClassVar[list[WireEchoEnv]] = []
+    stepping: ClassVar[threading.Event] = threading.Event()
 
     def __init__(self) -> None:
         self._state = State()
@@ -178,6 +180,7 @@ class WireEchoEnv(Environment[MessageAction, MessageObservation, State]):
 
     async def step(self, action: MessageAction) -> MessageObservation:
         if action.delay:
+            WireEchoEnv.stepping.set()
             await anyio.sleep(action.delay)
         if action.message == "raise":
             raise RuntimeError("echo env: step raised on request")
@@ -221,6 +224,7 @@ def broken_factory() -> WireEchoEnv:
 @pytest.fixture(autouse=True)
 def _forget_closed_envs() -> None:
     WireEchoEnv.closed.clear()
+    WireEchoEnv.stepping.clear()
     SlowSyncEnv.closed.clear()
     SlowSyncEnv.stepping.clear()
 
@@ -229,12 +233,6 @@ def _forget_closed_envs() -> None:
 async def ws_server(factory: Any = WireEchoEnv, **options: Any) -> AsyncIterator[tuple[RunningServer, str]]:
     async with serve(factory, **options) as server:
         yield server, server.ws_url
-
-
-async def wait_until(condition: Any, what: str) -> None:
-    """Poll ``condition`` until it holds (the caller bounds the wait)."""
-    while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
-        await anyio.sleep(0.01)
 
 
 def registry_of(server: RunningServer) -> SessionRegistry:
@@ -484,7 +482,7 @@ async def test_plain_openenv_frames_exactly_as_the_reference() -> None:
             await ws.send_text('{"type": "close"}')
             closed = await ws.expect_close()
             assert closed.code == 1000
-            await wait_until(lambda: registry_of(server).active == 0, "the slot is released")
+            await wait_until(lambda: registry_of(server).active == 0)
             assert len(WireEchoEnv.closed) == 1
 
 
@@ -594,7 +592,7 @@ async def test_capacity_reached_then_released() -> None:
                 # The first session is unharmed.
                 assert (await first.request('{"type":"state"}'))["type"] == "state"
             # The first client vanished without a close request: its slot comes back.
-            await wait_until(lambda: registry_of(server).active == 0, "the slot is released")
+            await wait_until(lambda: registry_of(server).active == 0)
             async with RawWebSocket.connect(url) as third:
                 assert (await third.request('{"type":"reset"}'))["type"] == "observation"
                 await third.close()
@@ -609,7 +607,7 @@ async def test_factory_error_is_fatal_and_releases_the_slot() -> None:
                 assert reply["data"]["factory_name"].endswith("broken_factory")
                 assert "no GPU left" in reply["data"]["message"]
                 assert (await ws.expect_close()).code == 1000
-            await wait_until(lambda: registry_of(server).active == 0, "the slot is released")
+            await wait_until(lambda: registry_of(server).active == 0)
 
 
 @pytest.mark.parametrize("factory", [WireEchoEnv, SlowSyncEnv])
@@ -619,10 +617,10 @@ async def test_disconnect_mid_step_closes_the_env_and_frees_the_slot(factory: An
         async with ws_server(factory, max_sessions=1) as (server, url):
             async with RawWebSocket.connect(url) as ws:
                 await ws.send_text('{"type":"step","data":{"message":"slow","delay":0.5}}')
-                await anyio.sleep(0.1)
+                await wait_until(factory.stepping.is_set)
                 assert registry_of(server).active == 1
             # The socket is gone mid-step, without a closing handshake.
-            await wait_until(lambda: registry_of(server).active == 0 and len(closed) == 1, "cleanup")
+            await wait_until(lambda: registry_of(server).active == 0 and len(closed) == 1)
             async with RawWebSocket.connect(url) as ws:
                 assert (await ws.request('{"type":"state"}'))["type"] == "state"
                 await ws.close()
@@ -635,7 +633,7 @@ async def test_idle_session_is_reaped() -> None:
             closed = await ws.expect_close()
             assert closed.code == 1001
             assert "idle" in closed.reason
-            await wait_until(lambda: registry_of(server).active == 0, "the slot is released")
+            await wait_until(lambda: registry_of(server).active == 0)
             assert len(WireEchoEnv.closed) == 1
 
 
@@ -664,7 +662,7 @@ async def test_many_sessions_at_once() -> None:
             async with anyio.create_task_group() as task_group:
                 for index in range(8):
                     task_group.start_soon(session, url, index)
-            await wait_until(lambda: registry_of(server).active == 0, "every slot is released")
+            await wait_until(lambda: registry_of(server).active == 0)
     assert len(WireEchoEnv.closed) == 8
 
 

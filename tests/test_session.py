@@ -87,7 +87,6 @@ async def test_unencodable_observation_is_an_execution_error() -> None:
 
 
 async def test_sync_environment_runs_off_the_event_loop() -> None:
-    SyncCounterEnv.threads.clear()
     session = ServerSession(SyncCounterEnv())
     await ask(session, {"type": "step", "data": {"by": 1}})
     assert SyncCounterEnv.threads
@@ -113,7 +112,6 @@ async def test_host_session_reports_a_failing_factory() -> None:
 
 
 async def test_host_session_closes_the_env_when_the_client_goes() -> None:
-    AsyncCounterEnv.closed.clear()
     frames = [json.dumps({"type": "step", "data": {"by": 1}}).encode()]
     sent: list[bytes] = []
 

@@ -14,7 +14,7 @@ import struct
 import subprocess
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import anyio
@@ -507,7 +507,7 @@ async def test_server_dropping_the_socket_ends_a_pending_receive(reset: bool) ->
         with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(wait_for_reply)
-                await anyio.sleep(0.05)  # the receive is pending
+                await anyio.wait_all_tasks_blocked()  # the receive is pending
                 drop.set()
         assert len(raised) == 1
         with pytest.raises(ConnectionClosed):
@@ -635,7 +635,7 @@ async def test_concurrent_receivers_share_the_messages() -> None:
                 async with anyio.create_task_group() as task_group:
                     for _ in range(3):
                         task_group.start_soon(receive_one)
-                    await anyio.sleep(0.05)
+                    await anyio.wait_all_tasks_blocked()  # the three receives are pending
                     for n in range(3):
                         await transport.send(b"[%d]" % n)
     assert received == [b"[0]", b"[1]", b"[2]"]
@@ -685,24 +685,27 @@ async def test_keepalive_timeout_ends_the_connection() -> None:
             async with WebSocketTransport(
                 server.url, ping_interval=0.1, ping_timeout=0.2, close_timeout=0.2
             ) as transport:
-                started = anyio.current_time()
                 with pytest.raises(ConnectionClosed, match="keepalive"):
-                    await transport.receive()
-                assert anyio.current_time() - started < 2.0
+                    await transport.receive()  # the server never answers: only the keepalive ends this
                 with pytest.raises(ConnectionClosed, match="keepalive"):
                     await transport.send(b"{}")
 
 
 async def test_keepalive_timeout_while_the_caller_is_idle() -> None:
+    hung_up = anyio.Event()
+
     async def handler(connection: ServerConnection) -> None:
         await connection.accept()
         await connection.flush()
-        await anyio.sleep_forever()
+        with suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            while True:
+                await connection.stream.receive()  # the pings go unanswered: bytes are read, never parsed
+        hung_up.set()
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url, ping_interval=0.1, ping_timeout=0.2) as transport:
-                await anyio.sleep(0.8)  # nobody reads but the background task
+                await hung_up.wait()  # nobody reads but the background task, which gave up on the pong
                 with pytest.raises(ConnectionClosed, match="keepalive"):
                     await transport.send(b"{}")
                 with pytest.raises(ConnectionClosed, match="keepalive"):
@@ -772,7 +775,7 @@ async def test_aclose_wakes_a_pending_receive() -> None:
                         await transport.receive()
 
                 task_group.start_soon(wait_for_reply)
-                await anyio.sleep(0.05)
+                await anyio.wait_all_tasks_blocked()  # the receive is pending
                 await transport.aclose()
 
 
@@ -786,9 +789,7 @@ async def test_aclose_is_bounded_when_the_server_does_not_answer() -> None:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url, close_timeout=0.2) as transport:
                 pass
-            started = anyio.current_time()
-            await transport.aclose()  # already closed: returns at once
-            assert anyio.current_time() - started < 0.1
+            await transport.aclose()  # already closed: idempotent
 
 
 async def test_aclose_after_the_connection_broke() -> None:
