@@ -61,8 +61,25 @@ def _out_of_range(exc: msgspec.ValidationError) -> bool:
     return str(exc).startswith("Number out of range")
 
 
-# Observation fields that travel beside the observation on the wire, or not at all.
-_LIFTED_FIELDS = ("done", "reward", "metadata")
+
+def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool]:
+    """Take out of an observation's fields what does not travel inside it on the wire.
+
+    The one place that decides it: ``reward`` and ``done`` travel beside the
+    observation (OpenEnv's ``{"observation", "reward", "done"}``), ``metadata``
+    not at all.
+
+    Args:
+        fields: The observation's fields; ``reward``, ``done`` and ``metadata``
+            are removed from it.
+
+    Returns:
+        The remaining fields, the reward (``None`` if none) and done.
+    """
+    reward = fields.pop("reward", None)
+    done = bool(fields.pop("done", False))
+    fields.pop("metadata", None)
+    return fields, reward, done
 
 
 def _encoder(dialect: Dialect) -> msgspec.json.Encoder | msgspec.msgpack.Encoder:
@@ -429,9 +446,7 @@ class ServerCodec(Generic[ActT]):
             fields = msgspec.to_builtins(observation)
             if not isinstance(fields, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
-        done = bool(fields.pop("done", False))
-        reward = fields.pop("reward", None)
-        fields.pop("metadata", None)
+        fields, reward, done = lift_observation_fields(fields)
         reply = ObservationReply(data=ObservationData(fields, reward, done), id=request_id)
         return self._encode(reply)
 

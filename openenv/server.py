@@ -7,6 +7,7 @@ happens in `ServerSession`.
 
 from ._environment import Environment, EnvironmentMetadata
 from ._loading import check_factory, load_factory
+from ._schemas import environment_metadata, environment_schemas
 from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
@@ -19,6 +20,8 @@ __all__ = [
     "StructUnionDecoder",
     "check_factory",
     "encode_fatal_error",
+    "environment_metadata",
+    "environment_schemas",
     "factory_name",
     "host_session",
     "jsonrpc_error",

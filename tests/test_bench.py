@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import openenv
 from openenv.examples.echo import EchoEnvironment
+from openenv.server import environment_schemas
 from tests.envs import (
     AsyncCounterEnv,
     BenchRichAction,
@@ -39,7 +40,6 @@ from tests.envs import (
     OncePerEpisodeEnv,
 )
 from tests.serving import TRANSPORTS, factory_path, serving
-from transports.app import environment_schemas
 from transports.bench import (
     JSON_RESULT_KEYS,
     BenchmarkError,
@@ -129,6 +129,22 @@ def test_summary_of_no_steps_is_empty() -> None:
 
 def test_echo_environment_action_is_its_first_example_tool() -> None:
     assert minimal_action(environment_schemas(EchoEnvironment)["action"]) == {"tool_name": "echo_message"}
+
+
+def test_an_inprocess_schema_is_fetched_without_the_asgi_app() -> None:
+    code = (
+        "import sys, anyio; from transports.bench import fetch_action_schema; "
+        "schema = anyio.run(fetch_action_schema, 'inproc://tests.envs:MessageEchoEnv'); "
+        "print(sorted(schema['properties']), [m for m in ('transports.app', 'starlette') if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.stdout.strip() == "['message', 'metadata'] []"
 
 
 def test_actions_of_the_test_environments() -> None:

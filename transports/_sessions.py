@@ -1,8 +1,8 @@
 """Session slots shared by every server endpoint of one app: the capacity limit and idle reaping.
 
 One `SessionRegistry` lives on the app (``app.state.sessions``) and counts the
-live sessions of every transport together (WebSocket connections now, HTTP
-long-polling sessions later), so ``max_sessions`` bounds them all at once.
+live sessions of every transport together (WebSocket connections and HTTP
+long-polling sessions), so ``max_sessions`` bounds them all at once.
 
 An endpoint takes a `SessionLease` before it builds the environment and gives it
 back, always, when the session ends:
@@ -72,7 +72,6 @@ class SessionLease:
         id: A number unique within the registry (not a secret: transports that
             need an unguessable session token make their own).
         transport: Which transport holds the session (``"websocket"``, ...).
-        opened_at: When the lease was taken, on the registry's clock.
         idle_since: When the session last went idle, or ``None`` while it is busy.
         close_reason: Why the registry asked the session to end
             (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
@@ -95,7 +94,6 @@ class SessionLease:
         "id",
         "idle_since",
         "idle_timeout",
-        "opened_at",
         "transport",
     )
 
@@ -113,7 +111,6 @@ class SessionLease:
         self.id = lease_id
         self.transport = transport
         self.idle_timeout = idle_timeout
-        self.opened_at = now
         self.idle_since: float | None = now
         self.close_reason: str | None = None
 

@@ -8,6 +8,7 @@ import anyio
 import httpx
 
 from openenv import ConnectError
+from openenv.server import environment_schemas, load_factory
 
 __all__ = ["SchemaUnavailable", "fetch_action_schema", "schema_url"]
 
@@ -57,7 +58,7 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
     Over the network, from the server's ``GET /schema`` (openenv's server and
     OpenEnv's reference server both answer ``{"action", "observation", "state"}``).
     For ``inproc://module:Factory``, from the factory's types, by the function
-    that builds our server's ``/schema`` (`transports.app.environment_schemas`).
+    that builds our server's ``/schema`` (`openenv.server.environment_schemas`).
 
     Args:
         url: An environment URL.
@@ -98,12 +99,6 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
 
 
 def _inprocess_action_schema(url: str) -> dict[str, Any]:
-    from openenv.server import load_factory
-
-    try:
-        from transports.app import environment_schemas
-    except ImportError as exc:  # the server extra (starlette) is missing
-        raise SchemaUnavailable(f"the schema needs the server extra: pip install 'openenv[server]' ({exc})") from exc
     try:
         factory = load_factory(url.partition("://")[2])
     except (ImportError, ValueError, TypeError) as exc:

@@ -190,9 +190,8 @@ class _LazyCookies(httpx.Cookies):
 def _default_ssl_context() -> ssl.SSLContext:
     """The TLS settings of every client this module makes: httpx's defaults, built once.
 
-    Building them loads the CA bundle (~70 ms on a slow machine); without the
-    cache every ``https+poll://`` session's new client paid that,
-    and hundreds of sessions opened at once timed out creating their sessions.
+    Building them loads the CA bundle, which costs far more than a request on
+    loopback; cached, many sessions opened at once do not each pay it.
     """
     return httpx.create_ssl_context()
 

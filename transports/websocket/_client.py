@@ -187,7 +187,7 @@ async def _close_quietly(stream: ByteStream) -> None:
 
 @functools.cache
 def _default_ssl_context() -> ssl.SSLContext:
-    """The system's default TLS settings, built once: loading the CA store takes ~50 ms here."""
+    """The system's default TLS settings, built once: loading the CA store is slow."""
     return ssl.create_default_context()
 
 
