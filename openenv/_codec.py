@@ -61,7 +61,6 @@ def _out_of_range(exc: msgspec.ValidationError) -> bool:
     return str(exc).startswith("Number out of range")
 
 
-
 def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool]:
     """Take out of an observation's fields what does not travel inside it on the wire.
 

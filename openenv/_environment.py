@@ -73,7 +73,6 @@ class Environment(Generic[ActT, ObsT, StateT]):
         from typing import Any
 
         from openenv import Action, EnvClient, Environment, Observation, State
-        from transports.inprocess import InProcessTransport
 
 
         class Increment(Action):
@@ -108,7 +107,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
             pass
 
 
-        async with CounterClient(transport=InProcessTransport(factory=CounterEnv)) as env:
+        async with CounterClient("inproc://", factory=CounterEnv) as env:
             await env.reset()
             result = await env.step(Increment(by=3))
             print(result.observation.count, result.reward, result.done)  # 3 3.0 False

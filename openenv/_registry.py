@@ -72,11 +72,10 @@ def register_transport(scheme: str, factory: TransportFactory) -> None:
         ```python
         import openenv
         from openenv.examples.echo import EchoEnv, EchoEnvironment
-        from transports.inprocess import InProcessTransport
 
 
         def local_echo(url: str, **options: object) -> openenv.Transport:
-            return InProcessTransport(url, factory=EchoEnvironment)
+            return openenv.create_transport("inproc://", factory=EchoEnvironment)
 
 
         openenv.register_transport("echo", local_echo)

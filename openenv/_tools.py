@@ -212,7 +212,6 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
     Examples:
         ```python
         import openenv
-        from transports.inprocess import InProcessTransport
 
 
         class Calculator(openenv.MCPEnvironment[openenv.CallToolAction, openenv.CallToolObservation, openenv.State]):
@@ -233,7 +232,7 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
                 return a + b
 
 
-        async with openenv.EnvClient(transport=InProcessTransport(factory=Calculator)) as env:
+        async with openenv.EnvClient("inproc://", factory=Calculator) as env:
             print([t.name for t in await env.list_tools()])  # ['add']
             print(await env.call_tool("add", a=2, b=3))  # 5
         ```

@@ -46,7 +46,6 @@ class Transport(ABC):
         ```python
         import openenv
         from openenv.examples.echo import EchoEnv
-        from transports.websocket import WebSocketTransport
 
 
         class CountingTransport(openenv.Transport):
@@ -75,7 +74,7 @@ class Transport(ABC):
                 await self.inner.aclose()
 
 
-        transport = CountingTransport(WebSocketTransport("ws://127.0.0.1:8000"))
+        transport = CountingTransport(openenv.create_transport("ws://127.0.0.1:8000"))
         async with EchoEnv(transport=transport) as env:
             await env.reset()
             await env.state()

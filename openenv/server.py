@@ -6,16 +6,32 @@ happens in `ServerSession`.
 """
 
 from ._environment import Environment, EnvironmentMetadata
+from ._limits import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+)
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
+from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
 from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
 
 __all__ = [
+    "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_IDLE_TIMEOUT",
+    "SERVER_ENTRY_POINT_GROUP",
     "Environment",
     "EnvironmentMetadata",
     "MCPEnvironment",
+    "RunningServer",
+    "ServeFunction",
     "ServerSession",
     "StructUnionDecoder",
     "check_factory",

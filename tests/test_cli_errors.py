@@ -92,6 +92,21 @@ def test_commands_without_the_server_extra(command: list[str]) -> None:
     assert _one_line(stderr) == "Error: starlette is not installed: pip install 'openenv[server]'"
 
 
+@pytest.mark.parametrize("library", ["click", "rich"])
+def test_the_openenv_script_without_the_cli_extra_says_what_to_install(library: str) -> None:
+    # What the installed `openenv` script runs (pyproject.toml's [project.scripts]).
+    code = f"import sys; sys.modules[{library!r}] = None; from transports._command import main; main()"
+    result = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=_WAIT)
+    assert result.returncode == 1
+    assert _one_line(result.stderr) == f"Error: the openenv command needs {library}: pip install 'openenv[cli]'"
+
+
+def test_bench_without_rich_says_what_to_install() -> None:
+    status, stderr = _openenv("bench", "ws://127.0.0.1:1", without="rich")
+    assert status == 1
+    assert _one_line(stderr) == "Error: rich is not installed: pip install 'openenv[cli]'"
+
+
 def test_demo_without_the_server_extra_runs_what_it_can() -> None:
     code = "import sys; sys.modules['starlette'] = None; from transports.cli import main; main(prog_name='openenv')"
     result = subprocess.run(

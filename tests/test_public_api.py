@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import sys
 from pathlib import Path
 
@@ -40,13 +41,49 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_openenv_imports_only_anyio_msgspec_and_the_standard_library() -> None:
+    """Every import of every module counts: at module level, inside a function, under TYPE_CHECKING."""
     allowed = {"anyio", "msgspec", "openenv", "typing_extensions"} | set(sys.stdlib_module_names)
     for path in (ROOT / "openenv").rglob("*.py"):
-        source = path.read_text()
         imported = _imports(path)
-        # `transports` may be imported lazily, inside a function (openenv.serve), never at import time.
-        lazy = {"transports"} if "TYPE_CHECKING" in source or path.name == "_serve.py" else set()
-        assert imported <= allowed | lazy, f"{path.relative_to(ROOT)} imports {imported - allowed - lazy}"
+        assert imported <= allowed, f"{path.relative_to(ROOT)} imports {imported - allowed}"
+
+
+def test_the_import_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from transports.runner import RunningServer\n"
+        "def serve() -> None:\n    import starlette\n"
+    )
+    assert {"transports", "starlette"} <= _imports(module)
+
+
+def test_openenv_docstring_examples_import_no_transport() -> None:
+    """Core's examples reach transports as users should: through a URL (the registry), never an import."""
+    for path in (ROOT / "openenv").rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            words = line.split()
+            imports_transports = words[:1] in (["import"], ["from"]) and words[1].split(".")[0] == "transports"
+            assert not imports_transports, f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+
+
+def test_openenv_serve_has_the_servers_options_and_defaults() -> None:
+    """`openenv.serve` forwards to the ``openenv.server`` entry point; mypy checks the types, this the defaults."""
+    from transports.runner import serve as runner_serve
+
+    def options(function: object) -> list[tuple[str, object]]:
+        parameters = list(inspect.signature(function).parameters.values())  # type: ignore[arg-type]
+        return [(p.name, p.default) for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    assert options(openenv.serve) == options(runner_serve)
+
+
+def test_openenv_serve_without_a_server_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import openenv._serve
+
+    monkeypatch.setattr(openenv._serve, "entry_points", lambda **selection: ())
+    with pytest.raises(ImportError, match=r"pip install 'openenv\[server\]'"):
+        openenv.serve("openenv.examples.echo:EchoEnvironment")
 
 
 def test_nothing_imports_asyncio_or_trio_outside_tests() -> None:

@@ -25,7 +25,13 @@ from click.exceptions import NoArgsIsHelpError
 __all__ = ["CLIGroup", "listen_error", "require_installed", "user_error"]
 
 # The extra that installs each optional module a command may import.
-_EXTRA_OF_MODULE = {"starlette": "server", "uvicorn": "server", "hypercorn": "server", "trio": "trio"}
+_EXTRA_OF_MODULE = {
+    "starlette": "server",
+    "uvicorn": "server",
+    "hypercorn": "server",
+    "trio": "trio",
+    "rich": "cli",
+}
 
 
 def listen_error(exc: OSError, host: str, port: int) -> str:

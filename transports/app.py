@@ -39,10 +39,16 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv import EnvironmentMetadata
-from openenv.server import check_factory, environment_metadata, environment_schemas, load_factory
+from openenv.server import (
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    check_factory,
+    environment_metadata,
+    environment_schemas,
+    load_factory,
+)
 
 from ._guard import RequestGuard, auth_tokens_from
-from ._limits import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from ._sessions import SessionRegistry
 from .http._protocol import (
     ACK_HEADER,

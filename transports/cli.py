@@ -31,15 +31,15 @@ from typing import Any, cast
 import click
 
 import openenv
-
-from ._cli_errors import CLIGroup, listen_error, require_installed
-from ._limits import (
+from openenv.server import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_IDLE_TIMEOUT,
 )
+
+from ._cli_errors import CLIGroup, listen_error, require_installed
 
 __all__ = ["main"]
 

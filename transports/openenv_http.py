@@ -34,9 +34,8 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv.server import ServerSession, jsonrpc_error
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
 
-from ._limits import DEFAULT_MAX_MESSAGE_SIZE
 from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]

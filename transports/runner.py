@@ -23,19 +23,21 @@ import re
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
-from ._limits import (
+from openenv.server import (
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    ServeFunction,
 )
+
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from .app import create_app
 
@@ -642,7 +644,7 @@ async def serve(
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
-    `openenv.serve` is the same function, imported on demand.
+    `openenv.serve` calls it, through the ``openenv.server`` entry point.
 
     Examples:
         ```python
@@ -716,6 +718,10 @@ async def serve(
         app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
     ) as running:
         yield running
+
+
+if TYPE_CHECKING:  # openenv.serve forwards its typed options here: mypy checks both signatures agree
+    _serves_openenv: ServeFunction = serve
 
 
 async def _serve_until_signalled(

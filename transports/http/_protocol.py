@@ -22,8 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 from openenv import Dialect
-
-from .._limits import DEFAULT_MAX_MESSAGE_SIZE
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = [
     "ACK_HEADER",

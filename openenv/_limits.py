@@ -1,7 +1,8 @@
 """The server's resource bounds and their defaults, in one place (``docs/reliability.md`` tabulates them).
 
-A module of constants only, so the command line can show them without
-importing the server.
+Constants only: the ASGI app, the runner, the command line and `openenv.serve`
+all take their defaults from here (through `openenv.server`), so they cannot
+drift apart, and none of them needs the server to read them.
 """
 
 from __future__ import annotations
