@@ -263,7 +263,14 @@ async def test_a_send_cancelled_mid_post_is_completed_by_the_next_receive(where:
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
             async with HTTPPollingTransport(running.url, client=http) as transport:
-                with anyio.move_on_after(0.1):
+                async with anyio.create_task_group() as task_group:
+
+                    async def cancel_mid_post() -> None:
+                        await wait_until(lambda: any(is_frame(request, 1) for request in flaky.requests))
+                        await anyio.wait_all_tasks_blocked()  # stalled on its way, or held while the step runs
+                        task_group.cancel_scope.cancel()
+
+                    task_group.start_soon(cancel_mid_post)
                     await transport.send(frame)
                 reply = json.loads(await transport.receive())
                 assert reply["data"]["observation"]["count"] == 2
