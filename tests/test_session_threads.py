@@ -90,7 +90,6 @@ async def test_a_blocking_step_never_stalls_the_other_sessions() -> None:
 
 
 async def test_one_sessions_calls_run_on_one_thread_one_at_a_time() -> None:
-    SyncCounterEnv.threads.clear()
     session = ServerSession(SyncCounterEnv())
     await ask(session, {"type": "reset"})
     async with anyio.create_task_group() as group:
