@@ -47,9 +47,9 @@ from ._tools import MCPEnvironment, tool
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
 
-# A library logs, the application decides where to: without this, Python's last-resort
-# handler printed an in-process environment's traceback to stderr even when the caller
-# caught the error. `openenv serve` sets up its own console handler.
+# A library logs, the application decides where to: with no handler, Python's last-resort
+# one would print an in-process environment's traceback to stderr even when the caller
+# catches the error. `openenv serve` sets up its own console handler.
 _logging.getLogger("openenv").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
