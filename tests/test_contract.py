@@ -146,9 +146,15 @@ async def test_cancellation_passes_through_and_drops_the_late_reply(kind: str) -
     with anyio.fail_after(LIMIT):
         async with serving(kind, AsyncCounterEnv) as url, CounterClient(url) as env:
             await env.reset()
-            with anyio.move_on_after(0.05) as scope:
+            async with anyio.create_task_group() as task_group:
+
+                async def cancel_mid_step() -> None:
+                    await anyio.wait_all_tasks_blocked()  # the step is at the environment, which sleeps
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(cancel_mid_step)
                 await env.step(CountAction(by=100, delay=0.3))
-            assert scope.cancelled_caught
+            assert task_group.cancel_scope.cancelled_caught
             result = await env.step(CountAction(by=1))
             assert (result.observation.count, result.reward) == (101, 1.0)
 
