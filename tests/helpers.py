@@ -14,7 +14,10 @@ class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
     """The typed client of the counter environments in `tests.envs`."""
 
 
-async def wait_until(condition: Callable[[], bool]) -> None:
-    """Return once ``condition()`` holds; for state that has no event of its own (the caller bounds the wait)."""
+async def wait_until(condition: Callable[[], bool], what: str = "") -> None:
+    """Return once ``condition()`` holds; for state that has no event of its own (the caller bounds the wait).
+
+    ``what`` names the awaited state for the reader of the test.
+    """
     while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
         await anyio.sleep(0.01)
