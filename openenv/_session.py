@@ -21,7 +21,7 @@ from ._codec import RequestError, ServerCodec
 from ._environment import Environment
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
-from ._tools import mcp_unsupported
+from ._tools import mcp_unsupported, runs_plain_steps
 from ._worker import SessionWorker
 
 __all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
@@ -54,8 +54,9 @@ class ServerSession:
     Plain (sync) methods of the environment run on a thread of the session's
     own, one call at a time (see `openenv._worker`), so a slow step never
     blocks the event loop and the environment is never entered from two
-    threads at once; the thread ends with the session. Async methods are
-    awaited directly.
+    threads at once; the thread ends with the session. So do the plain tools
+    and plain ``step_other`` of an `MCPEnvironment`. Async methods are awaited
+    on the event loop.
 
     Examples:
         A session needs no I/O: frames in, frames out.
@@ -98,15 +99,16 @@ class ServerSession:
         self.codec: ServerCodec[Any] = ServerCodec(
             dialect, action_type=getattr(env, "action_type", dict), strict=strict
         )
-        handle_mcp = getattr(env, "handle_mcp", None)
-        self._mcp = handle_mcp if callable(handle_mcp) else None
         self._worker = SessionWorker()
+        handle_mcp = getattr(env, "handle_mcp", None)
+        self._mcp = self._runner(handle_mcp) if callable(handle_mcp) else None
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
         self._step = self._runner(env.step)
-        # An async environment lives on the event loop: read its state there too.
-        async_env = inspect.iscoroutinefunction(env.step)
-        self._state = self._read_state_inline if async_env else self._runner(self._read_state)
+        # An async environment lives on the event loop: read its state there too;
+        # one whose async step hands plain tools to the session's thread, on that thread.
+        async_env = inspect.iscoroutinefunction(env.step) and not runs_plain_steps(env)
+        self._state = self._runner(self._read_state_inline if async_env else self._read_state)
         close = getattr(env, "close", None)
         # The base class's close does nothing: no need to hand it to a thread.
         inherited = getattr(type(env), "close", None) is Environment.close
@@ -121,7 +123,8 @@ class ServerSession:
     def _runner(self, function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         """Wrap one environment method, once, into a coroutine function that runs it right."""
         if inspect.iscoroutinefunction(function):
-            return function
+            # On the event loop; the plain code it hands over goes to the session's thread.
+            return self._worker.serving(function)
         run = self._worker.run
 
         async def run_on_session_thread(*args: Any, **kwargs: Any) -> Any:

@@ -18,7 +18,6 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
-import anyio.to_thread
 import msgspec
 
 from ._environment import Environment
@@ -34,8 +33,9 @@ from ._mcp_types import (
 )
 from ._types import ActT, Observation, ObsT, StateT
 from ._unions import struct_union_members
+from ._worker import run_on_session_thread
 
-__all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "tool"]
+__all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "runs_plain_steps", "tool"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -54,9 +54,11 @@ def tool(function: _FunctionT) -> _FunctionT:
 
     The tool takes the method's name, its docstring as the description, and
     its parameters (after ``self``) as arguments, validated against their type
-    hints before the method runs. The method may be plain (run in a worker
-    thread) or ``async`` (awaited on the event loop); what it returns is the
-    tool's result, and must be something msgspec can encode.
+    hints before the method runs. The method may be plain or ``async``: served,
+    a plain one runs on its session's own thread, with the session's other
+    plain methods (outside a server, in one of anyio's worker threads), and an
+    ``async`` one is awaited on the event loop. What it returns is the tool's
+    result, and must be something msgspec can encode.
 
     Args:
         function: The method.
@@ -131,7 +133,33 @@ class ToolSpec:
         values = msgspec.structs.asdict(parsed)
         if self._is_async:
             return await self._function(env, **values)
-        return await anyio.to_thread.run_sync(lambda: self._function(env, **values))
+        return await run_on_session_thread(self._function, env, **values)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the method is ``async`` (awaited on the event loop) rather than plain."""
+        return self._is_async
+
+
+def runs_plain_steps(env: Any) -> bool:
+    """Whether a step of ``env`` may run plain code of its own: a plain tool or a plain `step_other`.
+
+    Such a tool environment, though its ``step`` is ``async``, keeps its state
+    on the session's thread: the session reads ``state`` there too.
+
+    Args:
+        env: An environment.
+
+    Returns:
+        ``True`` for an `MCPEnvironment` with a plain tool or a plain
+        `step_other`; ``False`` for any other environment.
+    """
+    if not isinstance(env, MCPEnvironment):
+        return False
+    plain_tools = any(not spec.is_async for spec in env.tools.values())
+    step_other = type(env).step_other
+    plain_step_other = step_other is not MCPEnvironment.step_other and not inspect.iscoroutinefunction(step_other)
+    return plain_tools or plain_step_other
 
 
 def _with_tool_actions(action_type: Any) -> Any:
@@ -330,13 +358,14 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
         if inspect.iscoroutinefunction(self.step_other):
             return await self.step_other(action)
         # A plain override may be slow: keep it off the event loop, as plain steps are.
-        result = await anyio.to_thread.run_sync(self.step_other, action)
+        result = await run_on_session_thread(self.step_other, action)
         return (await result) if inspect.isawaitable(result) else result
 
     def step_other(self, action: Any) -> Observation | Awaitable[Observation]:
         """Handle an action that is neither a `ListToolsAction` nor a `CallToolAction`.
 
-        A plain override runs in a worker thread, an ``async`` one on the event loop.
+        A plain override runs on the session's own thread, as plain tools do;
+        an ``async`` one on the event loop.
 
         Args:
             action: The action.

@@ -13,22 +13,31 @@ spot, blocked, for at most `INLINE_WAIT` seconds, when the session's previous
 call ran shorter than that; otherwise (or if the wait runs out) it awaits the
 call like any other event, and the other sessions run meanwhile. Either way a
 call blocks the event loop for at most `INLINE_WAIT`.
+
+The session's ``async`` methods run on the event loop, wrapped by
+`SessionWorker.serving`: plain code they hand to `run_on_session_thread` (a
+tool environment's plain tools, say) runs on the session's thread too, so the
+code that hands it over need not know which session, or which transport, it
+serves.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 
-__all__ = ["INLINE_WAIT", "SessionWorker"]
+__all__ = ["INLINE_WAIT", "SessionWorker", "run_on_session_thread"]
 
 INLINE_WAIT = 200e-6
 """Seconds the event loop may wait, blocked, for a call it expects to be quick."""
@@ -122,6 +131,26 @@ class SessionWorker:
             raise error
         return call.result
 
+    def serving(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """Wrap a coroutine function so that `run_on_session_thread` calls made inside it use this worker.
+
+        Args:
+            function: An ``async`` method of the session's environment.
+
+        Returns:
+            A coroutine function that takes the same arguments and returns
+            what ``function`` returns.
+        """
+
+        async def on_event_loop(*args: Any, **kwargs: Any) -> Any:
+            token = _serving.set(self)
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                _serving.reset(token)
+
+        return on_event_loop
+
     async def aclose(self) -> None:
         """Let the thread end once the calls queued before have run; idempotent.
 
@@ -132,6 +161,35 @@ class SessionWorker:
         self._closed = True
         if self._calls is not None:
             self._calls.put(None)
+
+
+_serving: contextvars.ContextVar[SessionWorker | None] = contextvars.ContextVar("openenv_session_worker", default=None)
+
+
+async def run_on_session_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a plain callable on the thread of the session being served; return what it returns.
+
+    Inside a method wrapped by `SessionWorker.serving`, the call goes to that
+    session's thread, in order with the session's other plain calls. Anywhere
+    else (an environment used directly, outside a server), it runs in one of
+    anyio's worker threads, as ``anyio.to_thread.run_sync`` runs it.
+
+    Args:
+        function: A plain callable.
+        *args: Its positional arguments.
+        **kwargs: Its keyword arguments.
+
+    Returns:
+        What ``function`` returned.
+
+    Raises:
+        RuntimeError: The session's worker is closed.
+        BaseException: Whatever ``function`` raised.
+    """
+    worker = _serving.get()
+    if worker is None:
+        return await anyio.to_thread.run_sync(functools.partial(function, *args, **kwargs))
+    return await worker.run(function, *args, **kwargs)
 
 
 async def _wait_for(call: _Call) -> None:

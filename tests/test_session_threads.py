@@ -1,4 +1,7 @@
-"""Plain (sync) environment methods on a thread of their session's own: isolation, order, and no thread left behind."""
+"""Plain (sync) environment methods, and a tool environment's plain tools, on a thread of their session's own.
+
+Isolation, order, and no thread left behind.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import pytest
 
 import openenv
 from openenv import Action, EnvClient, Observation, State
+from openenv._tools import runs_plain_steps
 from openenv._worker import SessionWorker
+from openenv.examples.echo import EchoEnvironment
 from openenv.server import Environment, ServerSession
 from tests.envs import SyncCounterEnv
 
@@ -208,3 +213,88 @@ async def test_a_cancelled_caller_waits_for_its_call_to_finish() -> None:
             release.set()
     assert finished == ["call", "caller"]
     await worker.aclose()
+
+
+class Move(Action):
+    steps: int = 1
+
+
+class ThreadedToolbox(openenv.MCPEnvironment[openenv.CallToolAction | Move, Observation, State]):
+    """A tool environment whose plain tools, ``step_other`` and ``state`` note the thread they run on."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def reset(self, **kwargs: Any) -> Observation:
+        self.threads.append(threading.get_ident())
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        self.threads.append(threading.get_ident())
+        return State()
+
+    @openenv.tool
+    def where(self) -> int:
+        """The thread this plain tool runs on."""
+        self.threads.append(threading.get_ident())
+        return threading.get_ident()
+
+    def step_other(self, action: Move) -> Observation:
+        self.threads.append(threading.get_ident())
+        return Observation(reward=action.steps)
+
+
+async def test_a_tool_environments_plain_methods_share_the_sessions_thread() -> None:
+    env = ThreadedToolbox()
+    session = ServerSession(env)
+    await ask(session, {"type": "reset"})
+    call = {"type": "call_tool", "tool_name": "where", "arguments": {}}
+    assert (await ask(session, {"type": "step", "data": call}))["data"]["observation"]["result"] is not None
+    assert (await ask(session, {"type": "step", "data": {"steps": 2}}))["data"]["reward"] == 2
+    mcp = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "where"}}
+    assert "result" in (await ask(session, {"type": "mcp", "data": mcp}))["data"]
+    await ask(session, {"type": "state"})
+    # reset, the tool (as a step), step_other, the tool (as an mcp frame), state: one thread.
+    assert len(env.threads) == 5
+    [thread] = [thread for thread in worker_threads() if thread.ident == env.threads[0]]
+    assert set(env.threads) == {thread.ident}
+    await session.aclose()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+
+
+async def test_a_tool_environments_plain_tools_run_one_at_a_time() -> None:
+    class Overlapping(ThreadedToolbox):
+        inside = 0
+        overlapped = False
+
+        @openenv.tool
+        def hold(self) -> None:
+            """Note whether another call is inside at the same time."""
+            self.inside += 1
+            self.overlapped |= self.inside > 1
+            threading.Event().wait(0.0005)
+            self.inside -= 1
+
+    env = Overlapping()
+    session = ServerSession(env)
+    call = {"type": "step", "data": {"type": "call_tool", "tool_name": "hold", "arguments": {}}}
+    async with anyio.create_task_group() as group:
+        for _ in range(20):
+            group.start_soon(ask, session, call)
+    assert not env.overlapped
+    await session.aclose()
+
+
+async def test_a_tool_environment_outside_a_session_runs_plain_tools_in_a_worker_thread() -> None:
+    env = ThreadedToolbox()
+    observation = await env.call_tool("where", {})
+    assert observation.error is None
+    assert observation.result == env.threads[0] != threading.get_ident()
+
+
+def test_only_a_tool_environment_with_plain_steps_keeps_its_state_on_the_sessions_thread() -> None:
+    assert runs_plain_steps(ThreadedToolbox())
+    assert not runs_plain_steps(EchoEnvironment())  # async tools, the inherited step_other
+    assert not runs_plain_steps(SyncCounterEnv())

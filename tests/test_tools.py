@@ -46,7 +46,7 @@ class Toolbox(MCPEnvironment[CallToolAction, CallToolObservation, State]):
     def add(self, a: int, b: Annotated[int, msgspec.Meta(ge=0)] = 1) -> int:
         """Add b to a.
 
-        A plain method: it runs in a worker thread.
+        A plain method: it runs on the session's thread.
         """
         Toolbox.threads.add(threading.get_ident())
         return a + b
@@ -81,7 +81,7 @@ def test_tools_are_read_from_the_typed_methods() -> None:
     assert list(Toolbox.tools) == ["add", "norm", "fail"]
     assert list(SubToolbox.tools) == ["add", "norm", "sub"]
     add = Toolbox.tools["add"].describe()
-    assert add.description == "Add b to a.\n\nA plain method: it runs in a worker thread."
+    assert add.description == "Add b to a.\n\nA plain method: it runs on the session's thread."
     assert add.input_schema == {
         "type": "object",
         "properties": {"a": {"type": "integer"}, "b": {"type": "integer", "minimum": 0, "default": 1}},

@@ -73,7 +73,7 @@ class EchoEnvironment(MCPEnvironment[CallToolAction, Observation, EchoState]):
     """Echoes messages back, through two MCP tools; the reward is a tenth of the message's length.
 
     Its tools are coroutines: the work is trivial, so it runs on the event loop
-    rather than in a worker thread. Episodes never end by themselves (``done``
+    rather than on the session's thread. Episodes never end by themselves (``done``
     is always false).
     """
 
