@@ -19,6 +19,11 @@ The session's ``async`` methods run on the event loop, wrapped by
 tool environment's plain tools, say) runs on the session's thread too, so the
 code that hands it over need not know which session, or which transport, it
 serves.
+
+The thread is not one of anyio's worker threads, so code on it reaches the
+event loop through ``anyio.from_thread`` only with a token
+(``anyio.lowlevel.current_token()``, taken on the event loop): anyio offers no
+public way to make a thread of one's own find the event loop by itself.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import threading
 from typing import Any, ClassVar
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import pytest
 
 import openenv
@@ -298,3 +300,46 @@ def test_only_a_tool_environment_with_plain_steps_keeps_its_state_on_the_session
     assert runs_plain_steps(ThreadedToolbox())
     assert not runs_plain_steps(EchoEnvironment())  # async tools, the inherited step_other
     assert not runs_plain_steps(SyncCounterEnv())
+
+
+class CallbackAction(Action):
+    with_token: bool = True
+
+
+class CallbackEnv(Environment[CallbackAction, GateObservation, State]):
+    """A plain ``step`` that calls back into the event loop, with the token its ``__init__`` took or without one."""
+
+    def __init__(self) -> None:
+        self.token = anyio.lowlevel.current_token()
+        self.loop_thread = 0
+
+    def reset(self, **kwargs: Any) -> GateObservation:
+        return GateObservation()
+
+    async def _on_the_loop(self) -> int:
+        await anyio.lowlevel.checkpoint()
+        return threading.get_ident()
+
+    def step(self, action: CallbackAction) -> GateObservation:
+        if not action.with_token:
+            return GateObservation(thread=anyio.from_thread.run(self._on_the_loop))
+        self.loop_thread = anyio.from_thread.run_sync(threading.get_ident, token=self.token)
+        return GateObservation(thread=anyio.from_thread.run(self._on_the_loop, token=self.token))
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+async def test_a_plain_method_reaches_the_event_loop_with_a_token_and_gets_a_clear_error_without() -> None:
+    env = CallbackEnv()
+    session = ServerSession(env)
+    reply = await ask(session, {"type": "step", "data": {}})
+    assert reply["data"]["observation"]["thread"] == env.loop_thread == threading.get_ident()
+    # anyio finds the event loop by itself only in its own worker threads: a clear error, no hang.
+    reply = await ask(session, {"type": "step", "data": {"with_token": False}})
+    assert reply["type"] == "error"
+    assert reply["data"]["code"] == "EXECUTION_ERROR"
+    assert reply["data"]["message"].startswith("NoEventLoopError: ")
+    assert (await ask(session, {"type": "step", "data": {}}))["type"] == "observation"  # the session goes on
+    await session.aclose()
