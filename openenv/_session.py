@@ -100,14 +100,16 @@ class ServerSession:
             dialect, action_type=getattr(env, "action_type", dict), strict=strict
         )
         self._worker = SessionWorker()
+        # A tool environment's async step may hand plain tools to the session's thread.
+        self._plain_steps = runs_plain_steps(env)
         handle_mcp = getattr(env, "handle_mcp", None)
         self._mcp = self._runner(handle_mcp) if callable(handle_mcp) else None
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
         self._step = self._runner(env.step)
-        # An async environment lives on the event loop: read its state there too;
-        # one whose async step hands plain tools to the session's thread, on that thread.
-        async_env = inspect.iscoroutinefunction(env.step) and not runs_plain_steps(env)
+        # An async environment lives on the event loop: read its state there too
+        # (unless its steps run plain code: then on the session's thread).
+        async_env = inspect.iscoroutinefunction(env.step) and not self._plain_steps
         self._state = self._runner(self._read_state_inline if async_env else self._read_state)
         close = getattr(env, "close", None)
         # The base class's close does nothing: no need to hand it to a thread.
@@ -123,8 +125,8 @@ class ServerSession:
     def _runner(self, function: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         """Wrap one environment method, once, into a coroutine function that runs it right."""
         if inspect.iscoroutinefunction(function):
-            # On the event loop; the plain code it hands over goes to the session's thread.
-            return self._worker.serving(function)
+            # On the event loop; any plain code it hands over goes to the session's thread.
+            return self._worker.serving(function) if self._plain_steps else function
         run = self._worker.run
 
         async def run_on_session_thread(*args: Any, **kwargs: Any) -> Any:
