@@ -14,9 +14,9 @@ call ran shorter than that; otherwise (or if the wait runs out) it awaits the
 call like any other event, and the other sessions run meanwhile. Either way a
 call blocks the event loop for at most `INLINE_WAIT`.
 
-The session's ``async`` methods run on the event loop, wrapped by
-`SessionWorker.serving`: plain code they hand to `run_on_session_thread` (a
-tool environment's plain tools, say) runs on the session's thread too, so the
+An ``async`` method runs on the event loop; wrapped by `SessionWorker.serving`
+(the session does so for a tool environment with plain tools), the plain code
+it hands to `run_on_session_thread` runs on the session's thread too, so the
 code that hands it over need not know which session, or which transport, it
 serves.
 
