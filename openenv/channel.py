@@ -28,7 +28,7 @@ class QueueClosed(Exception):
 
 
 class FrameQueue(Generic[T]):
-    """An unbounded queue with one consumer, that waits only when empty.
+    """An unbounded queue that waits only when empty; concurrent consumers take turns.
 
     ``len(queue)`` is the number of items waiting.
 
@@ -75,14 +75,18 @@ class FrameQueue(Generic[T]):
         if self._closed:
             raise QueueClosed("the queue is closed")
         self._items.append(item)
-        if self._waiter is not None:
-            self._waiter.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
 
     def close(self) -> None:
         """Close the queue: `get` returns what is left, then raises `QueueClosed`. Idempotent."""
         self._closed = True
-        if self._waiter is not None:
-            self._waiter.set()
+        self._wake()
 
     async def get(self) -> T:
         """Take the oldest item, waiting for one if the queue is empty.
@@ -98,9 +102,9 @@ class FrameQueue(Generic[T]):
         while not self._items:
             if self._closed:
                 raise QueueClosed("the queue is closed")
-            waiter = self._waiter = anyio.Event()
-            try:
-                await waiter.wait()
-            finally:
-                self._waiter = None
+            # Waiters share one event: every one wakes, the first takes the item.
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = anyio.Event()
+            await waiter.wait()
         return self._items.popleft()

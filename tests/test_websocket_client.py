@@ -514,34 +514,6 @@ async def test_server_dropping_the_socket_ends_a_pending_receive(reset: bool) ->
             await transport.send(b"{}")
 
 
-class _ShutDownWhileReading:
-    """A socket stream whose next read returns its bytes only after the transport was shut down."""
-
-    def __init__(self, inner: SocketStream, transport: WebSocketTransport) -> None:
-        self.inner, self.transport = inner, transport
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        data = await self.inner.receive(max_bytes)
-        self.transport._stream = self.inner  # type: ignore[assignment]
-        await self.transport._shutdown()  # as another task (aclose, the pinger) would, meanwhile
-        return data
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
-async def test_bytes_read_as_another_task_shuts_down_end_the_receive_cleanly() -> None:
-    """Bytes that arrive once the protocol has had its EOF are dropped, not fed to it (EOFError)."""
-    async with serve(echo_handler) as server:
-        with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url) as transport:
-                assert transport._stream is not None
-                transport._stream = _ShutDownWhileReading(transport._stream, transport)  # type: ignore[assignment]
-                await transport.send(b'{"type": "state"}')
-                with pytest.raises(ConnectionClosed):
-                    await transport.receive()
-
-
 async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
     pong = anyio.Event()
 

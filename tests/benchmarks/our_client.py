@@ -2,7 +2,8 @@
 
     python -m tests.benchmarks.our_client URL --backend asyncio|trio --seconds 3 [--observation echo|blob]
 
-Prints one JSON line: {"steps": N, "seconds": S, "rate": N/S, "dialect": ..., "payload_bytes": ...}.
+Prints one JSON line: {"steps": N, "seconds": S, "rate": N/S, "cpu_us_per_step": ..., "dialect": ...,
+"payload_bytes": ...}; ``cpu_us_per_step`` is the client process's CPU time per timed step.
 ``--observation blob`` decodes the 1 MiB observations of `tests.benchmarks.envs.BlobEnv`;
 ``payload_bytes`` is the size of the last observation's ``data`` (0 for the echo).
 """

@@ -3,7 +3,7 @@
     python reference_bench_client.py URL --seconds 3 [--blob]
     python reference_bench_client.py URL --seconds 3 --sessions C
 
-The first form prints one JSON line: {"steps": N, "seconds": S, "rate": N/S,
+The first form prints one JSON line: {"steps": N, "seconds": S, "rate": N/S, "cpu_us_per_step": ...,
 "payload_bytes": ...}; ``--blob`` base64-decodes the ``data`` of every
 observation (the reference server's ``--blob-bytes`` environment), as a user
 wanting the bytes must, and ``payload_bytes`` is the last one's decoded size.
@@ -46,7 +46,7 @@ async def rate(url: str, seconds: float, blob: bool) -> dict[str, float]:
         for _ in range(20 if blob else 200):  # warm up
             await client.step(ACTION)
         steps = 0
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         deadline = start + seconds
         while time.perf_counter() < deadline:
             for _ in range(batch):
@@ -54,8 +54,9 @@ async def rate(url: str, seconds: float, blob: bool) -> dict[str, float]:
                 if blob:
                     payload = len(base64.b64decode(result.observation["data"]))
             steps += batch
-        elapsed = time.perf_counter() - start
-    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed, "payload_bytes": payload}
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed, "payload_bytes": payload,
+            "cpu_us_per_step": 1e6 * cpu / steps}
 
 
 async def sessions(url: str, seconds: float, count: int, connect_timeout: float, stagger: int) -> dict[str, object]:
