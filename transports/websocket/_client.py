@@ -296,6 +296,7 @@ class WebSocketTransport(Transport):
             early_events,
             url=self.url,
             binary=self.dialect.encoding == "msgpack",
+            tls=uri.secure,
             close_timeout=self.close_timeout,
             ping_interval=self.ping_interval,
             ping_timeout=self.ping_timeout,
