@@ -48,6 +48,10 @@ _CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "s
 # How long to look for an error frame a server sent just before closing the channel.
 _PARTING_FRAME_WAIT = 0.5
 
+# Seconds a request's send may take past the call's deadline, in the plain dialect,
+# before the channel counts as stuck and the client is closed.
+_SEND_GRACE = 1.0
+
 
 class _UseClientDefault(enum.Enum):
     USE_CLIENT_DEFAULT = enum.auto()
@@ -301,9 +305,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def connect(self) -> Self:
         """Connect to the server without a ``with`` block; pair it with `close`.
 
-        Prefer ``async with client:``. A transport may run background tasks, so
-        `connect` and `close` must be called from the same task. A client
-        connects once; after `close`, create a new one.
+        Prefer ``async with client:``. `close` may be called from another task
+        than `connect` (clients connected at once in a task group, then used from
+        the parent, say) and under any cancel scope. A client connects once;
+        after `close`, create a new one.
 
         Returns:
             The client itself.
@@ -365,8 +370,6 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             await self._transport.aclose()
 
     async def _exit_transport(self) -> None:
-        # Not inside a scope of our own: a transport may close a task group here,
-        # which must be exited under the same scope it was entered in.
         if self._transport is not None and self._codec is not None:
             await self._transport.__aexit__(None, None, None)
 
@@ -749,9 +752,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 await transport.send(frame)
             else:
                 # Replies are matched by order alone, so a cancellation must not leave
-                # it unknown whether the frame went out: shield the send (the deadline
-                # still applies; if it cuts the send short, the channel is unusable).
-                with anyio.CancelScope(shield=True, deadline=deadline) as send_scope:
+                # it unknown whether the frame went out: shield the send. A deadline
+                # that has passed sends nothing; one that passes while the frame goes
+                # out must not cut it short (the channel would be lost), so a send gets
+                # at least `_SEND_GRACE` seconds: only a stuck channel runs out of it.
+                now = anyio.current_time()
+                if now >= deadline:
+                    raise TimeoutError("the timeout elapsed before the request was sent")
+                with anyio.CancelScope(shield=True, deadline=max(deadline, now + _SEND_GRACE)) as send_scope:
                     await transport.send(frame)
                     self._unanswered.append(request_id)
                 if send_scope.cancelled_caught:

@@ -21,9 +21,11 @@ class Transport(ABC):
     client's business, above it.
 
     - ``async with transport:`` connects (`__aenter__`) and closes (`__aexit__`,
-      which calls `aclose`). Entering and leaving happen in the same task, so a
-      transport may run background tasks (a reader that answers pings, say) in a
-      task group it opens on entry. Failing to connect raises `ConnectError`.
+      which calls `aclose`). Failing to connect raises `ConnectError`. Entering
+      and leaving may happen in different tasks and under different cancel scopes
+      (a client connected in one task is closed from another), so a transport
+      runs its background tasks (a reader that answers pings, say) with
+      `openenv.channel.start_background`, never in a task group it keeps open.
     - `send` hands one whole frame to the channel. It either sends it whole or
       fails; if it is interrupted part-way, the channel is broken and later calls
       raise `ConnectionClosed`.

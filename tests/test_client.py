@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import openenv
@@ -283,6 +284,47 @@ async def test_plain_dialect_closes_the_client_when_a_send_is_cut_off() -> None:
             assert not env.is_connected
             with pytest.raises(openenv.ClientStateError):
                 await env.step(CountAction())
+
+
+async def test_plain_dialect_timeout_that_elapsed_before_sending_keeps_the_session() -> None:
+    """A deadline already past sends nothing: a TimeoutError, and the session goes on (it closed the client)."""
+    transport = ScriptedTransport([observation(1), observation(2)])
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport) as env:
+            with pytest.raises(openenv.TimeoutError, match="before the request was sent"):
+                await env.step(CountAction(), timeout=0)
+            assert env.is_connected
+            assert transport.sent == []
+            assert (await env.step(CountAction())).observation.count == 1
+
+
+class SlowSendTransport(ScriptedTransport):
+    """Plain dialect; the first send takes longer than the call's timeout, then goes out whole."""
+
+    def __init__(self, replies: list[Any], send_takes: float) -> None:
+        super().__init__(replies)
+        self.send_takes = send_takes
+
+    async def send(self, frame: bytes) -> None:
+        if not self.sent:
+            await anyio.sleep(self.send_takes)  # the call's deadline passes while the frame goes out
+        await super().send(frame)
+
+    async def receive(self) -> bytes:
+        await anyio.lowlevel.checkpoint()  # waits, as a network's reply does
+        return await super().receive()
+
+
+async def test_plain_dialect_timeout_that_elapses_while_sending_keeps_the_session() -> None:
+    """The deadline passing mid-send does not cut the send short (which closed the client): the reply is late."""
+    transport = SlowSendTransport([observation(1), observation(2)], send_takes=0.05)
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport) as env:
+            with pytest.raises(openenv.TimeoutError, match="no reply within"):
+                await env.step(CountAction(), timeout=0.01)
+            assert env.is_connected
+            # The first request went out whole; its late reply is dropped, not handed to this call.
+            assert (await env.step(CountAction())).observation.count == 2
 
 
 async def test_a_reply_to_an_unknown_id_is_a_protocol_error() -> None:

@@ -24,6 +24,7 @@ from tests.envs import (
 )
 from tests.helpers import CounterClient, wait_until
 from tests.serving import TRANSPORTS, serving
+from transports.inprocess import InProcessTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -230,3 +231,69 @@ async def test_unencodable_request_is_a_typed_error(kind: str) -> None:
             with pytest.raises(openenv.EncodingError):
                 await env.reset(value={1, 2j})
             assert (await env.reset()).observation["hello"] == "world"
+
+
+@pytest.mark.parametrize("scope", ["move_on_after", "fail_after", "shielded", "cancelled"])
+async def test_close_works_under_any_cancel_scope(kind: str, scope: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            env = await CounterClient(url).connect()
+            await env.step(CountAction(by=1))
+            if scope == "move_on_after":
+                with anyio.move_on_after(LIMIT):
+                    await env.close()
+            elif scope == "fail_after":
+                with anyio.fail_after(LIMIT):
+                    await env.close()
+            elif scope == "shielded":
+                with anyio.CancelScope(shield=True):
+                    await env.close()
+            else:  # a scope cancelled already: closing still completes, bounded by its own limits
+                with anyio.CancelScope() as cancelled:
+                    cancelled.cancel()
+                    await env.close()
+            assert not env.is_connected
+            async with CounterClient(url) as again:  # the server is unharmed
+                assert (await again.step(CountAction(by=2))).observation.count == 2
+
+
+async def test_clients_connected_by_task_group_children_are_used_and_closed_by_the_parent(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            envs = [CounterClient(url) for _ in range(3)]
+            async with anyio.create_task_group() as task_group:
+                for env in envs:
+                    task_group.start_soon(env.connect)
+            for n, env in enumerate(envs):
+                assert (await env.step(CountAction(by=n))).observation.count == n
+
+            async def close(env: CounterClient) -> None:
+                await env.close()
+
+            # And closed from yet other tasks.
+            async with anyio.create_task_group() as task_group:
+                for env in envs:
+                    task_group.start_soon(close, env)
+            assert not any(env.is_connected for env in envs)
+
+
+async def test_plain_dialect_timeout_keeps_the_session(kind: str) -> None:
+    """A plain OpenEnv channel (no request ids) survives a timeout that elapsed before the request went out."""
+    if kind == "http+poll":
+        pytest.skip("the long-polling transport always numbers its requests")
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, AsyncCounterEnv) as url:
+            client = (
+                CounterClient(url, subprotocols=[])
+                if kind == "ws"
+                else CounterClient(transport=InProcessTransport(factory=AsyncCounterEnv, dialect=openenv.Dialect()))
+            )
+            async with client as env:
+                assert env.transport is not None
+                assert not env.transport.dialect.request_ids
+                await env.reset()
+                for _ in range(20):
+                    with pytest.raises(openenv.TimeoutError):
+                        await env.step(CountAction(by=100), timeout=0)
+                result = await env.step(CountAction(by=1))
+                assert result.observation.count == 1

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
+from openenv._background import BackgroundTask, start_background
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import host_session, load_factory
 
@@ -83,12 +83,11 @@ class InProcessTransport(Transport):
         self.dialect = dialect
         self.close_grace = close_grace
         self._factory = factory
-        self._task_group: TaskGroup | None = None
+        self._session: BackgroundTask | None = None
         # Unbounded queues are safe here: the client sends one request at a time
         # (plus a close, and any it abandoned), and the session one reply for each.
         self._to_server: FrameQueue[bytes] | None = None
         self._from_server: FrameQueue[bytes] | None = None
-        self._session_done = anyio.Event()
 
     def _load_factory(self) -> Callable[[], Any]:
         if self._factory is not None:
@@ -113,10 +112,8 @@ class InProcessTransport(Transport):
         """
         factory = self._load_factory()
         to_server, from_server = self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
-        self._session_done = anyio.Event()
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        self._task_group.start_soon(self._run_session, factory, to_server, from_server)
+        # A task of the loop's, not of the caller's: the transport may be closed from any task.
+        self._session = await start_background(lambda: self._run_session(factory, to_server, from_server))
         return self
 
     async def _run_session(
@@ -139,7 +136,6 @@ class InProcessTransport(Transport):
         finally:
             inbox.close()
             outbox.close()
-            self._session_done.set()
 
     async def send(self, frame: bytes) -> None:
         """Queue one frame for the session; never blocks.
@@ -187,10 +183,9 @@ class InProcessTransport(Transport):
             *exc_info: The exception that ended the block, if any (unused).
         """
         await self.aclose()
-        task_group, self._task_group = self._task_group, None
-        if task_group is None:
+        session, self._session = self._session, None
+        if session is None:
             return
-        with anyio.move_on_after(self.close_grace):
-            await self._session_done.wait()
-        task_group.cancel_scope.cancel()
-        await task_group.__aexit__(None, None, None)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_grace):
+            await session.done.wait()
+        await session.stop()

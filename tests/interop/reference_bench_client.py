@@ -55,8 +55,13 @@ async def rate(url: str, seconds: float, blob: bool) -> dict[str, float]:
                     payload = len(base64.b64decode(result.observation["data"]))
             steps += batch
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    return {"steps": steps, "seconds": elapsed, "rate": steps / elapsed, "payload_bytes": payload,
-            "cpu_us_per_step": 1e6 * cpu / steps}
+    return {
+        "steps": steps,
+        "seconds": elapsed,
+        "rate": steps / elapsed,
+        "payload_bytes": payload,
+        "cpu_us_per_step": 1e6 * cpu / steps,
+    }
 
 
 async def sessions(url: str, seconds: float, count: int, connect_timeout: float, stagger: int) -> dict[str, object]:
