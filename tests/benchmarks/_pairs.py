@@ -54,10 +54,11 @@ def measure_pairs(
     """Run every pair ``runs`` times, interleaved; a pair that fails keeps its error instead of a figure.
 
     Returns one row per pair: its key, label, group, versus, rates, median
-    (``None`` if it failed), payload_bytes and error.
+    (``None`` if it failed), cpu_us_per_step (the client's CPU time per step, the
+    median; ``None`` if the client does not report it), payload_bytes and error.
     """
     rows = {pair.key: {"key": pair.key, "label": pair.label, "group": pair.group, "versus": pair.versus,
-                       "rates": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
+                       "rates": [], "cpu_us": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
     with ExitStack() as stack:
         urls = {name: stack.enter_context(server).url for name, server in servers.items()}
         for run in range(runs):
@@ -74,8 +75,11 @@ def measure_pairs(
                     say(f"{title} run {run + 1}/{runs}  {pair.label:62} FAILED: {row['error']}")
                     continue
                 row["rates"].append(float(figures["rate"]))
+                if "cpu_us_per_step" in figures:
+                    row["cpu_us"].append(float(figures["cpu_us_per_step"]))
                 row["payload_bytes"] = int(figures.get("payload_bytes", 0))
                 say(f"{title} run {run + 1}/{runs}  {pair.label:62} {row['rates'][-1]:>9,.1f}/s")
     for row in rows.values():
         row["median"] = statistics.median(row["rates"]) if row["rates"] else None
+        row["cpu_us_per_step"] = statistics.median(row["cpu_us"]) if row["cpu_us"] else None
     return list(rows.values())

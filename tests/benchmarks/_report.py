@@ -40,7 +40,15 @@ def _headline(results: dict[str, Any]) -> list[str]:
          echo.get("ref-sync"))  # fmt: skip
     line("openenv ws ÷ the raw websockets floor (how much of the stack's ceiling is left)", echo.get("ws-asyncio"),
          echo.get("ws-floor"))  # fmt: skip
+    line("openenv ws ÷ raw asyncio Protocols exchanging the same frames (the practical limit of one session)",
+         echo.get("ws-asyncio"), echo.get("protocol-floor"))  # fmt: skip
     line("openenv http+poll ÷ a bare httpx POST loop", echo.get("poll-asyncio"), echo.get("http-floor"))
+    cpu = {row["key"]: row.get("cpu_us_per_step") for row in results["echo"]}
+    for ours, theirs, server in (("ws-to-ref", "ref-sync", "the reference server"), ("ws-asyncio", "ref-async", "")):
+        if cpu.get(ours) and cpu.get(theirs):
+            against = f"both against {server}" if server else "each against its own server, async env"
+            figures = f"**{cpu[ours] / cpu[theirs]:.2f}x** ({cpu[ours]:.0f} µs vs {cpu[theirs]:.0f} µs)"
+            lines.append(f"- client CPU per step, openenv ws ÷ the reference client ({against}): {figures}")
     line("1 MiB observations, openenv ws msgpack ÷ the reference (MB/s)", blob.get("ws-msgpack"), blob.get("ref-blob"))
     line("1 MiB observations, openenv ws json ÷ the reference (MB/s)", blob.get("ws-json"), blob.get("ref-blob"))
     scale = {(row["target"], row["sessions"]): row for row in results["scale"]}
@@ -52,11 +60,17 @@ def _headline(results: dict[str, Any]) -> list[str]:
         if ours and one:
             line(f"openenv ws aggregate steps/s with {most} sessions ÷ with {counts[0]}", ours["steps_per_second"],
                  one["steps_per_second"])  # fmt: skip
-        if ours and ref:
-            line(f"openenv ws ÷ the reference, aggregate steps/s with {most} sessions", ours["steps_per_second"],
+        for count in [c for c in counts if c >= 256 and c != most] + [most]:
+            ours, ref = scale.get(("ws", count)), scale.get(("reference", count))
+            if not (ours and ref):
+                continue
+            line(f"openenv ws ÷ the reference, aggregate steps/s with {count} sessions", ours["steps_per_second"],
                  ref["steps_per_second"])  # fmt: skip
+            if ours["p99_ms"] and ref["p99_ms"]:
+                lines.append(f"- p99 latency with {count} sessions: openenv ws {ours['p99_ms']:.1f} ms, "
+                             f"the reference {ref['p99_ms']:.1f} ms")  # fmt: skip
             if ref["error"]:
-                lines.append(f"- the reference with {most} sessions: failed ({ref['error']})")
+                lines.append(f"- the reference with {count} sessions: failed ({ref['error']})")
         ours_sync, ref_sync = scale.get(("ws-sync", most)), scale.get(("reference-sync", most))
         if ours_sync and ref_sync:
             line(f"openenv ws ÷ the reference, sync env, aggregate steps/s with {most} sessions",
@@ -74,8 +88,8 @@ def _headline(results: dict[str, Any]) -> list[str]:
 def _echo_table(rows: list[dict[str, Any]], runs: int) -> list[str]:
     medians = _medians(rows)
     out = [
-        "| pair | x reference | x floor | steps/s (median) |",
-        "|---|--:|--:|--:|",
+        "| pair | x reference | x floor | steps/s (median) | client CPU µs/step |",
+        "|---|--:|--:|--:|--:|",
     ]
     for row in rows:
         refs = [key for key in row["versus"] if key.startswith("ref")]
@@ -83,7 +97,8 @@ def _echo_table(rows: list[dict[str, Any]], runs: int) -> list[str]:
         ref = _ratio(row["median"], medians.get(refs[0])) if refs else ""
         floor = _ratio(row["median"], medians.get(floors[0])) if floors else ""
         figure = _number(row["median"]) if row["median"] else f"failed: {row['error']}"
-        out.append(f"| {row['label']} | {ref} | {floor} | {figure} |")
+        cpu = _number(row.get("cpu_us_per_step"), 1)
+        out.append(f"| {row['label']} | {ref} | {floor} | {figure} | {cpu} |")
     return out
 
 
@@ -103,14 +118,14 @@ def _blob_table(rows: list[dict[str, Any]]) -> list[str]:
 def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
     out = [
         "| server | sessions | steps/s x 1 session | p99 x 1 session | ÷ reference (steps/s) "
-        "| aggregate steps/s | p99 ms | server KiB per session | errors |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| aggregate steps/s | p99 ms | server KiB per session | client CPU µs/step | errors |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     by_key = {(row["target"], row["sessions"]): row for row in rows}
     counts = sorted({row["sessions"] for row in rows})
     for row in rows:
         if row["steps_per_second"] is None:
-            out.append(f"| {row['label']} | {row['sessions']} | - | - | - | failed: {row['error']} | - | - | - |")
+            out.append(f"| {row['label']} | {row['sessions']} | - | - | - | failed: {row['error']} | - | - | - | - |")
             continue
         one = by_key.get((row["target"], counts[0]), {})
         base = row.get("versus", "reference")  # the reference with the same kind of environment
@@ -120,7 +135,8 @@ def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"| {row['label']} | {row['sessions']} | {_ratio(row['steps_per_second'], one.get('steps_per_second'))} "
             f"| {_ratio(row['p99_ms'], one.get('p99_ms'))} | {versus} | {_number(row['steps_per_second'])} "
-            f"| {_number(row['p99_ms'], 1)} | {_number(row['kib_per_session'], 1)} | {row['errors']}{failed} |"
+            f"| {_number(row['p99_ms'], 1)} | {_number(row['kib_per_session'], 1)} "
+            f"| {_number(row.get('client_cpu_us_per_step'))} | {row['errors']}{failed} |"
         )
     return out
 
@@ -186,10 +202,10 @@ def render(results: dict[str, Any], image: str) -> str:
         ONE_COMMAND,
         "```",
         "",
-        "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1 and 16 sessions), `--runs N` (runs per figure,",
+        "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1, 16 and 1024 sessions), `--runs N` (runs per figure,",
         "the median kept; default 5), `--seconds S` (per echo and 1 MiB run; default 3),",
         "`--scale-seconds S` (per scale run; default 5), `--scale-runs N` (default 3),",
-        "`--sessions 1,16,64,256`, `--out DIR`, and",
+        "`--sessions 1,16,64,256,1024`, `--out DIR`, and",
         "`--from-json docs/benchmarks.json` to rewrite this page and the plot from the raw figures",
         "without measuring again.",
         "",
@@ -205,7 +221,10 @@ def render(results: dict[str, Any], image: str) -> str:
         "reference client against its own server, with the same kind of environment (a sync `step`,",
         "which the reference runs in a thread, or an async one); *x floor* by the raw `websockets` echo",
         "(pre-built frames, no protocol) for WebSocket rows, by a bare httpx POST loop against a bare",
-        "Starlette route for http+poll.",
+        "Starlette route for http+poll. A third floor, raw asyncio Protocols in two processes exchanging the",
+        "bytes of a step's frames (no parsing, no library), is what the event loop and the system calls alone",
+        "allow one session. *Client CPU* is the client process's CPU time (user and system) over the timed",
+        "span, per step.",
         "",
         *_echo_table(results["echo"], meta["runs"]),
         "",
@@ -236,6 +255,8 @@ def render(results: dict[str, Any], image: str) -> str:
         "The reference's server holds one thread per session. The two crossed pairs (the reference's",
         "client against our server, ours against the reference's) tell the client's share of a figure",
         "from the server's: on two cores the client process and the server process each have one.",
+        "*Client CPU* is the client process's CPU time (user and system) over its whole run, opening the",
+        "sessions included, per step.",
         "",
         *_scale_table(results["scale"]),
         "",

@@ -113,6 +113,13 @@ def ws_floor_server() -> Iterator[Server]:
 
 
 @contextmanager
+def protocol_floor_server() -> Iterator[Server]:
+    """Raw asyncio Protocols answering pre-built frames (`tests.benchmarks.protocol_floor`)."""
+    with server_process([sys.executable, "-m", "tests.benchmarks.protocol_floor", "server"], None) as server:
+        yield server
+
+
+@contextmanager
 def http_floor_server(backend: str) -> Iterator[Server]:
     """The bare Starlette route (`tests.benchmarks.http_floor`); the URL is the route's."""
     command = [sys.executable, "-m", "tests.benchmarks.http_floor", "server", "--backend", backend]

@@ -4,8 +4,8 @@ Not a test. From a fresh clone:
 
     python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]" && .venv/bin/python -m tests.benchmarks.compare
 
-    python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1 and 16 sessions
-    python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256
+    python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1, 16 and 1024 sessions
+    python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256,1024
     python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
 
 Three parts, every server and every client a process of its own on loopback
@@ -15,11 +15,14 @@ Three parts, every server and every client a process of its own on loopback
 1. **Echo**: one session's steps per second, for each client/server pair:
    ours over ws:// (asyncio and trio clients; uvicorn and hypercorn servers),
    http+poll:// and inproc://; the reference openenv-core client against its
-   server; and the floors, a raw ``websockets`` echo and a bare httpx POST loop.
+   server; and the floors, a raw ``websockets`` echo, raw asyncio Protocols
+   exchanging the same frames, and a bare httpx POST loop. Each client also
+   reports its CPU time per step.
 2. **Large observation**: 1 MiB of bytes per step, in MB/s of payload.
 3. **Scale**: C sessions at once against one server process (``openenv bench``
    for ours, ``reference_bench_client.py --sessions`` for the reference):
-   aggregate steps/s, p99 latency, and server memory per session.
+   aggregate steps/s, p99 latency, server memory per session, and the client
+   process's CPU time per step (its whole run, opening the sessions included).
 
 Each figure is the median of ``--runs`` runs, the pairs interleaved run by run so
 that drift hits all alike: compare the ratios, not the absolute figures.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import time
@@ -47,6 +51,7 @@ from tests.benchmarks._servers import (
     Server,
     http_floor_server,
     our_server,
+    protocol_floor_server,
     reference_server,
     run_client,
     ws_floor_server,
@@ -73,7 +78,7 @@ def echo_pairs(python: Path, seconds: float) -> list[Pair]:
         Pair("ws-asyncio-sync", "openenv ws [asyncio] -> openenv [uvicorn] (sync env)", "ws", "ours-sync",
              our_client(*s), versus=["ref-sync", "ws-floor"]),
         Pair("ws-asyncio", "openenv ws [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
-             our_client(*s), versus=["ref-async", "ws-floor"]),
+             our_client(*s), versus=["ref-async", "ws-floor", "protocol-floor"]),
         Pair("ws-trio", "openenv ws [trio] -> openenv [uvicorn] (async env)", "ws", "ours",
              our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
         Pair("ws-trio-hypercorn", "openenv ws [trio] -> openenv [hypercorn, trio] (async env)", "ws", "ours-trio",
@@ -92,6 +97,9 @@ def echo_pairs(python: Path, seconds: float) -> list[Pair]:
              lambda url: [sys.executable, "-m", "tests.benchmarks.ws_floor", "client", url, *s]),
         Pair("http-floor", "bare httpx POST loop -> bare Starlette route [uvicorn]", "floor", "http-floor",
              lambda url: [sys.executable, "-m", "tests.benchmarks.http_floor", "client", url, *s]),
+        Pair("protocol-floor", "raw asyncio Protocols exchanging the same frames (two processes)", "floor",
+             "protocol-floor",
+             lambda url: [sys.executable, "-m", "tests.benchmarks.protocol_floor", "client", url, *s]),
     ]  # fmt: skip
 
 
@@ -194,12 +202,14 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
                         warm = target.client(server.url, 1, 0.3)
                         run_client(warm, timeout=120, reference=target.reference)
                         idle = rss_kib(server.pid)
+                        before = resource.getrusage(resource.RUSAGE_CHILDREN)
                         with PeakRSS(server.pid) as peak:
                             figures = run_client(
                                 target.client(server.url, count, seconds),
                                 timeout=seconds + 180,
                                 reference=target.reference,
                             )
+                        after = resource.getrusage(resource.RUSAGE_CHILDREN)
                     result = figures["results"][0]
                     if result["errors"] and not result["steps"]:
                         raise RuntimeError(f"every session failed: {result['error_examples'][:1]}")
@@ -207,6 +217,8 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
                     row["error"] = str(error).strip().splitlines()[-1][:300]
                     say(f"scale run {run + 1}/{runs}  {target.label:50} C={count:<4} FAILED: {row['error']}")
                     continue
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                result["client_cpu_us_per_step"] = 1e6 * cpu / max(result["steps"], 1)
                 row["runs"].append(result)
                 row["idle_kib"].append(idle)
                 row["peak_kib"].append(peak.peak)
@@ -220,6 +232,8 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
         row["steps_per_second"] = statistics.median(r["steps_per_second"] for r in results) if results else None
         row["p99_ms"] = statistics.median(r["latency_ms"]["p99"] for r in results) if results else None
         row["errors"] = sum(r["errors"] for r in results)
+        cpus = [r["client_cpu_us_per_step"] for r in results]
+        row["client_cpu_us_per_step"] = statistics.median(cpus) if cpus else None
         per_session = [(p - i) / row["sessions"] for p, i in zip(row["peak_kib"], row["idle_kib"], strict=True)]
         row["kib_per_session"] = statistics.median(per_session) if per_session else None
     return list(rows.values())
@@ -255,6 +269,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "ours-trio": our_server(ECHO, "trio"),
             "ws-floor": ws_floor_server(),
             "http-floor": http_floor_server("asyncio"),
+            "protocol-floor": protocol_floor_server(),
         }
         results["echo"] = measure_pairs(echo_pairs(python, args.seconds), servers, args.runs, args.seconds, "echo")
     with _timer(durations, "blob"):
@@ -273,12 +288,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.5 s, 1 run, 1 and 16 sessions")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.5 s, 1 run, 1, 16 and 1024 sessions")
     parser.add_argument("--runs", type=int, help="runs per figure, the median kept (default 5; quick 1)")
     parser.add_argument("--seconds", type=float, help="seconds per echo and 1 MiB run (default 3; quick 0.5)")
     parser.add_argument("--scale-runs", type=int, help="runs per scale figure (default 3; quick 1)")
     parser.add_argument("--scale-seconds", type=float, help="seconds per scale run (default 5; quick 1)")
-    parser.add_argument("--sessions", help="session counts for the scale part (default 1,16,64,256; quick 1,16)")
+    parser.add_argument(
+        "--sessions", help="session counts for the scale part (default 1,16,64,256,1024; quick 1,16,1024)"
+    )
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
     parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
     args = parser.parse_args()
@@ -289,7 +306,8 @@ def main() -> None:
         args.seconds = args.seconds or (0.5 if args.quick else 3.0)
         args.scale_seconds = args.scale_seconds or (1.0 if args.quick else 5.0)
         args.scale_runs = args.scale_runs or (1 if args.quick else 3)
-        args.sessions = [int(c) for c in (args.sessions or ("1,16" if args.quick else "1,16,64,256")).split(",")]
+        default_sessions = "1,16,1024" if args.quick else "1,16,64,256,1024"
+        args.sessions = [int(c) for c in (args.sessions or default_sessions).split(",")]
         start = time.monotonic()
         results = measure(args)
         results["meta"]["total_s"] = round(time.monotonic() - start, 1)

@@ -277,19 +277,12 @@ class WebSocketTransport(Transport):
             uri = parse_uri(self.url)
         except (InvalidURI, ValueError) as exc:
             raise ConnectError(f"invalid WebSocket URL {self.url!r}: {exc}") from exc
-        stream: ByteStream | None = None
-        try:
-            with anyio.move_on_after(self.connect_timeout) as timeout_scope:
-                stream = await self._connect_tcp(uri)
-                protocol, early_events = await self._handshake(stream, uri)
-            if timeout_scope.cancelled_caught:
-                raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
-        except BaseException as exc:
-            if stream is not None:
-                await close_quietly(stream)
-            if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
-                raise _connect_error(self.url, exc) from exc
-            raise
+        handshaken: tuple[ByteStream, ClientProtocol, list[Event]] | None = None
+        with anyio.move_on_after(self.connect_timeout):
+            handshaken = await self._connect(uri)
+        if handshaken is None:
+            raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+        stream, protocol, early_events = handshaken
         self._connection = await Connection.open(
             stream,
             protocol,
@@ -302,6 +295,21 @@ class WebSocketTransport(Transport):
             ping_timeout=self.ping_timeout,
         )
         return self
+
+    async def _connect(self, uri: WebSocketURI) -> tuple[ByteStream, ClientProtocol, list[Event]]:
+        """Open the socket and perform the handshake; return them and the events behind the response."""
+        try:
+            stream = await self._connect_tcp(uri)
+        except _CONNECT_ERRORS as exc:
+            raise _connect_error(self.url, exc) from exc
+        try:
+            protocol, early_events = await self._handshake(stream, uri)
+        except BaseException as exc:
+            await close_quietly(stream)
+            if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
+                raise _connect_error(self.url, exc) from exc
+            raise
+        return stream, protocol, early_events
 
     async def _connect_tcp(self, uri: WebSocketURI) -> ByteStream:
         if not uri.secure:

@@ -274,7 +274,7 @@ class Connection:
             # A close frame went one way or the other: the server should end the TCP connection soon.
             self._close_deadline = anyio.current_time() + self._close_timeout
 
-    def _put(self, data: bytes | bytearray) -> None:
+    def _put(self, data: bytes | bytearray | memoryview) -> None:
         if not self._closed_by_client:  # nobody reads any more: drop it
             self._messages.append(data if type(data) is bytes else bytes(data))
 
