@@ -22,7 +22,7 @@ from websockets.frames import Frame, Opcode
 
 from tests.benchmarks.ws_floor import REPLY, REQUEST
 
-REQUEST_FRAME = Frame(Opcode.TEXT, REQUEST).serialize(mask=True, mask_bytes=b"\x01\x02\x03\x04")
+REQUEST_FRAME = Frame(Opcode.TEXT, REQUEST).serialize(mask=True)  # one random mask, reused: bytes are bytes
 REPLY_FRAME = Frame(Opcode.TEXT, REPLY).serialize(mask=False)
 
 
