@@ -1,15 +1,10 @@
-"""One open WebSocket connection, client side: whoever waits for a message reads the socket.
+"""One open WebSocket connection, client side: a reader task, a lock for writes, a keepalive.
 
 websockets' sans-I/O `ClientProtocol` does the protocol work; this module drives
-it over an anyio byte stream. Reading the socket is guarded by a lock. A caller
-waiting in `Connection.receive` takes it and reads the socket itself, so a reply
-reaches it with no hand-off between tasks: the hot path of a client that steps an
-environment. When no caller has read for a while, a background task takes the
-lock and reads, so the server's pings are answered and its close is noticed while
-the caller is busy elsewhere; it lets go as soon as a caller waits for the lock,
-leaving what it read in the queue. Whoever reads answers pings on the spot. A
-second task pings the server. Writes go through a second lock, so frames never
-interleave. Both tasks run on the event loop's background host
+it over an anyio byte stream. One background task owns the reading: it feeds the
+protocol, answers pings, and queues data messages for `receive`; a second pings
+the server. Writes from the caller and from both tasks go through one lock, so
+frames never interleave. The tasks run on the event loop's background host
 (`openenv._background`), not in a task group of the caller's: the connection may
 be closed from any task, under any cancel scope.
 """
@@ -18,11 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import deque
 from typing import NoReturn
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import ByteStream, SocketAttribute
 from websockets.client import ClientProtocol
 from websockets.exceptions import PayloadTooBig
@@ -32,26 +25,18 @@ from websockets.protocol import Event, State
 
 from openenv import ConnectionClosed, ProtocolError
 from openenv._background import start_background
+from openenv.channel import FrameQueue, QueueClosed
 
 # Bytes asked of the socket per read: large, so that a burst of frames (or a big
 # one) takes few system calls and few trips through the protocol's parser.
 READ_SIZE = 65536
 
-# Messages the background task queues ahead of `receive` before it stops reading.
-# OpenEnv's server speaks only when spoken to, so a few replies at most are ever
-# unread; a server that floods us is pushed back on through TCP instead of buffered
-# without bound (each message may be up to `max_message_size`). Pings go unanswered
-# meanwhile, as with websockets' own clients when their queue is full.
+# Messages the reader queues ahead of `receive` before it stops reading. OpenEnv's
+# server speaks only when spoken to, so a few replies at most are ever unread; a
+# server that floods us is pushed back on through TCP instead of buffered without
+# bound (each message may be up to `max_message_size`). Pings go unanswered while
+# the reader waits, as with websockets' own clients when their queue is full.
 RECEIVE_BUFFER = 64
-
-# Seconds without a caller reading before the background task reads on its behalf
-# (pongs are then that late at most; servers wait many seconds for them). While
-# callers keep reading, it looks less and less often, up to `_BUSY_READ_DELAY`, so
-# that hundreds of busy connections do not wake it ten times a second each.
-_IDLE_READ_DELAY = 0.1
-_BUSY_READ_DELAY = 1.0
-
-_NO_DEADLINE = float("inf")
 
 # Everything the socket (plain or TLS) may raise once it is open. ssl.SSLError is an OSError.
 STREAM_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
@@ -109,15 +94,13 @@ class Connection:
         self._protocol = protocol
         self._send_data = protocol.send_binary if binary else protocol.send_text
         self._close_timeout = close_timeout
-        self._read_lock = anyio.Lock(fast_acquire=True)  # held by whoever reads the socket
         self._write_lock = anyio.Lock(fast_acquire=True)
-        self._messages: deque[bytes] = deque()  # read, not yet received; oldest first
-        self._reads = 0  # socket reads so far: the background task sees whether callers read
+        self._messages: FrameQueue[bytes] = FrameQueue()
+        self._room: anyio.Event | None = None  # set when `receive` makes room in a full queue
         self._partial = bytearray()  # a data message arriving in fragments, until its last one
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keepalive ping awaiting its pong
-        self._close_deadline = _NO_DEADLINE  # the server should end the TCP connection by then
         self._scope = anyio.CancelScope()  # cancels the background tasks
-        self._done = anyio.Event()  # set once the socket is closed: no message can follow those queued
+        self._done = anyio.Event()  # set once the socket is closed
         self._closed_by_client = False
         self._failure: str | None = None  # why the connection ended, when it was not the server's doing
         self._failure_cause: BaseException | None = None
@@ -153,7 +136,8 @@ class Connection:
             The connection, its background tasks running.
         """
         connection = cls(stream, protocol, url=url, binary=binary, tls=tls, close_timeout=close_timeout)
-        await connection._handle(early_events)
+        connection._queue_messages(early_events)
+        await connection._flush_from_reader()  # a pong owed already, say
         await start_background(lambda: connection._run(ping_interval, ping_timeout))
         return connection
 
@@ -173,21 +157,17 @@ class Connection:
             await self._write_pending()
 
     async def receive(self) -> bytes:
-        """The next message, reading the socket for it unless another task does; raises once none can follow."""
+        """The next message; raises once the connection ended and every earlier message was taken."""
         messages = self._messages
-        while True:
-            if self._closed_by_client:
-                self._raise_closed(receiving=True)
-            if messages:
-                await anyio.lowlevel.checkpoint_if_cancelled()  # honour a cancellation, but do not yield
-                return messages.popleft()
-            if self._done.is_set():
-                self._raise_closed(receiving=True)
-            async with self._read_lock:  # the background task lets go once it sees us wait
-                if not messages and not self._done.is_set() and not self._closed_by_client:
-                    await self._read_once()
-                    if messages:
-                        return messages.popleft()  # reading the socket was the checkpoint
+        if self._closed_by_client:
+            self._raise_closed(receiving=True)
+        try:
+            message = await messages.get()
+        except QueueClosed:
+            self._raise_closed(receiving=True)
+        if self._room is not None and len(messages) < RECEIVE_BUFFER:
+            self._room.set()
+        return message
 
     async def aclose(self) -> None:
         """The closing handshake (code 1000), then the socket; bounded by the close timeout, idempotent.
@@ -197,7 +177,7 @@ class Connection:
         if self._closed_by_client:
             return
         self._closed_by_client = True
-        self._messages.clear()
+        self._messages.close()  # wakes receivers, who see `_closed_by_client`
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self._close_timeout):
                 if self._protocol.state is State.OPEN:
@@ -206,53 +186,71 @@ class Connection:
                             if self._protocol.state is State.OPEN:
                                 self._protocol.send_close(CloseCode.NORMAL_CLOSURE)
                                 await self._write_pending()
-                # The server echoes the close frame, then ends the TCP connection.
-                while not self._done.is_set():
-                    async with self._read_lock:
-                        if not self._done.is_set():
-                            await self._read_once()
-            await self._shut_down()
+                await self._done.wait()  # the server echoes the close and ends the TCP connection
             self._scope.cancel()
+            await self._done.wait()
 
-    # -- reading -------------------------------------------------------------------
+    # -- the background tasks ----------------------------------------------------
 
-    async def _read_once(self) -> None:
-        """Read the socket once and act on it; call with the read lock held.
-
-        Answers what the protocol owes (pongs, a close echo), queues data messages,
-        and ends the connection at EOF, on a broken socket, or when the server takes
-        longer than the close timeout to end the TCP connection after a close frame.
-        """
-        self._reads += 1
-        late = False
+    async def _run(self, ping_interval: float | None, ping_timeout: float | None) -> None:
+        """Read until the connection ends (and ping meanwhile); then close the socket."""
         try:
-            if self._close_deadline == _NO_DEADLINE:  # the hot path: no cancel scope
-                data = await self._stream.receive(READ_SIZE)
-            else:
-                with anyio.move_on_at(self._close_deadline) as scope:
-                    data = await self._stream.receive(READ_SIZE)
-                late = scope.cancelled_caught
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            await self._shut_down()
-            return
-        except STREAM_ERRORS as exc:
-            self._note_failure(f"the connection to {self.url} broke: {describe(exc)}", exc)
-            await self._shut_down()
-            return
-        if late or self._done.is_set():
-            # Too late, or another task shut the connection down (fed the protocol
-            # its EOF) while these bytes were on their way: nothing reads them now.
-            await self._shut_down()
-            return
-        self._protocol.receive_data(data)
-        with anyio.CancelScope(shield=True):  # a caller's timeout must not cut a pong in half
-            await self._handle(self._protocol.events_received())
+            with self._scope:
+                async with anyio.create_task_group() as task_group:
+                    if ping_interval is not None:
+                        task_group.start_soon(self._keepalive, ping_interval, ping_timeout)
+                    await self._read_until_closed()
+                    task_group.cancel_scope.cancel()
+        except Exception as exc:  # a safety net: a bug must end the connection, not hang it
+            self._note_failure(f"internal error in the WebSocket transport: {exc!r}", exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                self._protocol.receive_eof()  # idempotent; the protocol is CLOSED after it
+                self._protocol.data_to_send()  # nothing more to say on a closed socket
+                await close_quietly(self._stream)  # a writer still waiting gets ClosedResourceError
+            self._messages.close()
+            if self._pong is not None:
+                self._pong[1].set()
+            if self._room is not None:
+                self._room.set()
+            self._done.set()
 
-    async def _handle(self, events: list[Event]) -> None:
-        """Answer what the protocol owes, queue data messages, note the pong and the close."""
-        protocol = self._protocol
-        if protocol.writes:
-            await self._flush_from_reader()
+    async def _read_until_closed(self) -> None:
+        """Feed the protocol what the socket brings; return at EOF, on failure, or once the close is done."""
+        protocol, stream = self._protocol, self._stream
+        close_deadline = anyio.current_time() + self._close_timeout if protocol.state is not State.OPEN else None
+        while True:
+            if len(self._messages) >= RECEIVE_BUFFER:
+                self._room = anyio.Event()
+                await self._room.wait()  # until `receive` makes room: backpressure through TCP
+                self._room = None
+            try:
+                if close_deadline is None:
+                    data = await stream.receive(READ_SIZE)
+                else:
+                    data = b""  # if the server does not end the TCP connection in time after the close
+                    with anyio.move_on_at(close_deadline):
+                        data = await stream.receive(READ_SIZE)
+                    if not data:
+                        return
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            except STREAM_ERRORS as exc:
+                self._note_failure(f"the connection to {self.url} broke: {describe(exc)}", exc)
+                return
+            protocol.receive_data(data)
+            events = protocol.events_received()
+            if protocol.writes:  # pongs, a close echo: answer them first
+                await self._flush_from_reader()
+            self._queue_messages(events)
+            if protocol.state is not State.OPEN and close_deadline is None:
+                # A close frame went one way or the other: nothing can follow, and
+                # the server should end the TCP connection soon.
+                self._messages.close()
+                close_deadline = anyio.current_time() + self._close_timeout
+
+    def _queue_messages(self, events: list[Event]) -> None:
+        """Queue data messages for `receive` (reassembling fragments); note the keepalive's pong."""
         for event in events:
             if not isinstance(event, Frame):
                 continue
@@ -269,71 +267,24 @@ class Connection:
                     self._partial = bytearray()
             elif opcode is Opcode.PONG and self._pong is not None and self._pong[0] == event.data:
                 self._pong[1].set()
-            # PING: the protocol queued the pong, written above.
-        if protocol.state is not State.OPEN and self._close_deadline == _NO_DEADLINE:
-            # A close frame went one way or the other: the server should end the TCP connection soon.
-            self._close_deadline = anyio.current_time() + self._close_timeout
+            # PING: the protocol queued the pong. CLOSE: the reader sees the state change.
 
     def _put(self, data: bytes | bytearray | memoryview) -> None:
         if not self._closed_by_client:  # nobody reads any more: drop it
-            self._messages.append(data if type(data) is bytes else bytes(data))
+            with contextlib.suppress(QueueClosed):
+                self._messages.put(data if type(data) is bytes else bytes(data))
 
     async def _flush_from_reader(self) -> None:
         """Write the protocol's queued answers, unless a writer holds the lock.
 
-        A reader never waits for the write lock: a writer blocked on a full socket
+        The reader never waits for the lock: a writer blocked on a full socket
         must not stop us reading (both peers would then wait on each other), and
         whoever holds the lock writes everything queued before letting go.
         """
         if not self._write_lock.locked():
-            with contextlib.suppress(ConnectionClosed):  # noted: the next read ends the connection
+            with contextlib.suppress(ConnectionClosed):  # noted; the reader's next receive ends it
                 async with self._write_lock:
                     await self._write_pending()
-
-    async def _shut_down(self) -> None:
-        """Close the socket: no message can follow those queued. Idempotent, shielded."""
-        if self._done.is_set():
-            return
-        self._done.set()
-        self._protocol.receive_eof()  # idempotent; the protocol is CLOSED after it
-        self._protocol.data_to_send()  # nothing more to say on a closed socket
-        await close_quietly(self._stream)  # a task still reading or writing gets ClosedResourceError
-        if self._pong is not None:
-            self._pong[1].set()
-        self._scope.cancel()
-
-    # -- the background tasks ------------------------------------------------------
-
-    async def _run(self, ping_interval: float | None, ping_timeout: float | None) -> None:
-        """Read while no caller does, and ping meanwhile; close the socket once the connection ends."""
-        try:
-            with self._scope:
-                async with anyio.create_task_group() as task_group:
-                    if ping_interval is not None:
-                        task_group.start_soon(self._keepalive, ping_interval, ping_timeout)
-                    await self._read_while_idle()
-        except Exception as exc:  # a safety net: a bug must end the connection, not hang it
-            self._note_failure(f"internal error in the WebSocket transport: {exc!r}", exc)
-        finally:
-            await self._shut_down()
-
-    async def _read_while_idle(self) -> None:
-        lock = self._read_lock
-        delay = _IDLE_READ_DELAY
-        seen = self._reads
-        while not self._done.is_set():
-            await anyio.sleep(delay)
-            if lock.locked() or self._reads != seen or len(self._messages) >= RECEIVE_BUFFER:
-                seen = self._reads  # a caller reads, or did lately, or must catch up first
-                delay = min(delay * 2, _BUSY_READ_DELAY)
-                continue
-            delay = _IDLE_READ_DELAY
-            async with lock:
-                while not (self._done.is_set() or lock.statistics().tasks_waiting):
-                    if len(self._messages) >= RECEIVE_BUFFER:
-                        break
-                    await self._read_once()
-            seen = self._reads
 
     async def _keepalive(self, interval: float, timeout: float | None) -> None:
         """Ping every ``interval`` seconds; fail the connection if a pong is ``timeout`` late."""
@@ -360,7 +311,7 @@ class Connection:
                 self._fail(f"the server at {self.url} did not answer a keepalive ping within {timeout} s")
                 return
 
-    # -- writing and failing -------------------------------------------------------
+    # -- writing and failing -----------------------------------------------------
 
     async def _write_pending(self) -> None:
         """Write every byte the protocol has queued; call with the write lock held.
@@ -401,7 +352,7 @@ class Connection:
             self._failure_cause = cause
 
     def _fail(self, reason: str, cause: BaseException | None = None) -> None:
-        """End the connection now: the background task ends, and closes the socket as it goes."""
+        """End the connection now: the background task stops reading and closes the socket."""
         self._note_failure(reason, cause)
         self._scope.cancel()
 
