@@ -147,10 +147,10 @@ class WebSocketTransport(Transport):
     On connect the transport offers openenv's subprotocols; a server that selects
     one (ours) is spoken to in its dialect, a server that selects none (OpenEnv's
     reference) in plain OpenEnv: JSON text frames without request ids. While it is
-    open, the server's pings are answered whether or not the caller is waiting in
-    `receive` (a background task reads the socket when the caller does not), and
-    a keepalive task pings the server: an idle or busy caller is never dropped
-    for silence, and a dead server is noticed. It may be closed from any task.
+    open, a background task reads the socket, answering the server's pings whether
+    or not the caller is waiting in `receive`, and a keepalive task pings the
+    server: an idle or busy caller is never dropped for silence, and a dead
+    server is noticed. It may be closed from any task.
 
     Examples:
         Its options are the client's transport options:
