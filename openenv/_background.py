@@ -104,7 +104,8 @@ async def _host_task_group() -> TaskGroup:
                 anyio.from_thread.run(_host, ready, token=token)
 
         threading.Thread(target=ask_the_loop, name="openenv-background-host", daemon=True).start()
-        await started.wait()
+        with anyio.CancelScope(shield=True):  # a moment: the loop starts the host at its next turn
+            await started.wait()
         _HOST.set(found[0])
         return found[0]
 

@@ -1,11 +1,11 @@
-"""FrameQueue: the hand-off transports use between a reader task and the caller."""
+"""FrameQueue, the hand-off transports use between a reader task and the caller; start_background."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from openenv.channel import FrameQueue, QueueClosed
+from openenv.channel import BackgroundTask, FrameQueue, QueueClosed, start_background
 
 pytestmark = pytest.mark.anyio
 
@@ -65,3 +65,61 @@ async def test_a_cancelled_get_loses_nothing() -> None:
     queue.put(7)
     with anyio.fail_after(5):
         assert await queue.get() == 7
+
+
+async def test_concurrent_consumers_each_take_one_item() -> None:
+    queue: FrameQueue[int] = FrameQueue()
+    taken: list[int] = []
+
+    async def take() -> None:
+        taken.append(await queue.get())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(take)
+            await anyio.wait_all_tasks_blocked()
+            for item in range(3):
+                queue.put(item)
+    assert sorted(taken) == [0, 1, 2]
+
+
+async def test_a_background_task_outlives_the_task_that_started_it() -> None:
+    started, stopped = anyio.Event(), anyio.Event()
+    handles: list[BackgroundTask] = []
+
+    async def work() -> None:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            stopped.set()
+
+    async def start() -> None:
+        handles.append(await start_background(work))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start)  # this task ends; the background task does not
+        await started.wait()
+        assert not stopped.is_set()
+        with anyio.move_on_after(5):  # stopped from another task, inside a scope of its own
+            await handles[0].stop()
+        assert stopped.is_set()
+        assert handles[0].done.is_set()
+
+
+async def test_a_background_task_that_raises_ends_alone() -> None:
+    async def fail() -> None:
+        raise RuntimeError("a bug")
+
+    with anyio.fail_after(5):
+        failing = await start_background(fail)
+        await failing.done.wait()
+        survivor = anyio.Event()
+
+        async def live() -> None:
+            survivor.set()
+
+        await start_background(live)
+        await survivor.wait()  # the host still starts tasks

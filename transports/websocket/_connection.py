@@ -136,9 +136,13 @@ class Connection:
             The connection, its background tasks running.
         """
         connection = cls(stream, protocol, url=url, binary=binary, tls=tls, close_timeout=close_timeout)
-        connection._queue_messages(early_events)
-        await connection._flush_from_reader()  # a pong owed already, say
-        await start_background(lambda: connection._run(ping_interval, ping_timeout))
+        try:
+            connection._queue_messages(early_events)
+            await connection._flush_from_reader()  # a pong owed already, say
+            await start_background(lambda: connection._run(ping_interval, ping_timeout))
+        except BaseException:  # cancelled: nothing will close the socket but us
+            await close_quietly(stream)
+            raise
         return connection
 
     # -- the caller's side -------------------------------------------------------
