@@ -514,6 +514,24 @@ async def test_server_dropping_the_socket_ends_a_pending_receive(reset: bool) ->
             await transport.send(b"{}")
 
 
+async def test_a_server_that_hangs_up_mid_send_is_reported_with_its_close_code() -> None:
+    """The server stops reading a message too big for it, says 1009 and resets: the send says 1009."""
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        await connection.stream.receive(1)  # the big message is on its way; read no more of it
+        connection.protocol.send_close(1009, "too big")
+        await connection.flush()
+        await connection.abort(reset=True)
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False) as transport:
+                with pytest.raises(ConnectionClosed, match="1009"):
+                    await transport.send(b"x" * 64 * 2**20)  # more than the socket buffers hold (36 MiB here)
+
+
 async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
     pong = anyio.Event()
 

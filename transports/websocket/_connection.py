@@ -100,6 +100,7 @@ class Connection:
         self._partial = bytearray()  # a data message arriving in fragments, until its last one
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keepalive ping awaiting its pong
         self._scope = anyio.CancelScope()  # cancels the background tasks
+        self._reader_done = anyio.Event()  # set once the reader saw the end (EOF, a failure, the close)
         self._done = anyio.Event()  # set once the socket is closed
         self._closed_by_client = False
         self._failure: str | None = None  # why the connection ended, when it was not the server's doing
@@ -203,7 +204,10 @@ class Connection:
                 async with anyio.create_task_group() as task_group:
                     if ping_interval is not None:
                         task_group.start_soon(self._keepalive, ping_interval, ping_timeout)
-                    await self._read_until_closed()
+                    try:
+                        await self._read_until_closed()
+                    finally:
+                        self._reader_done.set()
                     task_group.cancel_scope.cancel()
         except Exception as exc:  # a safety net: a bug must end the connection, not hang it
             self._note_failure(f"internal error in the WebSocket transport: {exc!r}", exc)
@@ -342,7 +346,14 @@ class Connection:
                     data = data[sent:]
                 await self._stream.send(data)
         except STREAM_ERRORS as exc:
-            self._fail(f"the connection to {self.url} broke while sending: {describe(exc)}", exc)
+            self._note_failure(f"the connection to {self.url} broke while sending: {describe(exc)}", exc)
+            try:
+                # A server that hangs up on us often said why first (a close frame with
+                # 1009, message too big): let the reader find it before the error is told.
+                with anyio.move_on_after(self._close_timeout):
+                    await self._reader_done.wait()
+            finally:
+                self._scope.cancel()  # end the connection (its reason is noted), whatever happened meanwhile
             self._raise_closed(receiving=False)
         except BaseException:
             # Interrupted (cancelled) part-way: what reached the wire is unknown.
@@ -364,8 +375,6 @@ class Connection:
         """Raise the error that says why the connection is not usable, from its cause."""
         if self._closed_by_client:
             raise ConnectionClosed(f"the WebSocket connection to {self.url} was closed by the client")
-        if self._failure is not None:
-            raise ConnectionClosed(self._failure) from self._failure_cause
         protocol = self._protocol
         parser_exc = protocol.parser_exc
         if isinstance(parser_exc, _PEER_PROTOCOL_ERRORS):
@@ -373,8 +382,10 @@ class Connection:
             if receiving:
                 raise ProtocolError(text) from parser_exc
             raise ConnectionClosed(text) from parser_exc
-        if protocol.close_rcvd is not None:
+        if protocol.close_rcvd is not None:  # the server's own reason first
             raise ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
+        if self._failure is not None:
+            raise ConnectionClosed(self._failure) from self._failure_cause
         raise ConnectionClosed(
             f"the connection to {self.url} was lost without a WebSocket closing handshake"
         ) from parser_exc
