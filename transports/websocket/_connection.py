@@ -334,9 +334,12 @@ class Connection:
                 data = writes[0] if len(writes) == 1 else b"".join(writes)
                 if not data:
                     continue  # b"" alone is the protocol asking for EOF: the reader closes the socket
-                if self._fd is not None and not self._done.is_set():  # open: the descriptor is still ours
+                if self._fd is not None and protocol.state is not State.CLOSED:
                     # Straight to the socket, which takes a small frame whole: anyio's
                     # send would add a pass through the event loop to every request.
+                    # The descriptor is ours while the protocol is not CLOSED: the
+                    # socket is closed only after it is (a closed one's number may be
+                    # reused by another socket).
                     sent = _send_now(self._fd, data)
                     if sent == len(data):
                         continue
