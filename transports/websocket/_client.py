@@ -33,8 +33,8 @@ from websockets.uri import WebSocketURI, parse_uri
 
 from openenv import AuthenticationError, ClientStateError, ConnectError, ConnectionClosed, Transport, __version__
 
-from ._connection import READ_SIZE, STREAM_ERRORS, Connection, close_quietly, describe
 from .._credentials import with_auth_token
+from ._connection import READ_SIZE, STREAM_ERRORS, Connection, close_quietly, describe
 from ._subprotocols import PLAIN, SUBPROTOCOLS, offered_subprotocols
 
 __all__ = ["WebSocketTransport", "websocket_url"]
