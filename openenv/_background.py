@@ -19,6 +19,7 @@ host's task group directly, with no thread involved.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -28,6 +29,8 @@ import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 __all__ = ["BackgroundTask", "start_background"]
+
+logger = logging.getLogger("openenv.background")
 
 _HOST: anyio.lowlevel.RunVar[TaskGroup] = anyio.lowlevel.RunVar("openenv_background_host")
 _HOST_LOCK: anyio.lowlevel.RunVar[anyio.Lock] = anyio.lowlevel.RunVar("openenv_background_host_lock")
@@ -61,7 +64,9 @@ class BackgroundTask:
             with self._scope:
                 await func()
         except Exception:
-            pass  # documented: the task owns its errors; the host must live on
+            # The task owns its errors and the host must live on; the log keeps
+            # what escaped, for whoever debugs a transport.
+            logger.exception("a background task failed: %r", func)
         finally:
             self.done.set()
 
@@ -114,8 +119,9 @@ async def start_background(func: Callable[[], Awaitable[object]]) -> BackgroundT
     """Start ``func()`` as a task of the event loop's own, not of the calling task.
 
     The task may outlive the caller's task and its cancel scopes; `BackgroundTask.stop`
-    ends it, from any task. It must catch its own exceptions: one that escapes is
-    lost (the task just ends), never raised in the caller.
+    ends it, from any task. It must catch its own exceptions: one that escapes
+    ends the task and is logged (logger ``openenv.background``), never raised
+    in the caller.
 
     Args:
         func: The coroutine function to run, without arguments.
