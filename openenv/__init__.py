@@ -1,7 +1,8 @@
 """openenv: a typed, async client framework for agentic and RL environments.
 
 One `EnvClient` talks to an environment server over any `Transport`
-(WebSocket, HTTP long-polling or in-process) and behaves the same over each.
+(WebSocket, HTTP long-polling or in-process) and behaves the same over each;
+an `EnvPool` steps many sessions at once.
 """
 
 import logging as _logging
@@ -15,6 +16,7 @@ from ._exceptions import (
     ConnectError,
     ConnectionClosed,
     EncodingError,
+    EnvPoolError,
     ExecutionError,
     FactoryError,
     InvalidJSONError,
@@ -40,9 +42,11 @@ from ._mcp_types import (
     ToolError,
 )
 from ._messages import Dialect
+from ._pool import EnvPool, ReplacedStepResult
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
 from ._serve import serve
 from ._sync import SyncEnvClient
+from ._sync_pool import SyncEnvPool
 from ._tools import MCPEnvironment, tool
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult
@@ -69,6 +73,8 @@ __all__ = [
     "Dialect",
     "EncodingError",
     "EnvClient",
+    "EnvPool",
+    "EnvPoolError",
     "Environment",
     "EnvironmentMetadata",
     "ExecutionError",
@@ -81,12 +87,14 @@ __all__ = [
     "Observation",
     "OpenEnvError",
     "ProtocolError",
+    "ReplacedStepResult",
     "ReplyValidationError",
     "ServerError",
     "SessionError",
     "State",
     "StepResult",
     "SyncEnvClient",
+    "SyncEnvPool",
     "TimeoutError",
     "Tool",
     "ToolCallError",

@@ -21,6 +21,7 @@ OpenEnvError
 ├── ReplyValidationError        (ValueError)      a reply does not fit the client's types
 ├── ToolCallError                                 a tool of an MCP environment failed (session survives)
 ├── MCPError                                      a JSON-RPC error answered an ``mcp`` request
+├── EnvPoolError                                  sessions of an EnvPool failed (the error of each)
 └── ServerError                                   the server answered with an error frame
     ├── InvalidJSONError            INVALID_JSON      (session survives)
     ├── UnknownTypeError            UNKNOWN_TYPE      (session survives)
@@ -44,6 +45,7 @@ __all__ = [
     "ConnectError",
     "ConnectionClosed",
     "EncodingError",
+    "EnvPoolError",
     "ExecutionError",
     "FactoryError",
     "InvalidJSONError",
@@ -267,6 +269,29 @@ class ReplyValidationError(OpenEnvError, ValueError):
                 print(exc)  # reply does not match the client's types: Object missing required field `count` ...
         ```
     """
+
+
+class EnvPoolError(OpenEnvError):
+    """Sessions of an `openenv.EnvPool` failed in one call; `errors` holds each one's error.
+
+    Raised by `EnvPool.reset`, `EnvPool.step` and `EnvPool.state` once every
+    session's call has finished, when one or more failed and the pool does not
+    replace them (``on_error="raise"``, or a caller's mistake such as an invalid
+    action). The exception of the lowest failing index is its ``__cause__``.
+    Sessions whose error is not `ServerError.fatal` go on; the others are broken.
+
+    Args:
+        errors: The error of each failed session, by its index in the pool.
+
+    Attributes:
+        errors: The error of each failed session, by its index in the pool.
+    """
+
+    def __init__(self, errors: dict[int, OpenEnvError]) -> None:
+        self.errors = dict(sorted(errors.items()))
+        first, error = next(iter(self.errors.items()))
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        super().__init__(f"session {first} of the pool failed{more}: {type(error).__name__}: {error}")
 
 
 class ServerError(OpenEnvError):
