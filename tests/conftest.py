@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+
 import pytest
 
 from tests.envs import AsyncCounterEnv, SyncCounterEnv
@@ -41,3 +44,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         "to run without them: pytest -m 'not interop'",
         yellow=True,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_ray_at_the_end() -> Iterator[None]:
+    """Ray starts once, on first use (`tests.serving.start_local_ray`), and stops when the session ends."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -214,6 +214,8 @@ async def test_connect_and_close_without_a_block(kind: str) -> None:
 
 
 async def test_close_mid_step_releases_the_environment(kind: str) -> None:
+    if kind == "ray":
+        pytest.skip("the environment runs in a Ray worker process, where this test cannot see it closed")
     with anyio.fail_after(LIMIT):
         async with serving(kind, AsyncCounterEnv) as url:
             async with CounterClient(url) as env:

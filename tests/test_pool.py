@@ -22,24 +22,30 @@ class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
 
 
 class RendezvousEnv(Environment[CountAction, CountObservation, CountState]):
-    """A step returns only once `expected` steps have started: a pool that steps one at a time hangs."""
+    """A step returns only once ``expected`` steps of its group have started: a pool stepping one at a time hangs.
 
-    expected: ClassVar[int] = 0
-    arrived: ClassVar[int] = 0
-    everyone: ClassVar[anyio.Event | None] = None
+    The groups live in the environment's own process (a Ray worker, for ray://).
+    """
+
+    groups: ClassVar[dict[str, tuple[list[int], anyio.Event]]] = {}
 
     def __init__(self) -> None:
         self._state = CountState()
+        self._group = ""
+        self._expected = 0
 
-    async def reset(self, **kwargs: Any) -> CountObservation:
+    async def reset(self, group: str = "", expected: int = 0, **kwargs: Any) -> CountObservation:
+        self._group, self._expected = group, expected
         return CountObservation()
 
     async def step(self, action: CountAction) -> CountObservation:
-        assert RendezvousEnv.everyone is not None
-        RendezvousEnv.arrived += 1
-        if RendezvousEnv.arrived == RendezvousEnv.expected:
-            RendezvousEnv.everyone.set()
-        await RendezvousEnv.everyone.wait()
+        if self._group not in RendezvousEnv.groups:
+            RendezvousEnv.groups[self._group] = ([], anyio.Event())
+        arrived, everyone = RendezvousEnv.groups[self._group]
+        arrived.append(action.by)
+        if len(arrived) == self._expected:
+            everyone.set()
+        await everyone.wait()
         return CountObservation(count=action.by)
 
     @property
@@ -74,10 +80,9 @@ async def test_reset_step_and_state_keep_the_order(kind: str, factory: Any) -> N
 
 @pytest.mark.anyio
 async def test_steps_run_concurrently(kind: str) -> None:
-    RendezvousEnv.expected, RendezvousEnv.arrived, RendezvousEnv.everyone = 8, 0, anyio.Event()
     with anyio.fail_after(LIMIT):
         async with serving(kind, RendezvousEnv) as url, EnvPool(url, size=8, client=CounterClient) as pool:
-            await pool.reset()
+            await pool.reset(group=f"{kind}-{anyio.current_time()}", expected=8)
             results = await pool.step(counter_actions(8))
     assert [result.observation.count for result in results] == list(range(8))
 

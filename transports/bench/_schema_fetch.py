@@ -23,6 +23,8 @@ _HTTP_SCHEMES = {
 }
 
 _INPROC = "inproc"
+# Schemes whose URL names the factory (``scheme://package.module:Factory?options``): its types give the schema here.
+_FACTORY_SCHEMES = (_INPROC, "ray")
 
 
 class SchemaUnavailable(LookupError):
@@ -57,7 +59,7 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
 
     Over the network, from the server's ``GET /schema`` (openenv's server and
     OpenEnv's reference server both answer ``{"action", "observation", "state"}``).
-    For ``inproc://module:Factory``, from the factory's types, by the function
+    For ``inproc://module:Factory`` and ``ray://module:Factory``, from the factory's types, by the function
     that builds our server's ``/schema`` (`openenv.server.environment_schemas`).
 
     Args:
@@ -73,7 +75,7 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
         ConnectError: The server cannot be reached.
     """
     scheme = url.partition("://")[0].lower()
-    if scheme == _INPROC:
+    if scheme in _FACTORY_SCHEMES:
         return _inprocess_action_schema(url)
     address = schema_url(url)
     if address is None:
@@ -100,7 +102,7 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
 
 def _inprocess_action_schema(url: str) -> dict[str, Any]:
     try:
-        factory = load_factory(url.partition("://")[2])
+        factory = load_factory(url.partition("://")[2].partition("?")[0])
     except (ImportError, ValueError, TypeError) as exc:
         raise ConnectError(f"cannot load the environment factory of {url!r}: {exc}") from exc
     return environment_schemas(factory)["action"]

@@ -1,0 +1,12 @@
+"""The Ray transport: ``ray://package.module:Factory``, environments hosted on a Ray cluster.
+
+Install it with ``pip install 'openenv[ray]'``. `RayTransport` is the client side;
+`EnvHost` is the actor that serves sessions; `Fleet` keeps the driver's count of
+actors and their free slots.
+"""
+
+from ._fleet import ACTOR_NAME_PREFIX, Fleet, HostActor, init_ray
+from ._host import EnvHost
+from ._transport import RayTransport
+
+__all__ = ["ACTOR_NAME_PREFIX", "EnvHost", "Fleet", "HostActor", "RayTransport", "init_ray"]
