@@ -278,7 +278,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             return
         for session in self._sessions:
             session.release.set()
-        await owners.__aexit__(exc_type, exc_value, traceback)
+        # The owner tasks never raise: the block's own exception (if any) goes on as itself,
+        # not wrapped in an exception group by the task group.
+        await owners.__aexit__(None, None, None)
 
     def sync(self, *, backend: str = "asyncio") -> SyncEnvPool[ActT, ObsT, StateT]:
         """Return a blocking facade of this pool, for code without an event loop.

@@ -311,3 +311,14 @@ def test_sync_pool() -> None:
         assert [state.count for state in pool.state()] == [1, 3, 5]
     with pytest.raises(openenv.ClientStateError, match="not open"):
         pool.reset()
+
+
+@pytest.mark.anyio
+async def test_an_error_in_the_block_comes_out_as_itself() -> None:
+    async def use_the_pool() -> None:
+        async with EnvPool("inproc://tests.envs:AsyncCounterEnv", size=2, client=CounterClient) as pool:
+            await pool.reset()
+            raise KeyError("mine")
+
+    with anyio.fail_after(LIMIT), pytest.raises(KeyError):
+        await use_the_pool()

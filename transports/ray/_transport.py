@@ -124,7 +124,8 @@ class RayTransport(Transport):
     Attributes:
         url: The URL given.
         factory: The factory's ``"package.module:Factory"`` name.
-        actor: The `transports.ray.HostActor` hosting the session, once connected.
+        actor: The `transports.ray.HostActor` hosting the session, while connected.
+        fleet: The `transports.ray.Fleet` of actors it took its slot from, once connected.
 
     Raises:
         ValueError: The URL does not name a factory, its query is wrong, an
@@ -167,7 +168,9 @@ class RayTransport(Transport):
             if given.get(name) is not None:
                 raise ValueError(f"{name} is given both in the URL and as an option; give it once")
             given[name] = value
-        sessions = int(given["sessions_per_actor"] or _DEFAULT_SESSIONS_PER_ACTOR)
+        sessions = int(
+            given["sessions_per_actor"] if given["sessions_per_actor"] is not None else _DEFAULT_SESSIONS_PER_ACTOR
+        )
         idle = float(given["idle_timeout"] if given["idle_timeout"] is not None else _DEFAULT_IDLE_TIMEOUT)
         if sessions < 1:
             raise ValueError(f"sessions_per_actor must be at least 1, not {sessions}")
@@ -199,7 +202,7 @@ class RayTransport(Transport):
         WebSocketTransport("ws://127.0.0.1", **websocket_options)
         self._websocket_options = websocket_options
         self.actor: HostActor | None = None
-        self._fleet: Fleet | None = None
+        self.fleet: Fleet | None = None
         self._inner: WebSocketTransport | None = None
         self._entered = False
 
@@ -220,7 +223,7 @@ class RayTransport(Transport):
         if self._entered:
             raise ClientStateError("a RayTransport connects only once; create a new one")
         self._entered = True
-        fleet = self._fleet = await fleet_for(self._address, self.factory, **self._fleet_options)
+        fleet = self.fleet = await fleet_for(self._address, self.factory, **self._fleet_options)
         for attempt in range(_PLACEMENT_TRIES):
             actor = await fleet.lease()
             inner = WebSocketTransport(actor.url or "", **self._websocket_options)
@@ -257,8 +260,8 @@ class RayTransport(Transport):
 
     def _release(self) -> None:
         actor, self.actor = self.actor, None
-        if actor is not None and self._fleet is not None:
-            self._fleet.release(actor)
+        if actor is not None and self.fleet is not None:
+            self.fleet.release(actor)
 
     async def send(self, frame: bytes) -> None:
         """Send one frame to the session's server; see `openenv.Transport.send`."""
