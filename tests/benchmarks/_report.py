@@ -141,6 +141,41 @@ def _scale_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _pool_section(pool: dict[str, Any] | None) -> list[str]:
+    if pool is None:
+        return []
+    niceness = pool.get("worker_niceness")
+    niceness = "15, Ray's default" if niceness is None else niceness
+    lines = [
+        "## EnvPool: ws:// against ray://",
+        "",
+        "One `EnvPool` (asyncio) of N sessions of the async echo, stepped together: over ws:// to one",
+        "`openenv serve` process, and over ray:// on a local Ray (actors of "
+        f"{pool.get('sessions_per_actor', '?')} sessions, `num_cpus=0`,",
+        f"workers at nice {niceness}); *ray-call* is the step path not taken, one Ray actor method call",
+        "per step. Made by `python -m tests.benchmarks.bench_pool`, medians of its runs; *open* is the",
+        "time to open the pool on new actors (cold) and on the actors left by the previous pool (warm).",
+        "",
+    ]
+    if "error" in pool:
+        return [*lines, f"Not measured: {pool['error']}", ""]
+    lines += [
+        "| sessions | ws steps/s | ray steps/s | ray ÷ ws | ray-call steps/s | open cold s | open warm s "
+        "| server steps per core-second | client steps per core-second | server KiB per session |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for size, row in pool["sizes"].items():
+        ws, ray, call, memory = row["ws"], row["ray"], row["ray-call"], row.get("memory", {})
+        lines.append(
+            f"| {size} | {_number(ws['steps_per_s'])} | {_number(ray['steps_per_s'])} "
+            f"| {_ratio(ray['steps_per_s'], ws['steps_per_s'])} | {_number(call['steps_per_s'])} "
+            f"| {_number(ray['open_cold_s'], 2)} | {_number(ray['open_warm_s'], 2)} "
+            f"| {_number(ws['server_steps_per_core_s'])} | {_number(ws.get('client_steps_per_core_s'))} "
+            f"| {_number(memory.get('server_kib_per_session'), 1)} |"
+        )
+    return [*lines, ""]
+
+
 def _machine(meta: dict[str, Any]) -> list[str]:
     machine = meta["machine"]
     packages = ", ".join(f"{name} {version}" for name, version in machine["packages"].items())
@@ -260,5 +295,6 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         *_scale_table(results["scale"]),
         "",
+        *_pool_section(results.get("pool")),
     ]
     return "\n".join(lines)

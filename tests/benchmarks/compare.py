@@ -8,7 +8,7 @@ Not a test. From a fresh clone:
     python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256,1024
     python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
 
-Three parts, every server and every client a process of its own on loopback
+Four parts, every server and every client a process of its own on loopback
 (the in-process rows excepted), the same echo logic everywhere (action
 ``{message}``, observation ``{echoed_message}``):
 
@@ -23,6 +23,9 @@ Three parts, every server and every client a process of its own on loopback
    for ours, ``reference_bench_client.py --sessions`` for the reference):
    aggregate steps/s, p99 latency, server memory per session, and the client
    process's CPU time per step (its whole run, opening the sessions included).
+4. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
+   ``openenv serve`` against the same pool over ray:// on a local Ray
+   (``tests.benchmarks.bench_pool``, in a process of its own).
 
 Each figure is the median of ``--runs`` runs, the pairs interleaved run by run so
 that drift hits all alike: compare the ratios, not the absolute figures.
@@ -34,7 +37,9 @@ import argparse
 import json
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -50,6 +55,7 @@ from tests.benchmarks._servers import (
     ROOT,
     Server,
     http_floor_server,
+    our_env,
     our_server,
     protocol_floor_server,
     reference_server,
@@ -239,6 +245,21 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
     return list(rows.values())
 
 
+def measure_pool(args: argparse.Namespace) -> dict[str, Any]:
+    """EnvPool over ws:// and over ray:// (`tests.benchmarks.bench_pool`, in its own process: it starts a local Ray)."""
+    sizes = ["16"] if args.quick else ["256", "1024"]
+    with tempfile.TemporaryDirectory() as directory:
+        out = Path(directory) / "pool.json"
+        command = [sys.executable, "-m", "tests.benchmarks.bench_pool", "--sizes", *sizes]
+        command += ["--runs", str(args.scale_runs), "--rounds", "3" if args.quick else "20", "--json", str(out)]
+        say("pool: " + " ".join(command[1:]))
+        completed = subprocess.run(command, cwd=ROOT, env=our_env(), capture_output=True, text=True, timeout=3600)
+        if completed.returncode != 0 or not out.exists():
+            lines = completed.stderr.strip().splitlines() or ["no output"]
+            return {"error": f"exit {completed.returncode}: {lines[-1]}"}
+        return dict(json.loads(out.read_text()))
+
+
 @contextmanager
 def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
     start = time.monotonic()
@@ -281,6 +302,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with _timer(durations, "scale"):
         targets = scale_targets(python, max(args.sessions)) + sync_scale_targets(python, max(args.sessions))
         results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
+    with _timer(durations, "pool"):
+        results["pool"] = measure_pool(args)
     meta["durations_s"] = durations
     meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
     return results

@@ -1,0 +1,213 @@
+"""EnvPool at scale: over ws:// to one `openenv serve`, over ray:// on a local Ray, and a Ray-call step path.
+
+Not a test: run it by hand (it starts a local Ray with ``--ray-cpus`` CPUs).
+
+    python -m tests.benchmarks.bench_pool [--sizes 256 1024] [--rounds 20] [--runs 3] [--json FILE]
+
+For each pool size, interleaved run by run so that drift hits all alike:
+
+- ``ws``: an `EnvPool` over ``ws://`` to one ``openenv serve`` process (uvicorn);
+  its steps per second, and the server's and the client's steps per CPU
+  second (per core: robust to a loaded machine); and,
+  on a new server, its resident memory per open session;
+- ``ray``: the same pool over ``ray://`` (actors of ``--sessions-per-actor``
+  sessions, ``num_cpus=0`` so that the actors never wait for a CPU); its steps
+  per second, and the time to open the pool on new actors (cold) and on the
+  actors the previous pool left (warm);
+- ``ray-call``: the alternative step path, one Ray actor method call per step
+  (``await ref`` on asyncio) to actors holding the same environments in-process,
+  with no WebSocket: the figure the default (WebSocket to the actor) is chosen against.
+
+Every figure is the median of ``--runs``; the pool's driver runs on asyncio, the
+environment is the async echo (``tests.envs:AsyncMessageEchoEnv``). Compare
+ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from openenv import EnvClient, EnvPool, State
+from tests.benchmarks._memory import rss_kib
+from tests.benchmarks._servers import our_server
+from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
+
+FACTORY = "tests.envs:AsyncMessageEchoEnv"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class EchoClient(EnvClient[MessageAction, MessageObservation, State]):
+    pass
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def step_rate(pool: EnvPool[Any, Any, Any], rounds: int) -> float:
+    actions = [MessageAction(message=f"m{index}") for index in range(pool.size)]
+    await pool.reset()
+    for _ in range(3):  # warm-up
+        await pool.step(actions)
+    started = time.perf_counter()
+    for _ in range(rounds):
+        await pool.step(actions)
+    return pool.size * rounds / (time.perf_counter() - started)
+
+
+async def measure_ws(url: str, pid: int, size: int, rounds: int) -> dict[str, float]:
+    async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
+        await pool.reset()
+        cpu_before, client_before = cpu_seconds(pid), cpu_seconds(os.getpid())
+        rate = await step_rate(pool, rounds)
+        steps = size * (rounds + 3)
+        cpu, client_cpu = cpu_seconds(pid) - cpu_before, cpu_seconds(os.getpid()) - client_before
+    return {
+        "steps_per_s": rate,
+        "server_steps_per_core_s": steps / cpu if cpu else float("nan"),
+        "client_steps_per_core_s": steps / client_cpu if client_cpu else float("nan"),
+    }
+
+
+async def session_memory(size: int) -> dict[str, float]:
+    """A new server's resident memory per open session: its growth from idle to ``size`` sessions after a reset."""
+    with our_server(FACTORY, "asyncio") as server:
+        url = server.url.replace("http://", "ws://")
+        async with EnvPool(url, size=1, client=EchoClient) as pool:  # the first session's one-off imports
+            await pool.reset()
+        idle_kib = rss_kib(server.pid)
+        async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
+            await pool.reset()
+            open_kib = rss_kib(server.pid)
+    return {"server_kib_per_session": (open_kib - idle_kib) / size, "server_idle_mib": idle_kib / 1024}
+
+
+async def measure_ray(size: int, rounds: int, sessions_per_actor: int) -> dict[str, float]:
+    url = f"ray://{FACTORY}?num_cpus=0&sessions_per_actor={sessions_per_actor}"
+    started = time.perf_counter()
+    async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
+        cold = time.perf_counter() - started
+        rate = await step_rate(pool, rounds)
+    started = time.perf_counter()
+    async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
+        warm = time.perf_counter() - started
+    import ray
+
+    fleet = pool.clients[0].transport.fleet  # type: ignore[union-attr]
+    for actor in list(fleet.actors):  # stopped now, so that the next run measures a cold start again
+        ray.kill(actor.handle, no_restart=True)
+    fleet.actors.clear()
+    return {"steps_per_s": rate, "open_cold_s": cold, "open_warm_s": warm}
+
+
+class CallHost:
+    """The Ray-call alternative: an actor holding environments in-process, stepped by method calls."""
+
+    def __init__(self) -> None:
+        self.envs: dict[int, AsyncMessageEchoEnv] = {}
+
+    async def reset(self, index: int) -> bytes:
+        env = self.envs[index] = AsyncMessageEchoEnv()
+        observation = await env.reset()
+        return observation.echoed_message.encode()
+
+    async def step(self, index: int, message: str) -> bytes:
+        observation = await self.envs[index].step(MessageAction(message=message))
+        return observation.echoed_message.encode()
+
+
+async def measure_ray_call(size: int, rounds: int, sessions_per_actor: int) -> dict[str, float]:
+    import asyncio
+
+    import ray
+
+    actors = [
+        ray.remote(CallHost).options(num_cpus=0, max_concurrency=sessions_per_actor).remote()
+        for _ in range(-(-size // sessions_per_actor))
+    ]
+    host = [actors[index // sessions_per_actor] for index in range(size)]
+    await asyncio.gather(*(host[index].reset.remote(index) for index in range(size)))
+
+    async def one_round() -> None:
+        await asyncio.gather(*(host[index].step.remote(index, f"m{index}") for index in range(size)))
+
+    for _ in range(3):
+        await one_round()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        await one_round()
+    rate = size * rounds / (time.perf_counter() - started)
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+    return {"steps_per_s": rate}
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--rounds", type=int, default=20, help="timed pool steps per run")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sessions-per-actor", type=int, default=256)
+    parser.add_argument("--ray-cpus", type=int, default=2)
+    parser.add_argument(
+        "--worker-niceness",
+        type=int,
+        help="the Ray workers' nice value (Ray's default is 15: they yield the CPU to everything else)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the medians here")
+    args = parser.parse_args()
+    if args.worker_niceness is not None:
+        os.environ["RAY_worker_niceness"] = str(args.worker_niceness)  # noqa: SIM112 - the raylet reads this name
+
+    from transports.ray import init_ray
+
+    init_ray(
+        num_cpus=args.ray_cpus,
+        include_dashboard=False,
+        logging_level="warning",
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
+    report: dict[str, Any] = {
+        "sessions_per_actor": args.sessions_per_actor,
+        "worker_niceness": args.worker_niceness,
+        "load_average": os.getloadavg(),
+        "sizes": {},
+    }
+    with our_server(FACTORY, "asyncio") as server:
+        url = server.url.replace("http://", "ws://")
+        for size in args.sizes:
+            runs: dict[str, list[dict[str, float]]] = {"ws": [], "ray": [], "ray-call": []}
+            for _ in range(args.runs):
+                runs["ws"].append(anyio.run(measure_ws, url, server.pid, size, args.rounds))
+                runs["ray"].append(anyio.run(measure_ray, size, args.rounds, args.sessions_per_actor))
+                runs["ray-call"].append(anyio.run(measure_ray_call, size, args.rounds, args.sessions_per_actor))
+            medians = {kind: median_of(kind_runs) for kind, kind_runs in runs.items()}
+            medians["memory"] = anyio.run(session_memory, size)
+            medians["ratio_ray_to_ws"] = {"steps_per_s": medians["ray"]["steps_per_s"] / medians["ws"]["steps_per_s"]}
+            report["sizes"][str(size)] = medians
+            print(f"{size} sessions:")
+            for kind, figures in medians.items():
+                print(f"  {kind:16}" + "  ".join(f"{name}={value:,.3f}" for name, value in figures.items()))
+    print(f"load average {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
