@@ -15,6 +15,7 @@ threading lock, as the fleets are shared by every event loop of the process.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable
@@ -229,7 +230,10 @@ class Fleet:
     def _retire(self, actor: HostActor) -> None:
         if actor in self.actors:
             self.actors.remove(actor)
-            _import_ray().kill(actor.handle, no_restart=True)
+            # An idle timer may fire after Ray was shut down (and the actor with it), in a thread
+            # where nobody could handle the error.
+            with contextlib.suppress(Exception):
+                _import_ray().kill(actor.handle, no_restart=True)
 
 
 def _options_key(options: dict[str, Any]) -> tuple[Any, ...]:
