@@ -161,8 +161,9 @@ def _pool_section(pool: dict[str, Any] | None) -> list[str]:
         return [*lines, f"Not measured: {pool['error']}", ""]
     lines += [
         "| sessions | ws steps/s | ray steps/s | ray ÷ ws | ray-call steps/s | open cold s | open warm s "
-        "| server steps per core-second | client steps per core-second | server KiB per session |",
-        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| server steps per core-second | actor steps per core-second | client steps per core-second "
+        "| server KiB per session |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for size, row in pool["sizes"].items():
         ws, ray, call, memory = row["ws"], row["ray"], row["ray-call"], row.get("memory", {})
@@ -170,7 +171,8 @@ def _pool_section(pool: dict[str, Any] | None) -> list[str]:
             f"| {size} | {_number(ws['steps_per_s'])} | {_number(ray['steps_per_s'])} "
             f"| {_ratio(ray['steps_per_s'], ws['steps_per_s'])} | {_number(call['steps_per_s'])} "
             f"| {_number(ray['open_cold_s'], 2)} | {_number(ray['open_warm_s'], 2)} "
-            f"| {_number(ws['server_steps_per_core_s'])} | {_number(ws.get('client_steps_per_core_s'))} "
+            f"| {_number(ws['server_steps_per_core_s'])} | {_number(ray.get('actor_steps_per_core_s'))} "
+            f"| {_number(ws.get('client_steps_per_core_s'))} "
             f"| {_number(memory.get('server_kib_per_session'), 1)} |"
         )
     return [*lines, ""]

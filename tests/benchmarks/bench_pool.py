@@ -12,8 +12,8 @@ For each pool size, interleaved run by run so that drift hits all alike:
   on a new server, its resident memory per open session;
 - ``ray``: the same pool over ``ray://`` (actors of ``--sessions-per-actor``
   sessions, ``num_cpus=0`` so that the actors never wait for a CPU); its steps
-  per second, and the time to open the pool on new actors (cold) and on the
-  actors the previous pool left (warm);
+  per second, the actors' steps per CPU second, and the time to open the pool
+  on new actors (cold) and on the actors the previous pool left (warm);
 - ``ray-call``: the alternative step path, one Ray actor method call per step
   (``await ref`` on asyncio) to actors holding the same environments in-process,
   with no WebSocket: the figure the default (WebSocket to the actor) is chosen against.
@@ -94,20 +94,30 @@ async def session_memory(size: int) -> dict[str, float]:
 
 async def measure_ray(size: int, rounds: int, sessions_per_actor: int) -> dict[str, float]:
     url = f"ray://{FACTORY}?num_cpus=0&sessions_per_actor={sessions_per_actor}"
+    import ray
+
     started = time.perf_counter()
     async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
         cold = time.perf_counter() - started
+        handles = {client.transport.actor.handle for client in pool.clients}  # type: ignore[union-attr]
+        pids = [ray.get(handle.__ray_call__.remote(lambda host: os.getpid())) for handle in handles]
+        cpu_before = sum(cpu_seconds(pid) for pid in pids)
         rate = await step_rate(pool, rounds)
+        cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
     started = time.perf_counter()
     async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
         warm = time.perf_counter() - started
-    import ray
-
     fleet = pool.clients[0].transport.fleet  # type: ignore[union-attr]
     for actor in list(fleet.actors):  # stopped now, so that the next run measures a cold start again
         ray.kill(actor.handle, no_restart=True)
     fleet.actors.clear()
-    return {"steps_per_s": rate, "open_cold_s": cold, "open_warm_s": warm}
+    steps = size * (rounds + 3)
+    return {
+        "steps_per_s": rate,
+        "actor_steps_per_core_s": steps / cpu if cpu else float("nan"),
+        "open_cold_s": cold,
+        "open_warm_s": warm,
+    }
 
 
 class CallHost:
