@@ -192,7 +192,9 @@ def _machine(meta: dict[str, Any]) -> list[str]:
         f"- load average before: {load}; after: {after or '-'}",
         f"- date: {meta['date']}; `{meta['command']}` took {meta.get('total_s', 0) / 60:.1f} min "
         f"(echo {meta['durations_s']['echo']:.0f} s, 1 MiB {meta['durations_s']['blob']:.0f} s, "
-        f"scale {meta['durations_s']['scale']:.0f} s)",
+        f"scale {meta['durations_s']['scale']:.0f} s"
+        + (f", EnvPool {meta['durations_s']['pool']:.0f} s" if "pool" in meta["durations_s"] else "")
+        + ")",
     ]
 
 
