@@ -81,7 +81,7 @@ async def measure_ws(url: str, pid: int, size: int, rounds: int) -> dict[str, fl
 
 async def session_memory(size: int) -> dict[str, float]:
     """A new server's resident memory per open session: its growth from idle to ``size`` sessions after a reset."""
-    with our_server(FACTORY, "asyncio") as server:
+    with our_server(FACTORY, "asyncio", "--max-sessions", str(size)) as server:
         url = server.url.replace("http://", "ws://")
         async with EnvPool(url, size=1, client=EchoClient) as pool:  # the first session's one-off imports
             await pool.reset()
@@ -199,7 +199,7 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "sizes": {},
     }
-    with our_server(FACTORY, "asyncio") as server:
+    with our_server(FACTORY, "asyncio", "--max-sessions", str(max(args.sizes))) as server:
         url = server.url.replace("http://", "ws://")
         for size in args.sizes:
             runs: dict[str, list[dict[str, float]]] = {"ws": [], "ray": [], "ray-call": []}
