@@ -270,7 +270,7 @@ def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the three parts; return everything the page and the plot are made from."""
+    """Run the four parts; return everything the page and the plot are made from."""
     python = ensure_reference_python(log=say)
     meta: dict[str, Any] = {
         "quick": args.quick, "runs": args.runs, "seconds": args.seconds, "scale_seconds": args.scale_seconds,
