@@ -73,9 +73,9 @@ async def lose_a_node(cluster: Cluster) -> dict[str, Any]:
 
 
 def main() -> None:
-    # The simulated nodes take this machine's address (ray.cluster_utils connects there); the
-    # environments' servers listen on loopback (host=127.0.0.1 in URL), as every node is this machine.
-    node = {"num_cpus": 1}
+    # Every simulated node, Ray's own services and the environments' servers (host=127.0.0.1
+    # in URL) stay on loopback: each node is this machine.
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
         for _ in range(2):
@@ -83,6 +83,7 @@ def main() -> None:
         cluster.wait_for_nodes()
         init_ray(
             address=cluster.address,
+            _node_ip_address="127.0.0.1",
             logging_level="warning",
             log_to_driver=False,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},

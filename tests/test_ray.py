@@ -17,9 +17,13 @@ import pytest
 import openenv
 from openenv import EnvClient, EnvPool
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
-from tests.serving import ROOT, factory_path, start_local_ray
-from transports.ray import ACTOR_NAME_PREFIX, RayTransport
-from transports.ray._transport import parse_ray_url
+from tests.serving import RAY_SKIP_REASON, RAY_TESTS, ROOT, factory_path, start_local_ray
+
+if not RAY_TESTS:
+    pytest.skip(RAY_SKIP_REASON, allow_module_level=True)
+
+from transports.ray import ACTOR_NAME_PREFIX, RayTransport  # noqa: E402
+from transports.ray._transport import parse_ray_url  # noqa: E402
 
 LIMIT = 120  # seconds: actors start in a few seconds on a loaded machine; this bounds every wait
 

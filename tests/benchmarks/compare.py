@@ -25,7 +25,7 @@ Four parts, every server and every client a process of its own on loopback
    process's CPU time per step (its whole run, opening the sessions included).
 4. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
    ``openenv serve`` against the same pool over ray:// on a local Ray
-   (``tests.benchmarks.bench_pool``, in a process of its own).
+   (``tests.benchmarks.bench_pool``, in a process of its own; only with ``--pool``).
 
 Each figure is the median of ``--runs`` runs, the pairs interleaved run by run so
 that drift hits all alike: compare the ratios, not the absolute figures.
@@ -302,8 +302,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with _timer(durations, "scale"):
         targets = scale_targets(python, max(args.sessions)) + sync_scale_targets(python, max(args.sessions))
         results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
-    with _timer(durations, "pool"):
-        results["pool"] = measure_pool(args)
+    if args.pool:  # it starts a local Ray, whose processes do not keep to loopback
+        with _timer(durations, "pool"):
+            results["pool"] = measure_pool(args)
     meta["durations_s"] = durations
     meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
     return results
@@ -319,6 +320,7 @@ def main() -> None:
     parser.add_argument(
         "--sessions", help="session counts for the scale part (default 1,16,64,256,1024; quick 1,16,1024)"
     )
+    parser.add_argument("--pool", action="store_true", help="also the EnvPool part, ws:// vs ray:// (starts a local Ray)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
     parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
     args = parser.parse_args()
