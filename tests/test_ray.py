@@ -22,8 +22,8 @@ from tests.serving import RAY_SKIP_REASON, RAY_TESTS, ROOT, factory_path, start_
 if not RAY_TESTS:
     pytest.skip(RAY_SKIP_REASON, allow_module_level=True)
 
-from transports.ray import ACTOR_NAME_PREFIX, RayTransport  # noqa: E402
-from transports.ray._transport import parse_ray_url  # noqa: E402
+from transports.ray import ACTOR_NAME_PREFIX, RayTransport
+from transports.ray._transport import parse_ray_url
 
 LIMIT = 120  # seconds: actors start in a few seconds on a loaded machine; this bounds every wait
 

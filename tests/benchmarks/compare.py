@@ -320,7 +320,7 @@ def main() -> None:
     parser.add_argument(
         "--sessions", help="session counts for the scale part (default 1,16,64,256,1024; quick 1,16,1024)"
     )
-    parser.add_argument("--pool", action="store_true", help="also the EnvPool part, ws:// vs ray:// (starts a local Ray)")
+    parser.add_argument("--pool", action="store_true", help="also the EnvPool part: ws:// vs ray:// (starts a Ray)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
     parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
     args = parser.parse_args()
