@@ -82,6 +82,9 @@ class ServerSession:
             exception the environment raised and its message (OpenEnv's
             behaviour); ``False`` sends a generic message instead, so no path
             or module name leaves the server (the log keeps the traceback).
+        on_end: Called once when the session ends (a close request, `aclose`),
+            before the environment is closed, which may take a while: a server
+            frees the session's slot there, as its client may already open another.
 
     Attributes:
         env: The environment instance.
@@ -89,9 +92,16 @@ class ServerSession:
     """
 
     def __init__(
-        self, env: Any, *, dialect: Dialect = Dialect(), strict: bool | None = None, error_details: bool = True
+        self,
+        env: Any,
+        *,
+        dialect: Dialect = Dialect(),
+        strict: bool | None = None,
+        error_details: bool = True,
+        on_end: Callable[[], object] | None = None,
     ) -> None:
         self.env = env
+        self._on_end = on_end
         self.dialect = dialect
         self.error_details = error_details
         if strict is None:
@@ -190,6 +200,12 @@ class ServerSession:
         if self._closed:
             return
         self._closed = True
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            try:
+                on_end()
+            except Exception:
+                logger.exception("the session's on_end callback raised")
         with anyio.CancelScope(shield=True):
             if self._close is not None:
                 try:
@@ -266,6 +282,7 @@ async def host_session(
     *,
     dialect: Dialect = Dialect(),
     error_details: bool = True,
+    on_end: Callable[[], object] | None = None,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
 
@@ -281,6 +298,8 @@ async def host_session(
         error_details: Whether error replies say what failed (see
             `ServerSession`); also whether ``FACTORY_ERROR`` names the factory
             and its exception.
+        on_end: Called once when the session ends, before its environment is
+            closed (see `ServerSession`); not called if the factory raised.
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
     session ends. The environment is closed however the session ends. It returns
@@ -334,4 +353,4 @@ async def host_session(
         with contextlib.suppress(ConnectionClosed):
             await send(frame)
         return
-    await serve_frames(ServerSession(env, dialect=dialect, error_details=error_details), receive, send)
+    await serve_frames(ServerSession(env, dialect=dialect, error_details=error_details, on_end=on_end), receive, send)

@@ -217,6 +217,27 @@ class SlowSyncEnv(Environment[MessageAction, MessageObservation, State]):
         SlowSyncEnv.closed.append(self)
 
 
+class SlowCloseEnv(Environment[MessageAction, MessageObservation, State]):
+    """Plain methods; its close blocks on the session's thread until the test lets it finish."""
+
+    closing: ClassVar[threading.Event] = threading.Event()
+    may_close: ClassVar[threading.Event] = threading.Event()
+
+    def reset(self, **kwargs: Any) -> MessageObservation:
+        return MessageObservation()
+
+    def step(self, action: MessageAction) -> MessageObservation:
+        return MessageObservation(echoed_message=action.message)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+    def close(self) -> None:
+        SlowCloseEnv.closing.set()
+        SlowCloseEnv.may_close.wait(LIMIT)
+
+
 def broken_factory() -> WireEchoEnv:
     raise OSError("no GPU left")
 
@@ -227,6 +248,8 @@ def _forget_closed_envs() -> None:
     WireEchoEnv.stepping.clear()
     SlowSyncEnv.closed.clear()
     SlowSyncEnv.stepping.clear()
+    SlowCloseEnv.closing.clear()
+    SlowCloseEnv.may_close.clear()
 
 
 @asynccontextmanager
@@ -371,6 +394,70 @@ def test_registry_capacity_and_release() -> None:
     assert first.released
     assert second.released
     assert third.released
+
+
+async def test_a_vacated_slot_is_free_while_its_lease_is_still_held() -> None:
+    registry = SessionRegistry(max_sessions=1, queue_timeout=LIMIT)
+    ending = registry.open()
+    assert ending is not None
+    ending.vacate()  # over; its environment is closing
+    ending.vacate()  # idempotent
+    assert (registry.active, registry.full, registry.leases()) == (0, False, [ending])
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as group:
+            newcomer = registry.open()
+            assert newcomer is not None
+            admitted: list[Any] = []
+
+            async def queue_up() -> None:
+                admitted.append(await registry.admit())
+
+            group.start_soon(queue_up)
+            await wait_until(lambda: registry.queued == 1, "the third session waits for a slot")
+            assert registry.expire_idle(registry.clock() + 3600) == []  # no idle timeout: nothing to reap
+            registry.close_all()  # asks the newcomer to end, not the session already over
+            assert (newcomer.close_reason, ending.close_reason) == (SHUTDOWN_REASON, None)
+        assert admitted == [None]  # turned away: the server is stopping
+        ending.release()
+        assert registry.leases() == [newcomer]
+        newcomer.vacate()
+        newcomer.release()
+        assert registry.active == 0
+        await registry.wait_empty()
+
+
+def test_a_vacated_lease_is_not_reaped() -> None:
+    clock = FakeClock()
+    registry = SessionRegistry(max_sessions=1, session_idle_timeout=1.0, clock=clock)
+    lease = registry.open()
+    assert lease is not None
+    lease.vacate()
+    clock.now += 10.0
+    assert registry.expire_idle() == []
+    assert lease.close_reason is None
+
+
+async def test_a_freed_slot_goes_to_the_queue_when_vacated() -> None:
+    registry = SessionRegistry(max_sessions=1, queue_timeout=LIMIT)
+    first = registry.open()
+    assert first is not None
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as group:
+            admitted: list[Any] = []
+
+            async def queue_up() -> None:
+                admitted.append(await registry.admit())
+
+            group.start_soon(queue_up)
+            await wait_until(lambda: registry.queued == 1, "the second session waits for a slot")
+            first.vacate()
+    (second,) = admitted
+    assert second is not None
+    assert (registry.active, registry.leases()) == (1, [first, second])
+    first.release()
+    assert registry.active == 1  # released after vacating: not freed twice
+    second.release()
+    assert registry.active == 0
 
 
 def test_registry_without_limit() -> None:
@@ -596,6 +683,26 @@ async def test_capacity_reached_then_released() -> None:
             async with RawWebSocket.connect(url) as third:
                 assert (await third.request('{"type":"reset"}'))["type"] == "observation"
                 await third.close()
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_a_session_ended_by_its_client_frees_its_slot_before_its_environment_closes(scheme: str) -> None:
+    # The client may open its next session as soon as it has closed one, while
+    # the server is still closing the old environment (a plain close, on the
+    # session's thread, held here until the new session is in).
+    with anyio.fail_after(LIMIT):
+        async with ws_server(SlowCloseEnv, max_sessions=1) as (server, _):
+            url = server.url.replace("http://", f"{scheme}://")
+            try:
+                async with openenv.EnvClient(url) as first:
+                    await first.reset()
+                await anyio.to_thread.run_sync(SlowCloseEnv.closing.wait, LIMIT)
+                async with openenv.EnvClient(url) as second:
+                    await second.reset()
+                    SlowCloseEnv.may_close.set()
+            finally:
+                SlowCloseEnv.may_close.set()
+            await registry_of(server).wait_empty()
 
 
 async def test_factory_error_is_fatal_and_releases_the_slot() -> None:

@@ -14,10 +14,18 @@ if lease is None:
 try:
     with scope:
         ...  # serve: lease.touch() when waiting for the client (end the session
-        ...  # there if lease.close_reason is set), lease.mark_busy() on a request
+        ...  # there if lease.close_reason is set), lease.mark_busy() on a request;
+        ...  # lease.vacate() once the session is over, before closing its environment
 finally:
     lease.release()
 ```
+
+A session's slot is free for the next session as soon as the session is over
+(`SessionLease.vacate`, which `openenv.server.host_session` calls through its
+``on_end`` before it closes the environment, as the reference server does): its
+client may open another session at once, while the old environment is still
+closing. The lease stays listed until `SessionLease.release`, so
+`SessionRegistry.wait_empty` still waits for every environment to be closed.
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
@@ -90,6 +98,7 @@ class SessionLease:
     __slots__ = (
         "_on_close",
         "_registry",
+        "_vacated",
         "close_reason",
         "id",
         "idle_since",
@@ -108,6 +117,7 @@ class SessionLease:
     ) -> None:
         self._registry: SessionRegistry | None = registry
         self._on_close = on_close
+        self._vacated = False
         self.id = lease_id
         self.transport = transport
         self.idle_timeout = idle_timeout
@@ -167,6 +177,23 @@ class SessionLease:
             callback()
         except Exception:
             logger.exception("closing session %d (%s) failed", self.id, reason)
+
+    @property
+    def vacated(self) -> bool:
+        """Whether the slot is free for another session (`vacate` or `release` was called)."""
+        return self._vacated
+
+    def vacate(self) -> None:
+        """Free the slot for another session: this one is over, its environment is being closed.
+
+        The lease stays in the registry (not counted in `SessionRegistry.active`)
+        until `release`; idempotent.
+        """
+        registry = self._registry
+        if self._vacated or registry is None:
+            return
+        self._vacated = True
+        registry._free_slot()
 
     def release(self) -> None:
         """Give the slot back; idempotent, and safe after the registry has forgotten it."""
@@ -238,34 +265,40 @@ class SessionRegistry:
         self.session_idle_timeout = session_idle_timeout
         self.transport_idle_timeouts: dict[str, float] = dict(transport_idle_timeouts or {})
         self.clock = clock
-        self._leases: dict[int, SessionLease] = {}
+        self._leases: dict[int, SessionLease] = {}  # every lease not yet released
+        self._slots_taken = 0  # the leases among them not yet vacated
         self._ids = itertools.count(1)
         self._emptied: anyio.Event | None = None
 
     @property
     def active(self) -> int:
-        """The number of sessions holding a slot now."""
-        return len(self._leases)
+        """The number of sessions holding a slot now (not counting those whose environment is closing)."""
+        return self._slots_taken
 
     @property
     def full(self) -> bool:
         """Whether `open` would refuse a new session now."""
-        return self.max_sessions is not None and len(self._leases) >= self.max_sessions
+        return self.max_sessions is not None and self._slots_taken >= self.max_sessions
 
-    def _forget(self, lease: SessionLease) -> None:
-        self._leases.pop(lease.id, None)
+    def _free_slot(self) -> None:
+        self._slots_taken -= 1
         # A freed slot goes to the longest waiting session first, straight away,
         # so a session arriving meanwhile cannot take it.
         while self._queue and not self.full and not self._closing:
             waiter = self._queue.popleft()
             waiter.lease = self._new_lease(waiter.transport, waiter.on_close)
             waiter.admitted.set()
+
+    def _forget(self, lease: SessionLease) -> None:
+        if self._leases.pop(lease.id, None) is not None and not lease.vacated:
+            lease._vacated = True
+            self._free_slot()
         if not self._leases and self._emptied is not None:
             self._emptied.set()
             self._emptied = None
 
     async def wait_empty(self) -> None:
-        """Return once no session holds a slot (at once if none does)."""
+        """Return once every lease is released: no session is left, nor an environment closing."""
         while self._leases:
             if self._emptied is None:
                 self._emptied = anyio.Event()
@@ -339,6 +372,7 @@ class SessionRegistry:
             self, next(self._ids), transport, on_close, self.clock(), idle_timeout=self.idle_timeout_of(transport)
         )
         self._leases[lease.id] = lease
+        self._slots_taken += 1
         return lease
 
     @property
@@ -397,7 +431,8 @@ class SessionRegistry:
         for lease in list(self._leases.values()):
             idle_since, timeout = lease.idle_since, lease.idle_timeout
             if (
-                lease.close_reason is None
+                not lease.vacated
+                and lease.close_reason is None
                 and idle_since is not None
                 and timeout is not None
                 and now - idle_since > timeout
@@ -414,7 +449,8 @@ class SessionRegistry:
             reason: Why, for the clients and the logs.
         """
         for lease in list(self._leases.values()):
-            lease.request_close(reason)
+            if not lease.vacated:  # the others are over already, their environments closing
+                lease.request_close(reason)
         self._closing = True
         while self._queue:  # sessions still waiting for a slot are turned away
             self._queue.popleft().admitted.set()

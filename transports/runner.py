@@ -497,7 +497,7 @@ async def _end_sessions(app: Starlette, timeout: float) -> None:
     open WebSocket (hypercorn), or close them without a reason (uvicorn: 1012).
     """
     registry = getattr(app.state, "sessions", None)
-    if not isinstance(registry, SessionRegistry) or registry.active == 0:
+    if not isinstance(registry, SessionRegistry) or not registry.leases():
         return
     registry.close_all(SHUTDOWN_REASON)
     with anyio.move_on_after(timeout):

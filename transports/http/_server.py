@@ -267,6 +267,11 @@ class _Session:
             self.waiter = None
             waiter.set()
 
+    def vacate_unless_lingering(self) -> None:
+        """Free the slot once the session is over, unless large replies the client has yet to fetch keep it."""
+        if self.lease is not None and self.outbox_bytes <= _LINGER_FREE_BYTES:
+            self.lease.vacate()
+
     def end(self, reason: str) -> None:
         """Note that the session has ended (its environment is closed); wake every waiter."""
         if self.end_reason is None:
@@ -630,6 +635,7 @@ class HTTPPollingEndpoint:
                             session.send_reply,
                             dialect=session.dialect,
                             error_details=self.error_details,
+                            on_end=session.vacate_unless_lingering,
                         )
                         reason = (
                             "the client closed the session"

@@ -226,7 +226,12 @@ class WebSocketEndpoint:
         try:
             with scope:
                 await host_session(
-                    self.factory, receive_frame, send_frame, dialect=dialect, error_details=self.error_details
+                    self.factory,
+                    receive_frame,
+                    send_frame,
+                    dialect=dialect,
+                    error_details=self.error_details,
+                    on_end=lease.vacate,
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -291,7 +296,12 @@ class WebSocketEndpoint:
             await link.send_raw(first, link.session_frame())
             with scope:
                 await host_session(
-                    self.factory, receive_frame, link.send, dialect=dialect, error_details=self.error_details
+                    self.factory,
+                    receive_frame,
+                    link.send,
+                    dialect=dialect,
+                    error_details=self.error_details,
+                    on_end=lease.vacate,
                 )
             if lease.close_reason is not None:
                 close_code, reason = GOING_AWAY, lease.close_reason
