@@ -27,6 +27,29 @@ client may open another session at once, while the old environment is still
 closing. The lease stays listed until `SessionLease.release`, so
 `SessionRegistry.wait_empty` still waits for every environment to be closed.
 
+``CAPACITY_REACHED``, the whole story: the registry alone decides.
+`SessionRegistry.open` refuses a session when `SessionRegistry.full`
+(``max_sessions`` slots taken, across every transport) or when sessions wait in
+the queue (a freed slot is theirs first). `SessionRegistry.admit` is `open`
+with the queue: given a ``queue_timeout``, a refused session waits up to that
+long, in arrival order, and `SessionLease.vacate` / `SessionLease.release`
+hand a freed slot straight to the longest waiting one; `close_all` turns the
+queue away. Only when `admit` returns ``None`` is the client turned away, with
+the words of `SessionRegistry.capacity_reached_message` (the reference's), and
+each transport reports it in its own way:
+
+- WebSocket (``/ws``): the connection is accepted, then gets one unsolicited
+  `SessionRegistry.capacity_reached_frame` (with ``active_sessions`` and
+  ``max_sessions``) and is closed with 1000 once the client sends its first
+  request or after a grace (a client that reads only after a request, like
+  OpenEnv's, gets the frame as the reply to it);
+- HTTP long-polling (``POST /poll/sessions``): ``503`` with the same frame as
+  the body, ``OpenEnv-Error: CAPACITY_REACHED`` and ``Retry-After: 1``;
+- OpenEnv's stateless HTTP routes (``/reset``, ``/step``): ``503`` with the
+  message as ``detail`` and ``Retry-After: 1``.
+
+The client raises `openenv.CapacityReachedError` for each of them.
+
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
 or the server is shutting down (`SessionRegistry.close_all`). The idle timeout
@@ -53,7 +76,7 @@ import anyio
 from openenv import Dialect
 from openenv.server import encode_fatal_error
 
-__all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry"]
+__all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry", "session_failed_frame"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -61,6 +84,19 @@ IDLE_TIMEOUT_REASON = "session idle timeout"
 """`SessionLease.close_reason` of a session ended for idleness."""
 SHUTDOWN_REASON = "server shutting down"
 """`SessionLease.close_reason` of a session ended because the server is stopping."""
+
+
+def session_failed_frame(dialect: Dialect) -> bytes:
+    """The ``SESSION_ERROR`` frame a session gets when the server fails it (a bug, not the environment).
+
+    Args:
+        dialect: The dialect of the client's channel.
+
+    Returns:
+        The encoded frame, saying no more than that (the log has the traceback).
+    """
+    return encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server")
+
 
 # How often the reaper looks, as a fraction of the idle timeout, and its bounds (s).
 _REAP_FRACTION = 0.25
@@ -320,22 +356,29 @@ class SessionRegistry:
         ]
         return min(timeouts) if timeouts else None
 
+    def capacity_reached_message(self) -> str:
+        """What a client turned away now is told, worded as the reference words it.
+
+        Returns:
+            The message, with the sessions active and the limit.
+        """
+        return f"Server at capacity: {self.active}/{self.max_sessions} sessions active. Cannot accept new connections."
+
     def capacity_reached_frame(self, dialect: Dialect) -> bytes:
-        """The ``CAPACITY_REACHED`` error frame for a client turned away now, worded as the reference words it.
+        """The ``CAPACITY_REACHED`` error frame for a client turned away now.
 
         Args:
             dialect: The dialect of the client's channel.
 
         Returns:
-            The encoded frame, with ``active_sessions`` and ``max_sessions``.
+            The encoded frame: `capacity_reached_message`, ``active_sessions`` and ``max_sessions``.
         """
-        active, limit = self.active, self.max_sessions
         return encode_fatal_error(
             dialect,
             "CAPACITY_REACHED",
-            f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections.",
-            active_sessions=active,
-            max_sessions=limit,
+            self.capacity_reached_message(),
+            active_sessions=self.active,
+            max_sessions=self.max_sessions,
         )
 
     def leases(self) -> list[SessionLease]:

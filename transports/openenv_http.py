@@ -130,8 +130,7 @@ async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _L
         if lease is not None:
             lease.mark_busy()  # one request, in hand for the environment's whole life
         else:
-            active, limit = registry.active, registry.max_sessions
-            message = f"Server at capacity: {active}/{limit} sessions active. Cannot accept new connections."
+            message = registry.capacity_reached_message()
             return {"type": "error", "data": {"code": "CAPACITY_REACHED", "message": message}}
     try:
         try:

@@ -41,10 +41,10 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import encode_fatal_error, host_session
+from openenv.server import host_session
 
 from .._asgi import Receive, Scope, Send
-from .._sessions import SessionLease, SessionRegistry
+from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_BODY_SIZE,
@@ -644,7 +644,7 @@ class HTTPPollingEndpoint:
                         )
             except Exception:
                 logger.exception("HTTP session failed")
-                session.push(encode_fatal_error(session.dialect, "SESSION_ERROR", "the session failed on the server"))
+                session.push(session_failed_frame(session.dialect))
                 reason = "the session failed on the server"
             finally:
                 # Large replies the client has yet to fetch keep the slot while

@@ -4,7 +4,8 @@ It speaks whatever the client negotiated: a client that offers one of our
 subprotocols (``openenv.v1.json``, ``openenv.v1.msgpack``) gets the first of them
 in its own order of preference; a client that offers none (OpenEnv's reference
 client) gets no subprotocol and plain OpenEnv frames. Then it takes a session
-slot (or sends ``CAPACITY_REACHED`` and closes, as the reference does) and runs
+slot (or sends ``CAPACITY_REACHED`` and closes, as the reference does: the whole
+story is in `transports._sessions`) and runs
 `openenv.server.host_session` over the connection.
 
 This is the hot path of a server: it reads and writes ASGI messages directly,
@@ -26,7 +27,7 @@ from openenv import ConnectionClosed, Dialect
 from openenv.server import encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
-from .._sessions import SessionRegistry
+from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
 from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
 
@@ -173,62 +174,19 @@ class WebSocketEndpoint:
             await self._resume(connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
-        binary = dialect.encoding == "msgpack"
-        registry = self.registry
         scope = anyio.CancelScope()
-        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
+        lease = await self.registry.admit(transport="websocket", on_close=scope.cancel)
         if lease is None:
-            await self._refuse_at_capacity(asgi_receive, asgi_send, dialect)
+            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
             return
-
-        disconnected = False
-        served = False  # whether a request reached the session (else its factory failed)
-        clock = registry.clock
-
-        async def send_frame(frame: bytes) -> None:
-            nonlocal disconnected
-            try:
-                if binary:
-                    await asgi_send({"type": "websocket.send", "bytes": frame})
-                else:
-                    await asgi_send({"type": "websocket.send", "text": frame.decode()})
-            except OSError as exc:  # uvicorn's ClientDisconnected, a broken pipe
-                disconnected = True
-                raise ConnectionClosed("the client went away") from exc
-
-        async def receive_frame() -> bytes:
-            nonlocal disconnected, served
-            served = True
-            while True:
-                if lease.close_reason is not None:  # asked to end while it was busy
-                    raise ConnectionClosed(lease.close_reason)
-                lease.idle_since = clock()  # waiting for the client: the idle clock runs
-                message = await asgi_receive()
-                lease.idle_since = None
-                kind = message["type"]
-                if kind == "websocket.receive":
-                    if binary:
-                        data = message.get("bytes")
-                        if data is not None:
-                            return data  # type: ignore[no-any-return]
-                        wrong: bytes | str = message.get("text") or ""
-                    else:
-                        text = message.get("text")
-                        if text is not None:
-                            return text.encode()  # type: ignore[no-any-return]
-                        wrong = message.get("bytes") or b""
-                    await send_frame(_wrong_frame_error(dialect, wrong))
-                elif kind == "websocket.disconnect":
-                    disconnected = True
-                    raise ConnectionClosed(f"the client disconnected ({message.get('code', 1005)})")
-
+        session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
         close_code, reason = NORMAL_CLOSURE, ""
         try:
             with scope:
                 await host_session(
                     self.factory,
-                    receive_frame,
-                    send_frame,
+                    session.receive_frame,
+                    session.send_frame,
                     dialect=dialect,
                     error_details=self.error_details,
                     on_end=lease.vacate,
@@ -238,25 +196,22 @@ class WebSocketEndpoint:
         except Exception:
             logger.exception("WebSocket session failed")
             close_code, reason = INTERNAL_ERROR, "session error"
-            if not disconnected:
-                frame = encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server")
-                try:
-                    await send_frame(frame)
-                except ConnectionClosed:
-                    disconnected = True
+            if not session.disconnected:
+                with contextlib.suppress(ConnectionClosed):
+                    await session.send_frame(session_failed_frame(dialect))
         finally:
             lease.release()
-        if disconnected:
+        if session.disconnected:
             return
         if close_code == NORMAL_CLOSURE and lease.close_reason is None:
-            if served:
+            if session.served:
                 # After a close request the client closes the socket next (OpenEnv's
                 # and ours do at once). Let it, rather than cross close frames with
                 # it: hypercorn on trio can fail when both ends close at once.
                 if await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=False):
                     return
             elif await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
-                return  # FACTORY_ERROR sent: see _refuse_at_capacity
+                return  # FACTORY_ERROR sent: see _turn_away
         await _close(asgi_send, close_code, reason)
 
     async def _serve_resumable(self, first: Connection, dialect: Dialect) -> None:
@@ -265,20 +220,19 @@ class WebSocketEndpoint:
         scope = anyio.CancelScope()
         lease = await registry.admit(transport="websocket", on_close=scope.cancel)
         if lease is None:
-            await self._refuse_at_capacity(first.receive, first.send, dialect)
+            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect))
             return
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
         binary = dialect.encoding == "msgpack"
-        clock = registry.clock
 
         async def receive_frame() -> bytes:
             while True:
                 if lease.close_reason is not None:
                     raise ConnectionClosed(lease.close_reason)
-                lease.idle_since = clock()
+                lease.touch()  # waiting for the client: the idle clock runs
                 message = await link.receive()
-                lease.idle_since = None
+                lease.mark_busy()
                 if message is None or message["type"] != "websocket.receive":
                     continue  # replaced, or gone: wait for the next connection
                 frame = message.get("bytes") if binary else message.get("text")
@@ -309,7 +263,7 @@ class WebSocketEndpoint:
             logger.exception("WebSocket session failed")
             close_code, reason = INTERNAL_ERROR, "session error"
             if link.current is not None:
-                await link.send(encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server"))
+                await link.send(session_failed_frame(dialect))
         finally:
             lease.release()
             del self._resumable[link.token]
@@ -334,13 +288,7 @@ class WebSocketEndpoint:
             frame = encode_fatal_error(
                 dialect, "SESSION_ERROR", "no session to resume: its token is unknown or expired"
             )
-            with contextlib.suppress(OSError):
-                if dialect.encoding == "msgpack":
-                    await connection.send({"type": "websocket.send", "bytes": frame})
-                else:
-                    await connection.send({"type": "websocket.send", "text": frame.decode()})
-            if not await _client_closes(connection.receive, _CLOSE_GRACE, on_request=True):
-                await _close(connection.send, NORMAL_CLOSURE, "")
+            await _turn_away(connection.receive, connection.send, dialect, frame)
             return
         previous = await link.attach(connection)
         if previous is not None and not previous.disconnected:
@@ -350,20 +298,89 @@ class WebSocketEndpoint:
             # Replaced by yet another connection: this one is done.
             await _close(connection.send, GOING_AWAY, "the session moved to another connection")
 
-    async def _refuse_at_capacity(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
-        frame = self.registry.capacity_reached_frame(dialect)
+
+async def _send(asgi_send: Send, binary: bool, frame: bytes) -> None:
+    """Send one frame as the dialect frames it: binary for msgpack, text for JSON."""
+    if binary:
+        await asgi_send({"type": "websocket.send", "bytes": frame})
+    else:
+        await asgi_send({"type": "websocket.send", "text": frame.decode()})
+
+
+async def _turn_away(asgi_receive: Receive, asgi_send: Send, dialect: Dialect, frame: bytes) -> None:
+    """End a connection that gets no session with one fatal error frame (``CAPACITY_REACHED``, ...), then close.
+
+    It closes once the client has sent its first request (or after a grace): a
+    client that reads replies only after a request (OpenEnv's) then gets this
+    frame as the reply to it, instead of finding the socket closed.
+    """
+    try:
+        await _send(asgi_send, dialect.encoding == "msgpack", frame)
+    except OSError:
+        return
+    if not await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
+        await _close(asgi_send, NORMAL_CLOSURE, "")
+
+
+class _WebSocketSession:
+    """One session on one plain WebSocket connection: `host_session`'s receive and send over ASGI.
+
+    Attributes:
+        lease: The session's slot; idle while it waits for the client, busy otherwise.
+        disconnected: Whether the client has gone (nothing more can be sent).
+        served: Whether a request reached the session (else its factory failed).
+    """
+
+    __slots__ = ("_binary", "_dialect", "_receive", "_send", "disconnected", "lease", "served")
+
+    def __init__(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lease: SessionLease) -> None:
+        self._receive = asgi_receive
+        self._send = asgi_send
+        self._dialect = dialect
+        self._binary = dialect.encoding == "msgpack"
+        self.lease = lease
+        self.disconnected = False
+        self.served = False
+
+    async def send_frame(self, frame: bytes) -> None:
+        """Send one reply frame; `ConnectionClosed` once the client has gone."""
         try:
-            if dialect.encoding == "msgpack":
-                await asgi_send({"type": "websocket.send", "bytes": frame})
-            else:
-                await asgi_send({"type": "websocket.send", "text": frame.decode()})
-        except OSError:
-            return
-        # Close once the client has sent its first request (or after a grace): a
-        # client that reads replies only after a request (OpenEnv's) then gets
-        # this frame as the reply to it, instead of finding the socket closed.
-        if not await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
-            await _close(asgi_send, NORMAL_CLOSURE, "")
+            await _send(self._send, self._binary, frame)
+        except OSError as exc:  # uvicorn's ClientDisconnected, a broken pipe
+            self.disconnected = True
+            raise ConnectionClosed("the client went away") from exc
+
+    async def receive_frame(self) -> bytes:
+        """The next request frame; a frame of the wrong kind gets an error reply and is skipped.
+
+        Raises:
+            ConnectionClosed: The client disconnected, or the registry asked the
+                session to end (it was idle too long, the server is stopping).
+        """
+        self.served = True
+        lease = self.lease
+        while True:
+            if lease.close_reason is not None:  # asked to end while it was busy
+                raise ConnectionClosed(lease.close_reason)
+            lease.touch()  # waiting for the client: the idle clock runs
+            message = await self._receive()
+            lease.mark_busy()
+            kind = message["type"]
+            if kind == "websocket.receive":
+                if self._binary:
+                    data = message.get("bytes")
+                    if data is not None:
+                        return data  # type: ignore[no-any-return]
+                    wrong: bytes | str = message.get("text") or ""
+                else:
+                    text = message.get("text")
+                    if text is not None:
+                        return text.encode()  # type: ignore[no-any-return]
+                    wrong = message.get("bytes") or b""
+                await self.send_frame(_wrong_frame_error(self._dialect, wrong))
+            elif kind == "websocket.disconnect":
+                self.disconnected = True
+                raise ConnectionClosed(f"the client disconnected ({message.get('code', 1005)})")
 
 
 async def _client_closes(asgi_receive: Receive, timeout: float, *, on_request: bool) -> bool:
