@@ -1,10 +1,13 @@
-"""Helpers the test modules share: the counter environment's typed client, and waiting on state."""
+"""Helpers the test modules share: the counter environment's typed client, waiting on state, a TCP proxy."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
 
 import anyio
+from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
 from openenv import EnvClient
 from tests.envs import CountAction, CountObservation, CountState
@@ -21,3 +24,105 @@ async def wait_until(condition: Callable[[], bool], what: str = "") -> None:
     """
     while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
         await anyio.sleep(0.01)
+
+
+class Upstream(Protocol):
+    """Where a proxy forwards to (a `transports.runner.RunningServer`, say)."""
+
+    host: str
+    port: int
+
+
+class _Link:
+    """One connection through the proxy."""
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.dead = False  # bytes read are dropped, in both directions
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a server that can cut its connections, hold new ones, or make them go silent.
+
+    Attributes:
+        upstream: The server connections are forwarded to (assign another to "restart" it).
+        port: The proxy's own port, once `run` has started.
+        connections: How many connections came through, ever.
+        dropped: Set once a silenced connection dropped some bytes.
+    """
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.port = 0
+        self.connections = 0
+        self.dropped = anyio.Event()
+        self._links: set[_Link] = set()
+        self._open = anyio.Event()
+        self._open.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(SocketAttribute.local_port)
+        async with listener:
+            task_status.started()
+            await listener.serve(self._forward)
+
+    async def _forward(self, client: SocketStream) -> None:
+        self.connections += 1
+        link = _Link()
+        self._links.add(link)
+        try:
+            with link.scope:
+                async with client:
+                    await self._open.wait()  # held: the client waits, connected to us only
+                    upstream = await anyio.connect_tcp(self.upstream.host, self.upstream.port)
+                    async with upstream, anyio.create_task_group() as task_group:
+                        task_group.start_soon(self._pump, client, upstream, task_group, link)
+                        task_group.start_soon(self._pump, upstream, client, task_group, link)
+        except OSError:
+            pass  # the upstream is down: the client sees its connection end
+        finally:
+            self._links.discard(link)
+
+    async def _pump(self, source: SocketStream, sink: SocketStream, task_group: TaskGroup, link: _Link) -> None:
+        try:
+            async for chunk in source:
+                if link.dead:
+                    self.dropped.set()
+                    continue
+                await sink.send(chunk)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        task_group.cancel_scope.cancel()
+
+    def cut(self) -> int:
+        """Close every connection now, mid-request or idle; return how many."""
+        links = list(self._links)
+        for link in links:
+            link.scope.cancel()
+        return len(links)
+
+    def silence(self) -> int:
+        """Make every connection drop what it carries, both ways, without closing (a dead path); how many."""
+        for link in self._links:
+            link.dead = True
+        return len(self._links)
+
+    def hold(self) -> None:
+        """Keep new connections waiting (connected to the proxy, not to the server) until `release`."""
+        if self._open.is_set():
+            self._open = anyio.Event()
+
+    def release(self) -> None:
+        """Let held and new connections through."""
+        self._open.set()
+
+
+@asynccontextmanager
+async def proxied(upstream: Upstream) -> AsyncIterator[CuttingProxy]:
+    """A `CuttingProxy` in front of ``upstream``, running for the block."""
+    proxy = CuttingProxy(upstream)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(proxy.run)
+        yield proxy
+        task_group.cancel_scope.cancel()

@@ -19,7 +19,6 @@ import anyio
 import httpx
 import msgspec
 import pytest
-from anyio.abc import SocketStream, TaskGroup, TaskStatus
 
 import openenv
 import transports.http as http_package
@@ -27,7 +26,7 @@ import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
-from tests.helpers import CounterClient, wait_until
+from tests.helpers import CounterClient, proxied, wait_until
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingEndpoint, HTTPPollingTransport, polling_url
@@ -293,61 +292,6 @@ async def test_a_send_cancelled_mid_post_is_sent_again_before_the_next() -> None
 
 
 # -- network faults, on a real TCP connection ----------------------------------------
-
-
-class CuttingProxy:
-    """A TCP proxy in front of the server that can cut every connection through it at once."""
-
-    def __init__(self, upstream: RunningServer) -> None:
-        self.upstream = upstream
-        self.port = 0
-        self.connections = 0
-        self._scopes: set[anyio.CancelScope] = set()
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with listener:
-            task_status.started()
-            await listener.serve(self._forward)
-
-    async def _forward(self, client: SocketStream) -> None:
-        self.connections += 1
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        try:
-            with scope:
-                upstream = await anyio.connect_tcp(self.upstream.host, self.upstream.port)
-                async with client, upstream, anyio.create_task_group() as task_group:
-                    task_group.start_soon(self._pump, client, upstream, task_group)
-                    task_group.start_soon(self._pump, upstream, client, task_group)
-        finally:
-            self._scopes.discard(scope)
-
-    @staticmethod
-    async def _pump(source: SocketStream, sink: SocketStream, task_group: TaskGroup) -> None:
-        try:
-            async for chunk in source:
-                await sink.send(chunk)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        task_group.cancel_scope.cancel()
-
-    def cut(self) -> int:
-        """Close every connection now, mid-request or idle; return how many."""
-        scopes = list(self._scopes)
-        for scope in scopes:
-            scope.cancel()
-        return len(scopes)
-
-
-@asynccontextmanager
-async def proxied(running: RunningServer) -> AsyncIterator[CuttingProxy]:
-    proxy = CuttingProxy(running)
-    async with anyio.create_task_group() as task_group:
-        await task_group.start(proxy.run)
-        yield proxy
-        task_group.cancel_scope.cancel()
 
 
 class GatedCounterEnv(AsyncCounterEnv):

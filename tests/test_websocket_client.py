@@ -252,7 +252,8 @@ async def test_json_dialect_echo_round_trip() -> None:
             request = server.connections[0].request
             assert request is not None
             assert request.path == "/ws"
-            assert request.headers["Sec-WebSocket-Protocol"] == JSON_SUBPROTOCOL
+            # The resumable variant first: this server does not speak it, so it selects the plain one.
+            assert request.headers["Sec-WebSocket-Protocol"] == f"{JSON_SUBPROTOCOL}.resumable, {JSON_SUBPROTOCOL}"
             assert "permessage-deflate" in request.headers["Sec-WebSocket-Extensions"]
             assert request.headers["User-Agent"].startswith("openenv/")
 
@@ -278,7 +279,10 @@ async def test_msgpack_dialect_sends_binary_frames() -> None:
                 assert await transport.receive() == payload
             request = server.connections[0].request
             assert request is not None
-            assert request.headers["Sec-WebSocket-Protocol"] == f"{MSGPACK_SUBPROTOCOL}, {JSON_SUBPROTOCOL}"
+            assert request.headers["Sec-WebSocket-Protocol"] == (
+                f"{MSGPACK_SUBPROTOCOL}.resumable, {MSGPACK_SUBPROTOCOL}, "
+                f"{JSON_SUBPROTOCOL}.resumable, {JSON_SUBPROTOCOL}"
+            )
     assert opcodes == [Opcode.BINARY]
 
 

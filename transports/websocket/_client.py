@@ -3,7 +3,9 @@
 websockets' sans-I/O `ClientProtocol` does the protocol work (handshake, framing,
 masking, permessage-deflate, the closing handshake). This module holds the
 options, connects and performs the handshake; what follows, on the open
-connection, is `transports.websocket._connection.Connection`'s.
+connection, is `transports.websocket._connection.Connection`'s, and on a
+resumable session `transports.websocket._resumption.ResumableConnection`'s,
+which calls back here to reconnect.
 """
 
 from __future__ import annotations
@@ -31,11 +33,20 @@ from websockets.protocol import Event
 from websockets.typing import Subprotocol
 from websockets.uri import WebSocketURI, parse_uri
 
-from openenv import AuthenticationError, ClientStateError, ConnectError, ConnectionClosed, Transport, __version__
+from openenv import (
+    AuthenticationError,
+    ClientStateError,
+    ConnectError,
+    ConnectionClosed,
+    Dialect,
+    Transport,
+    __version__,
+)
 
 from .._credentials import with_auth_token
 from ._connection import READ_SIZE, STREAM_ERRORS, Connection, close_quietly, describe
-from ._subprotocols import PLAIN, SUBPROTOCOLS, offered_subprotocols
+from ._resumption import FirstFrameThen, ResumableConnection, SessionRefused, read_session
+from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, RESUME_HEADER, SUBPROTOCOLS, offered_subprotocols
 
 __all__ = ["WebSocketTransport", "websocket_url"]
 
@@ -48,6 +59,7 @@ _HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-version",
         "sec-websocket-extensions",
         "sec-websocket-protocol",
+        RESUME_HEADER.lower(),
     }
 )
 
@@ -112,6 +124,13 @@ def _connect_error(url: str, exc: BaseException) -> ConnectError:
     return ConnectError(f"cannot connect to {url}: {describe(exc)}")
 
 
+def _dialect_of(subprotocol: str | None) -> Dialect:
+    """The dialect a subprotocol selects (one the handshake checked openenv speaks)."""
+    if subprotocol is None:
+        return PLAIN
+    return SUBPROTOCOLS.get(subprotocol) or RESUMABLE_SUBPROTOCOLS[subprotocol]
+
+
 @functools.cache
 def _default_ssl_context() -> ssl.SSLContext:
     """The system's default TLS settings, built once: loading the CA store is slow."""
@@ -151,6 +170,18 @@ class WebSocketTransport(Transport):
     or not the caller is waiting in `receive`, and a keepalive task pings the
     server: an idle or busy caller is never dropped for silence, and a dead
     server is noticed. It may be closed from any task.
+
+    With ``resume`` (the default), it offers the resumable variants first, and a
+    server that selects one (ours) keeps the session for a while when the
+    connection drops: the transport then reconnects at once, in the background,
+    takes the same session (the same environment) over, and sends again the
+    requests the server did not receive; the server sends its last reply again
+    if it was lost. A caller waiting in `send` or `receive` waits for the new
+    connection and sees nothing else: no request runs twice, no reply is lost.
+    A connection closed on purpose (by the server: its close frame; or by the
+    client) is not resumed. When resuming fails (the grace period ran out, the
+    server refused the token: it restarted, say), `send` and `receive` raise
+    `ConnectionClosed` saying why.
 
     Examples:
         Its options are the client's transport options:
@@ -197,11 +228,19 @@ class WebSocketTransport(Transport):
             system's defaults when ``None``.
         close_timeout: Seconds to wait for the server to complete the closing
             handshake before the socket is closed anyway.
+        resume: Offer resumable sessions: a dropped connection is replaced
+            without ending the session (see above). ``False`` offers only the
+            plain subprotocols: the session ends with its connection.
+        resume_timeout: Seconds to keep trying to resume after a drop;
+            ``None``: as long as the server keeps the session (its ``session``
+            frame says; 30 s on ours by default).
 
     Attributes:
         url: The WebSocket URL the transport connects to.
         subprotocol: The subprotocol the server selected, or ``None``; set on connect.
         dialect: How frames are written on this connection; set on connect.
+        resumable: Whether the session survives a dropped connection (the
+            server selected a resumable subprotocol); set on connect.
 
     Raises:
         ValueError: An unsupported URL scheme, an unknown encoding, a TLS context
@@ -224,9 +263,11 @@ class WebSocketTransport(Transport):
         ssl_context: ssl.SSLContext | None = None,
         close_timeout: float = 5.0,
         auth_token: str | None = None,
+        resume: bool = True,
+        resume_timeout: float | None = None,
     ) -> None:
         self.url = websocket_url(url)
-        offer = offered_subprotocols(encoding)
+        offer = offered_subprotocols(encoding, resume=resume)
         if subprotocols is not None:
             offer = list(subprotocols)
         if ssl_context is not None and not self.url.startswith("wss://"):
@@ -247,14 +288,23 @@ class WebSocketTransport(Transport):
         self.compression = compression
         self.close_timeout = close_timeout
         self.ssl_context = ssl_context
+        self.resume_timeout = resume_timeout
         self.subprotocol: str | None = None
+        self.resumable = False
         self._offer = [Subprotocol(name) for name in offer]
         self._headers = pairs
         self._entered = False
-        self._connection: Connection | _NotConnected = _NotConnected(self.url)
+        self._uri: WebSocketURI | None = None
+        self._connection: Connection | ResumableConnection | FirstFrameThen | _NotConnected = _NotConnected(self.url)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
+
+    @property
+    def resumes(self) -> int:
+        """How many times the session was resumed on a new connection after a drop."""
+        connection = self._connection
+        return connection.resumes if isinstance(connection, ResumableConnection) else 0
 
     async def __aenter__(self) -> WebSocketTransport:
         """Connect and perform the WebSocket handshake.
@@ -267,43 +317,103 @@ class WebSocketTransport(Transport):
             ConnectError: The URL is invalid, the server is unreachable or refused
                 the connection, TLS failed, the handshake was rejected (the message
                 gives the HTTP status) or invalid, the server selected a
-                subprotocol that was not offered, or `connect_timeout` elapsed.
+                subprotocol that was not offered, or `connect_timeout` elapsed
+                (or, on a resumable session, passed again before the server's
+                ``session`` frame came).
             ClientStateError: The transport was entered before; create a new one.
         """
         if self._entered:
             raise ClientStateError("a WebSocketTransport connects only once; create a new one")
         self._entered = True
         try:
-            uri = parse_uri(self.url)
+            self._uri = parse_uri(self.url)
         except (InvalidURI, ValueError) as exc:
             raise ConnectError(f"invalid WebSocket URL {self.url!r}: {exc}") from exc
+        connection, selected = await self._open(self._offer)
+        self.subprotocol = selected
+        self.dialect = _dialect_of(selected)
+        self.resumable = selected in RESUMABLE_SUBPROTOCOLS
+        if not self.resumable:
+            self._connection = connection
+            return self
+        binary = self.dialect.encoding == "msgpack"
+        try:
+            session = None
+            with anyio.move_on_after(self.connect_timeout):
+                session = await read_session(connection, binary=binary)
+            if session is None:
+                raise ConnectError(f"timed out after {self.connect_timeout} s waiting for {self.url}'s session frame")
+        except SessionRefused as exc:
+            # Turned away (CAPACITY_REACHED, say): the caller reads it as a reply, as on any subprotocol.
+            self.resumable = False
+            self._connection = FirstFrameThen(connection, exc.frame)
+            return self
+        except ConnectionClosed:
+            self.resumable = False  # closed at once: the caller's first call says how
+            self._connection = connection
+            return self
+        except BaseException:
+            await connection.aclose()
+            raise
+        self._connection = await ResumableConnection.start(
+            connection,
+            session,
+            url=self.url,
+            binary=binary,
+            reconnect=self._reconnect,
+            resume_timeout=self.resume_timeout,
+        )
+        return self
+
+    async def _open(
+        self, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]] = ()
+    ) -> tuple[Connection, str | None]:
+        """Connect, perform the handshake, start the connection; return it and the subprotocol selected."""
+        uri = self._uri
+        assert uri is not None
         handshaken: tuple[ByteStream, ClientProtocol, list[Event]] | None = None
         with anyio.move_on_after(self.connect_timeout):
-            handshaken = await self._connect(uri)
+            handshaken = await self._connect(uri, offer, extra_headers)
         if handshaken is None:
             raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
         stream, protocol, early_events = handshaken
-        self._connection = await Connection.open(
+        selected = protocol.subprotocol
+        connection = await Connection.open(
             stream,
             protocol,
             early_events,
             url=self.url,
-            binary=self.dialect.encoding == "msgpack",
+            binary=_dialect_of(selected).encoding == "msgpack",
             tls=uri.secure,
             close_timeout=self.close_timeout,
             ping_interval=self.ping_interval,
             ping_timeout=self.ping_timeout,
         )
-        return self
+        return connection, selected
 
-    async def _connect(self, uri: WebSocketURI) -> tuple[ByteStream, ClientProtocol, list[Event]]:
+    async def _reconnect(self, token: str) -> Connection:
+        """A new connection to the session, presenting its resume token (for `ResumableConnection`).
+
+        Raises:
+            ConnectError: As on connect; the server did not take the resumable subprotocol again.
+        """
+        assert self.subprotocol is not None
+        connection, selected = await self._open([Subprotocol(self.subprotocol)], [(RESUME_HEADER, token)])
+        if selected != self.subprotocol:
+            await connection.aclose()
+            raise SessionRefused(f"the server no longer speaks {self.subprotocol} (it selected {selected!r})", b"")
+        return connection
+
+    async def _connect(
+        self, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
+    ) -> tuple[ByteStream, ClientProtocol, list[Event]]:
         """Open the socket and perform the handshake; return them and the events behind the response."""
         try:
             stream = await self._connect_tcp(uri)
         except _CONNECT_ERRORS as exc:
             raise _connect_error(self.url, exc) from exc
         try:
-            protocol, early_events = await self._handshake(stream, uri)
+            protocol, early_events = await self._handshake(stream, uri, offer, extra_headers)
         except BaseException as exc:
             await close_quietly(stream)
             if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
@@ -332,16 +442,18 @@ class WebSocketTransport(Transport):
             headers.append(("User-Agent", _USER_AGENT))
         return headers
 
-    async def _handshake(self, stream: ByteStream, uri: WebSocketURI) -> tuple[ClientProtocol, list[Event]]:
+    async def _handshake(
+        self, stream: ByteStream, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
+    ) -> tuple[ClientProtocol, list[Event]]:
         """Send the upgrade request, read the response; return the protocol and any events behind it."""
         protocol = ClientProtocol(
             uri,
             extensions=enable_client_permessage_deflate(None) if self.compression else None,
-            subprotocols=self._offer or None,
+            subprotocols=offer or None,
             max_size=self.max_message_size,
         )
         request = protocol.connect()
-        added = self._handshake_headers()
+        added = [*self._handshake_headers(), *extra_headers]
         for name in {name for name, _ in added}:
             if name in request.headers:
                 del request.headers[name]
@@ -361,29 +473,26 @@ class WebSocketTransport(Transport):
                 protocol.receive_data(data)
             events = protocol.events_received()
             if protocol.handshake_exc is not None:
-                self._check_selected_subprotocol(events)
+                self._check_selected_subprotocol(events, offer)
                 raise protocol.handshake_exc
             if events and isinstance(events[0], Response):
                 break
             if not data:
                 raise ConnectError(f"the server at {self.url} closed the connection during the WebSocket handshake")
         selected = protocol.subprotocol
-        dialect = PLAIN if selected is None else SUBPROTOCOLS.get(selected)
-        if dialect is None:
+        if selected is not None and selected not in SUBPROTOCOLS and selected not in RESUMABLE_SUBPROTOCOLS:
             raise ConnectError(
                 f"the server at {self.url} selected the subprotocol {selected!r}, which openenv cannot speak"
             )
-        self.subprotocol = selected
-        self.dialect = dialect
         return protocol, events[1:]
 
-    def _check_selected_subprotocol(self, events: list[Event]) -> None:
+    def _check_selected_subprotocol(self, events: list[Event], offer: list[Subprotocol]) -> None:
         """Name the subprotocol a failed handshake's response selected, if it was never offered."""
         response = events[0] if events else None
         if isinstance(response, Response) and response.status_code == 101:
             selected = response.headers.get("Sec-WebSocket-Protocol")
-            if selected is not None and selected not in self._offer:
-                offered = ", ".join(self._offer) or "none"
+            if selected is not None and selected not in offer:
+                offered = ", ".join(offer) or "none"
                 raise ConnectError(
                     f"the server at {self.url} selected the subprotocol {selected!r}, which was not offered "
                     f"(offered: {offered})"

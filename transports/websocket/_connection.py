@@ -195,6 +195,32 @@ class Connection:
             self._scope.cancel()
             await self._done.wait()
 
+    # -- how it ended ------------------------------------------------------------
+
+    async def wait_ended(self) -> None:
+        """Return once the connection has ended and its socket is closed, however it ended."""
+        await self._done.wait()
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the connection ended with neither side closing it on purpose.
+
+        True once it ended by EOF or a reset without a closing handshake, a
+        failed or interrupted write, or a keepalive timeout: what a resumable
+        session may survive. False while it is open, and when the client closed
+        it, the server sent a close frame, or the server broke the protocol.
+        """
+        if not self._done.is_set() or self._closed_by_client or self._protocol.close_rcvd is not None:
+            return False
+        return not isinstance(self._protocol.parser_exc, _PEER_PROTOCOL_ERRORS)
+
+    def closed_error(self) -> ConnectionClosed:
+        """The error that says why the connection is not usable (for a connection that ended)."""
+        try:
+            self._raise_closed(receiving=False)
+        except ConnectionClosed as exc:
+            return exc
+
     # -- the background tasks ----------------------------------------------------
 
     async def _run(self, ping_interval: float | None, ping_timeout: float | None) -> None:

@@ -33,11 +33,9 @@ import msgspec
 from openenv import ConnectionClosed, Dialect
 
 from .._asgi import Receive, Send
+from ._subprotocols import RESUME_HEADER, SessionData, SessionFrame
 
 __all__ = ["DEFAULT_RESUME_TIMEOUT", "RESUME_HEADER", "Connection", "ResumableLink"]
-
-RESUME_HEADER: Final = "OpenEnv-Resume"
-"""The handshake header that names the session a new connection takes over."""
 
 DEFAULT_RESUME_TIMEOUT: Final = 30.0
 """Seconds a resumable session waits for its client to come back after its connection drops."""
@@ -45,17 +43,6 @@ DEFAULT_RESUME_TIMEOUT: Final = 30.0
 
 class _RequestId(msgspec.Struct):
     id: int | None = None
-
-
-class _SessionData(msgspec.Struct):
-    resume_token: str
-    resume_timeout: float
-    last_request_id: int
-
-
-class _SessionFrame(msgspec.Struct):
-    type: str
-    data: _SessionData
 
 
 class Connection:
@@ -98,8 +85,8 @@ class ResumableLink:
 
     def session_frame(self) -> bytes:
         """The ``session`` frame: the token, the timeout, and the highest request id received."""
-        data = _SessionData(self.token, self.resume_timeout, self.last_request_id)
-        frame: bytes = self._encode(_SessionFrame("session", data))
+        data = SessionData(self.token, self.resume_timeout, self.last_request_id)
+        frame: bytes = self._encode(SessionFrame("session", data))
         return frame
 
     async def send_raw(self, connection: Connection, frame: bytes) -> None:

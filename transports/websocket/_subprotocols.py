@@ -12,11 +12,18 @@ to in plain OpenEnv frames: JSON text, no request ids.
 
 Each has a resumable variant (``openenv.v1.json.resumable``,
 ``openenv.v1.msgpack.resumable``): the same frames, and a session that survives
-a dropped connection (see `transports.websocket._resume`). A client offers it
-only if it can resume; the client in this package does not yet.
+a dropped connection. The server's first frame is then a ``session`` frame
+(`SessionFrame`) with the token a new connection presents in the
+``OpenEnv-Resume`` handshake header to take the session over; the server's
+side is `transports.websocket._resume`, the client's
+`transports.websocket._resumption`.
 """
 
 from __future__ import annotations
+
+from typing import Final
+
+import msgspec
 
 from openenv import Dialect
 
@@ -25,7 +32,10 @@ __all__ = [
     "MSGPACK_SUBPROTOCOL",
     "PLAIN",
     "RESUMABLE_SUBPROTOCOLS",
+    "RESUME_HEADER",
     "SUBPROTOCOLS",
+    "SessionData",
+    "SessionFrame",
     "offered_subprotocols",
 ]
 
@@ -42,16 +52,47 @@ SUBPROTOCOLS: dict[str, Dialect] = {
 }
 """Every subprotocol openenv's client speaks, and the dialect it selects."""
 RESUMABLE_SUBPROTOCOLS: dict[str, Dialect] = {f"{name}.resumable": dialect for name, dialect in SUBPROTOCOLS.items()}
-"""The resumable variants the server also speaks, and their dialects."""
+"""The resumable variants, and their dialects (the same as the plain ones')."""
+
+RESUME_HEADER: Final = "OpenEnv-Resume"
+"""The handshake header that names the session a new connection takes over."""
 
 
-def offered_subprotocols(encoding: str = "json") -> list[str]:
+class SessionData(msgspec.Struct):
+    """What the ``session`` frame tells the client of a resumable session.
+
+    Attributes:
+        resume_token: The secret a new connection presents to take the session over.
+        resume_timeout: Seconds the session waits for its client after its connection drops.
+        last_request_id: The highest request id the server has received (0 on a new session).
+    """
+
+    resume_token: str
+    resume_timeout: float
+    last_request_id: int
+
+
+class SessionFrame(msgspec.Struct):
+    """The server's first frame on a resumable subprotocol: ``{"type": "session", "data": {...}}``.
+
+    Attributes:
+        type: Always ``"session"``.
+        data: The session's token, timeout and last request id.
+    """
+
+    type: str
+    data: SessionData
+
+
+def offered_subprotocols(encoding: str = "json", *, resume: bool = True) -> list[str]:
     """The subprotocols a client offers, most preferred first.
 
     Args:
         encoding: ``"json"`` (the default: the same values an OpenEnv server
             gives) or ``"msgpack"`` (binary frames; JSON stays on offer as a
             fallback).
+        resume: Offer each dialect's resumable variant first (a server that
+            does not speak it selects the plain one).
 
     Returns:
         The list for the ``Sec-WebSocket-Protocol`` header.
@@ -60,7 +101,11 @@ def offered_subprotocols(encoding: str = "json") -> list[str]:
         ValueError: An unknown encoding.
     """
     if encoding == "json":
-        return [JSON_SUBPROTOCOL]
-    if encoding == "msgpack":
-        return [MSGPACK_SUBPROTOCOL, JSON_SUBPROTOCOL]
-    raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")
+        names = [JSON_SUBPROTOCOL]
+    elif encoding == "msgpack":
+        names = [MSGPACK_SUBPROTOCOL, JSON_SUBPROTOCOL]
+    else:
+        raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")
+    if not resume:
+        return names
+    return [variant for name in names for variant in (f"{name}.resumable", name)]
