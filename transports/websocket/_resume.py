@@ -90,7 +90,13 @@ class ResumableLink:
         return frame
 
     async def send_raw(self, connection: Connection, frame: bytes) -> None:
-        """Send one frame on ``connection``; a connection that fails is let go (the session waits for another)."""
+        """Send one frame on ``connection``; a failure is left for its `receive` to act on.
+
+        The connection is let go only once its ``receive`` reports the
+        disconnect: what the client sent before it went comes first, and may
+        be a ``close`` request (sent while a step ran), which ends the session
+        at once instead of after the resume timeout.
+        """
         try:
             if self._binary:
                 await connection.send({"type": "websocket.send", "bytes": frame})
@@ -98,7 +104,6 @@ class ResumableLink:
                 await connection.send({"type": "websocket.send", "text": frame.decode()})
         except OSError:
             connection.disconnected = True
-            self.detach(connection)
 
     def detach(self, connection: Connection) -> None:
         """Let a connection go: the session now waits for the client to come back."""
