@@ -258,6 +258,22 @@ async def test_a_server_that_stays_down_is_retried_until_the_client_gives_up() -
             assert proxy.connections > 2  # it tried more than once
 
 
+async def test_a_server_that_is_gone_fails_at_once() -> None:
+    record = Record()
+    with anyio.fail_after(LIMIT):
+        async with serve(record.build) as server:
+            endpoint(server).resume_timeout = 3600  # the failure must not wait for this
+            async with proxied(server) as proxy:
+                env = await CounterClient(url(proxy)).connect()
+                await env.reset()
+            # The proxy is gone, its port closed: as a killed server's is.
+            try:
+                with pytest.raises(ConnectionClosed, match=r"the server is gone \(connection refused\)"):
+                    await env.step(CountAction())
+            finally:
+                await env.close()
+
+
 async def test_a_session_the_server_ends_is_not_resumed() -> None:
     record = Record()
     with anyio.fail_after(LIMIT):
@@ -268,6 +284,20 @@ async def test_a_session_the_server_ends_is_not_resumed() -> None:
                 await env.step(CountAction())
             assert proxy.connections == 1
             assert transport_of(env).resumes == 0
+
+
+async def test_a_connection_the_client_closes_ends_the_session_at_once(anyio_backend: str) -> None:
+    if anyio_backend == "trio":  # served by hypercorn
+        pytest.skip("hypercorn tells the app of every close as of a drop (1006): the session waits")
+    record = Record()
+    with anyio.fail_after(LIMIT):
+        async with served(record) as proxy, CounterClient(url(proxy)) as env:
+            assert server_of(proxy).server == "uvicorn"
+            await env.reset()
+            # The closing handshake (1000) without a close request: the client will not come back.
+            await transport_of(env).aclose()
+            await wait_until(lambda: active(proxy) == 0, "the session ends, not after the grace period")
+            assert proxy.connections == 1
 
 
 async def test_without_resume_a_cut_ends_the_session() -> None:

@@ -191,7 +191,7 @@ class WebSocketTransport(Transport):
 
         async with EchoEnv("ws://127.0.0.1:8000", encoding="msgpack", auth_token="...") as env:
             await env.reset()
-            print(env.transport.subprotocol)  # openenv.v1.msgpack
+            print(env.transport.subprotocol)  # openenv.v1.msgpack.resumable
         ```
 
         On its own, it carries frames (here, plain OpenEnv: no subprotocol):

@@ -6,8 +6,9 @@ a ``session`` frame::
 
     {"type": "session", "data": {"resume_token": "...", "resume_timeout": 30.0, "last_request_id": 0}}
 
-If its connection drops, the session (and its environment) waits
-``resume_timeout`` seconds for it: a new connection offering the same
+If its connection drops (without a closing handshake: a connection closed
+on purpose ends the session, as on the other subprotocols), the session (and
+its environment) waits ``resume_timeout`` seconds for it: a new connection offering the same
 subprotocol with the handshake header ``OpenEnv-Resume: <resume_token>`` takes
 the session over. It gets the ``session`` frame again, whose
 ``last_request_id`` is the highest request id the server has received, then the
@@ -39,6 +40,13 @@ __all__ = ["DEFAULT_RESUME_TIMEOUT", "RESUME_HEADER", "Connection", "ResumableLi
 
 DEFAULT_RESUME_TIMEOUT: Final = 30.0
 """Seconds a resumable session waits for its client to come back after its connection drops."""
+
+
+# The close codes ASGI servers report for a connection that dropped without a
+# closing handshake (uvicorn says 1005, hypercorn 1006): the client may come
+# back. Any other code is a close on purpose (1000 from a client; 1009 from the
+# server's message limit, say), which ends the session.
+_DROPPED = frozenset({1005, 1006})
 
 
 class _RequestId(msgspec.Struct):
@@ -138,7 +146,12 @@ class ResumableLink:
         return self.current
 
     async def receive(self) -> dict[str, Any] | None:
-        """The next ASGI message of the current connection, or ``None`` if that connection was replaced."""
+        """The next ASGI message of the current connection, or ``None`` if that connection was replaced.
+
+        Raises:
+            ConnectionClosed: The client closed the connection on purpose (a
+                closing handshake), or did not come back in time.
+        """
         connection = await self._connection()
         with anyio.CancelScope() as scope:
             self._receiving = scope
@@ -151,6 +164,9 @@ class ResumableLink:
         if message["type"] == "websocket.disconnect":
             connection.disconnected = True
             self.detach(connection)
+            code = message.get("code", 1005)
+            if code not in _DROPPED:
+                raise ConnectionClosed(f"the client closed the connection ({code}): it will not come back")
         return message
 
     async def take(self, frame: bytes) -> bool:

@@ -63,6 +63,21 @@ class _ErrorData(msgspec.Struct):
     code: str = ""
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether a failure to connect was a refusal (nothing listens on the port) at every address tried."""
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, ConnectionRefusedError):
+        inner = getattr(cause, "exceptions", None)
+        if inner:
+            return all(_refused_itself(e) for e in inner)
+        cause = cause.__cause__
+    return cause is not None
+
+
+def _refused_itself(exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionRefusedError) or _refused(exc)
+
+
 class SessionRefused(ConnectionClosed):
     """The server answered the handshake with something other than a ``session`` frame."""
 
@@ -340,7 +355,13 @@ class ResumableConnection:
                 except AuthenticationError as exc:
                     raise ConnectionClosed(f"{why}; the session could not be resumed: {exc}") from exc
                 except (ConnectError, ConnectionClosed) as exc:
-                    last_error = exc  # the server is unreachable, or restarting: try again
+                    if isinstance(exc, ConnectError) and _refused(exc):
+                        # Nothing listens on the port: the server's process, and the
+                        # session with it, is gone (a restarted one would not know it).
+                        raise ConnectionClosed(
+                            f"{why}; the session could not be resumed: the server is gone (connection refused)"
+                        ) from exc
+                    last_error = exc  # unreachable for now, or cut off again: try again
                 await anyio.sleep(min(delay, max(0.0, deadline - anyio.current_time())))
                 delay = min(delay * 2, _MAX_RETRY_DELAY)
             if anyio.current_time() >= deadline:
