@@ -143,7 +143,9 @@ class ScaleTarget:
 
 def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
     """Our ws and http+poll (``openenv bench``) on uvicorn, the reference (its own bench client), the two crossed."""
-    capacity = ["--max-sessions", str(max(max_sessions, 1) * 2)]
+    # As many connections as sessions: http+poll holds one per session, past uvicorn's default cap.
+    room = str(max(max_sessions, 1) * 2)
+    capacity = ["--max-sessions", room, "--max-connections", room]
 
     def bench(scheme: str) -> Callable[[str, int, float], list[str]]:
         def command(url: str, sessions: int, seconds: float) -> list[str]:
