@@ -11,16 +11,13 @@ what is left is the event loop and the system calls, which no client can skip.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import sys
 import time
 from urllib.parse import urlsplit
 
 from websockets.frames import Frame, Opcode
 
-from tests.benchmarks.ws_floor import REPLY, REQUEST
+from tests.benchmarks.ws_floor import REPLY, REQUEST, floor_main
 
 REQUEST_FRAME = Frame(Opcode.TEXT, REQUEST).serialize(mask=True)  # one random mask, reused: bytes are bytes
 REPLY_FRAME = Frame(Opcode.TEXT, REPLY).serialize(mask=False)
@@ -90,21 +87,7 @@ async def run_client(url: str, seconds: float) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="role", required=True)
-    server = sub.add_parser("server")
-    server.add_argument("--port", type=int, default=0)
-    client = sub.add_parser("client")
-    client.add_argument("url")
-    client.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
-    if args.role == "server":
-        try:
-            asyncio.run(run_server(args.port))
-        except KeyboardInterrupt:
-            sys.exit(0)
-    else:
-        print(json.dumps(asyncio.run(run_client(args.url, args.seconds))), flush=True)
+    floor_main(run_server, run_client)
 
 
 if __name__ == "__main__":

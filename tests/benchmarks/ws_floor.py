@@ -12,6 +12,8 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
@@ -44,7 +46,11 @@ async def run_client(url: str, seconds: float) -> dict[str, float]:
         return await timed_rate(round_trip, seconds)
 
 
-def main() -> None:
+def floor_main(
+    run_server: Callable[[int], Coroutine[Any, Any, object]],
+    run_client: Callable[[str, float], Coroutine[Any, Any, dict[str, float]]],
+) -> None:
+    """The command line of a floor script: ``server [--port P]`` serves, ``client URL [--seconds S]`` measures."""
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="role", required=True)
     server = sub.add_parser("server")
@@ -60,6 +66,10 @@ def main() -> None:
             sys.exit(0)
     else:
         print(json.dumps(asyncio.run(run_client(args.url, args.seconds))), flush=True)
+
+
+def main() -> None:
+    floor_main(run_server, run_client)
 
 
 if __name__ == "__main__":
