@@ -11,6 +11,7 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_HTTP_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",
@@ -22,6 +23,12 @@ DEFAULT_MAX_SESSIONS: Final = 256
 
 DEFAULT_SESSION_IDLE_TIMEOUT: Final = 600.0
 """Seconds a session may wait for its client by default before the server ends it."""
+
+DEFAULT_HTTP_IDLE_TIMEOUT: Final = 300.0
+"""Seconds an HTTP long-polling session may wait for its client by default.
+
+Its client cannot be seen leaving, so a session nobody deletes must end some time.
+"""
 
 DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
 """The largest request a server accepts by default, in bytes: a WebSocket message or an HTTP body.

@@ -8,6 +8,7 @@ happens in `ServerSession`.
 from ._environment import Environment, EnvironmentMetadata
 from ._limits import (
     DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
@@ -22,6 +23,7 @@ from ._unions import StructUnionDecoder, struct_union_members
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
+    "DEFAULT_HTTP_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",

@@ -33,6 +33,7 @@ import click
 import openenv
 from openenv.server import (
     DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
@@ -90,7 +91,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--http-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=300.0,
+    default=DEFAULT_HTTP_IDLE_TIMEOUT,
     show_default=True,
     help="The same for HTTP long-polling sessions, whose clients cannot be seen leaving.",
 )

@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import host_session
+from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
@@ -69,7 +69,7 @@ logger = logging.getLogger("openenv.server")
 # How much of a session's id the log shows.
 _LOGGED_ID_LENGTH = 8
 
-DEFAULT_IDLE_TIMEOUT: Final = 300.0
+DEFAULT_IDLE_TIMEOUT: Final = DEFAULT_HTTP_IDLE_TIMEOUT
 """The idle timeout of HTTP sessions, in seconds, unless the app sets another.
 
 Their clients cannot be seen leaving, so a session nobody deletes must end some time.
