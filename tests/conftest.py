@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import loopback
 from tests.envs import AsyncCounterEnv, SyncCounterEnv
 from tests.interop.reference_venv import MARKER_NAME, REFERENCE_VERSION, venv_dir
 
@@ -25,6 +26,22 @@ def _forget_what_test_environments_recorded() -> None:
     """Each test starts with empty class-level records of the shared test environments."""
     AsyncCounterEnv.closed.clear()
     SyncCounterEnv.threads.clear()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tests marked ``ray`` in the loopback-only namespace, and only there.
+
+    Outside it they are deselected: `tests.test_ray_loopback` runs them in it.
+    Inside it every other test is deselected (they ran outside).
+    """
+    inside = loopback.inside()
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (kept if (item.get_closest_marker("ray") is not None) == inside else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+import pytest
 
 import openenv
 
-RAY_TESTS = os.environ.get("OPENENV_TEST_RAY") == "1" and importlib.util.find_spec("ray") is not None
-"""Whether ray:// is tested: only on request (``OPENENV_TEST_RAY=1`` and ``pip install -e '.[test,ray]'``).
-
-Ray's own processes connect over this machine's network address even when told
-to use 127.0.0.1, and the suite keeps its traffic on loopback.
-"""
-RAY_SKIP_REASON = "ray:// tests run only with OPENENV_TEST_RAY=1 and the ray extra (Ray leaves loopback)"
-
-# Each transport the contract tests run over.
-TRANSPORTS = ["inproc", "ws", "http+poll", *(["ray"] if RAY_TESTS else [])]
+# Each transport the contract tests run over. ray:// is marked `ray`: those tests run in the
+# loopback-only network namespace of tests.loopback, and only there (see conftest).
+TRANSPORTS: list[Any] = ["inproc", "ws", "http+poll", pytest.param("ray", marks=pytest.mark.ray)]
 
 ROOT = Path(__file__).resolve().parents[1]
 # Test actors reserve no CPU, so the test environments' actors never wait for one another.
@@ -38,6 +30,7 @@ def start_local_ray() -> None:
     from transports.ray import init_ray
 
     init_ray(
+        address="local",  # a new cluster of its own, never one found in RAY_ADDRESS or Ray's temp dir
         num_cpus=2,
         include_dashboard=False,
         logging_level="warning",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -17,13 +18,12 @@ import pytest
 import openenv
 from openenv import EnvClient, EnvPool
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
-from tests.serving import RAY_SKIP_REASON, RAY_TESTS, ROOT, factory_path, start_local_ray
-
-if not RAY_TESTS:
-    pytest.skip(RAY_SKIP_REASON, allow_module_level=True)
-
+from tests.serving import ROOT, factory_path, start_local_ray
 from transports.ray import ACTOR_NAME_PREFIX, RayTransport
 from transports.ray._transport import parse_ray_url
+
+# Run in the loopback-only namespace only, by tests.test_ray_loopback (see tests.loopback).
+pytestmark = pytest.mark.ray
 
 LIMIT = 120  # seconds: actors start in a few seconds on a loaded machine; this bounds every wait
 
@@ -72,6 +72,41 @@ def process_is_gone(pid: int) -> bool:
 @pytest.fixture(autouse=True)
 def _local_ray() -> None:
     start_local_ray()
+
+
+def network_interfaces() -> list[str]:
+    """The names of this network namespace's interfaces (``/proc/net/dev``)."""
+    return [line.split(":")[0].strip() for line in Path("/proc/net/dev").read_text().splitlines()[2:]]
+
+
+def tcp_local_addresses() -> set[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The local addresses of this network namespace's TCP sockets (``/proc/net/tcp`` and ``tcp6``)."""
+    addresses = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            raw = bytes.fromhex(line.split()[1].partition(":")[0])
+            # The kernel writes the address as 32-bit words in this machine's (little-endian) order.
+            ordered = b"".join(raw[start : start + 4][::-1] for start in range(0, len(raw), 4))
+            addresses.add(ipaddress.ip_address(ordered))
+    return addresses
+
+
+@pytest.mark.anyio
+async def test_ray_keeps_to_loopback() -> None:
+    import ray
+
+    with anyio.fail_after(LIMIT):
+        async with CounterClient(ray_url(idle_timeout=0)) as env:
+            await env.reset()
+            assert env.transport.actor.url.startswith("ws://127.0.0.1:")  # type: ignore[union-attr]
+            addresses = tcp_local_addresses()
+    assert network_interfaces() == ["lo"]
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    # Ray's services, its workers, the actor's server and the client: loopback (or a wildcard listener).
+    assert addresses, "no TCP socket found"
+    for address in addresses:
+        mapped = getattr(address, "ipv4_mapped", None)  # an IPv4 address on an IPv6 socket
+        assert (mapped or address).is_loopback or address.is_unspecified, addresses
 
 
 def test_url_and_options_are_checked_before_anything_starts() -> None:
