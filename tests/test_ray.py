@@ -45,6 +45,12 @@ async def live_actor_names() -> set[str]:
     return {entry["name"] for entry in named if entry["name"].startswith(ACTOR_NAME_PREFIX)}
 
 
+async def active_sessions(actors: list[Any]) -> list[int]:
+    import ray
+
+    return await anyio.to_thread.run_sync(lambda: ray.get([actor.handle.active_sessions.remote() for actor in actors]))
+
+
 async def wait_until_gone(names: set[str]) -> None:
     # Ray offers no event for an actor's death; its name is released once the GCS has seen it die.
     while names & await live_actor_names():  # noqa: ASYNC110 - no event to wait on
@@ -174,6 +180,9 @@ async def test_a_thousand_sessions_opened_and_closed_leave_no_actor_behind() -> 
             names = {client.transport.actor.name for client in pool.clients}  # type: ignore[union-attr]
             fleet = pool.clients[0].transport.fleet  # type: ignore[union-attr]
             assert len(names) == 4
+            # Each actor's server holds the sessions its lease count says.
+            assert [actor.leases for actor in fleet.actors] == [250] * 4
+            assert await active_sessions(fleet.actors) == [250] * 4
         assert fleet.actors == []
         await wait_until_gone(names)
 

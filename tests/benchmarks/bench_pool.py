@@ -1,6 +1,8 @@
 """EnvPool at scale: over ws:// to one `openenv serve`, over ray:// on a local Ray, and a Ray-call step path.
 
-Not a test: run it by hand (it starts a local Ray with ``--ray-cpus`` CPUs).
+Not a test: run it by hand. It runs in a loopback-only network namespace (`tests.loopback`;
+it enters one itself), where it starts a local Ray with ``--ray-cpus`` CPUs and one
+``openenv serve``.
 
     python -m tests.benchmarks.bench_pool [--sizes 256 1024] [--rounds 20] [--runs 3] [--json FILE]
 
@@ -29,6 +31,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from typing import Any
 import anyio
 
 from openenv import EnvClient, EnvPool, State
+from tests import loopback
 from tests.benchmarks._memory import rss_kib
 from tests.benchmarks._servers import our_server
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
@@ -180,12 +185,16 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the medians here")
     args = parser.parse_args()
+    if not loopback.inside():
+        # Ray's processes leave loopback unless there is nothing else: run again in a namespace with only lo.
+        sys.exit(subprocess.call(loopback.command(sys.executable, "-m", "tests.benchmarks.bench_pool", *sys.argv[1:])))
     if args.worker_niceness is not None:
         os.environ["RAY_worker_niceness"] = str(args.worker_niceness)  # noqa: SIM112 - the raylet reads this name
 
     from transports.ray import init_ray
 
     init_ray(
+        address="local",  # a new cluster of its own
         num_cpus=args.ray_cpus,
         include_dashboard=False,
         logging_level="warning",

@@ -25,7 +25,8 @@ Four parts, every server and every client a process of its own on loopback
    process's CPU time per step (its whole run, opening the sessions included).
 4. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
    ``openenv serve`` against the same pool over ray:// on a local Ray
-   (``tests.benchmarks.bench_pool``, in a process of its own; only with ``--pool``).
+   (``tests.benchmarks.bench_pool``, in a process and a loopback-only network
+   namespace of its own; only with ``--pool``).
 
 Each figure is the median of ``--runs`` runs, the pairs interleaved run by run so
 that drift hits all alike: compare the ratios, not the absolute figures.
@@ -248,7 +249,7 @@ def measure_scale(targets: list[ScaleTarget], sessions: list[int], runs: int, se
 
 
 def measure_pool(args: argparse.Namespace) -> dict[str, Any]:
-    """EnvPool over ws:// and over ray:// (`tests.benchmarks.bench_pool`, in its own process: it starts a local Ray)."""
+    """EnvPool over ws:// and over ray:// (`tests.benchmarks.bench_pool`, in its own process and network namespace)."""
     sizes = ["16"] if args.quick else ["256", "1024"]
     with tempfile.TemporaryDirectory() as directory:
         out = Path(directory) / "pool.json"
@@ -304,7 +305,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with _timer(durations, "scale"):
         targets = scale_targets(python, max(args.sessions)) + sync_scale_targets(python, max(args.sessions))
         results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
-    if args.pool:  # it starts a local Ray, whose processes do not keep to loopback
+    if args.pool:  # it starts a local Ray (in a loopback-only network namespace)
         with _timer(durations, "pool"):
             results["pool"] = measure_pool(args)
     meta["durations_s"] = durations
