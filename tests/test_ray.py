@@ -139,6 +139,34 @@ def test_url_and_options_are_checked_before_anything_starts() -> None:
     assert transport.factory == "pkg.mod:Env"
 
 
+def test_actors_run_at_normal_priority_unless_told_otherwise() -> None:
+    def actor_env(**options: Any) -> Any:
+        return RayTransport("ray://pkg.mod:Env", **options)._fleet_options["actor_options"]["runtime_env"]
+
+    assert actor_env() == {"env_vars": {"RAY_worker_niceness": "0"}}
+    assert actor_env(runtime_env={"pip": ["x"], "env_vars": {"A": "1"}}) == {
+        "pip": ["x"],
+        "env_vars": {"RAY_worker_niceness": "0", "A": "1"},
+    }
+    assert actor_env(runtime_env={"env_vars": {"RAY_worker_niceness": "15"}}) == {
+        "env_vars": {"RAY_worker_niceness": "15"}
+    }
+
+
+@pytest.mark.anyio
+async def test_an_actor_runs_at_the_priority_of_the_process_that_started_ray() -> None:
+    import ray
+
+    with anyio.fail_after(LIMIT):
+        async with CounterClient(ray_url(idle_timeout=0)) as env:
+            handle = env.transport.actor.handle  # type: ignore[union-attr]
+            niceness = await anyio.to_thread.run_sync(
+                lambda: ray.get(handle.__ray_call__.remote(lambda host: os.nice(0)))
+            )
+    # Ray's own default would put it 15 lower (nice 15 more), behind every ordinary process.
+    assert niceness == os.nice(0)
+
+
 @pytest.mark.anyio
 async def test_sessions_fill_actors_and_free_their_slots_on_close() -> None:
     url = ray_url(sessions_per_actor=2, idle_timeout=300)

@@ -153,7 +153,8 @@ def _pool_section(pool: dict[str, Any] | None) -> list[str]:
         "`openenv serve` process, and over ray:// on a local Ray (actors of "
         f"{pool.get('sessions_per_actor', '?')} sessions, `num_cpus=0`,",
         f"workers at nice {niceness}); *ray-call* is the step path not taken, one Ray actor method call",
-        "per step. Made by `python -m tests.benchmarks.bench_pool`, medians of its runs; *open* is the",
+        "per step. Made by `python -m tests.benchmarks.bench_pool`, medians of its runs, the server, Ray",
+        "and the pool all in one loopback-only network namespace (`tests.loopback`); *open* is the",
         "time to open the pool on new actors (cold) and on the actors left by the previous pool (warm).",
         "",
     ]

@@ -46,6 +46,8 @@ from tests.benchmarks._servers import our_server
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
 
 FACTORY = "tests.envs:AsyncMessageEchoEnv"
+# The ray-call actors run at the priority of the ray:// actors (nice 0), as openenv serve does.
+NORMAL_PRIORITY = {"env_vars": {"RAY_worker_niceness": "0"}}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -147,7 +149,9 @@ async def measure_ray_call(size: int, rounds: int, sessions_per_actor: int) -> d
     import ray
 
     actors = [
-        ray.remote(CallHost).options(num_cpus=0, max_concurrency=sessions_per_actor).remote()
+        ray.remote(CallHost)
+        .options(num_cpus=0, max_concurrency=sessions_per_actor, runtime_env=NORMAL_PRIORITY)
+        .remote()
         for _ in range(-(-size // sessions_per_actor))
     ]
     host = [actors[index // sessions_per_actor] for index in range(size)]
@@ -178,18 +182,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sessions-per-actor", type=int, default=256)
     parser.add_argument("--ray-cpus", type=int, default=2)
-    parser.add_argument(
-        "--worker-niceness",
-        type=int,
-        help="the Ray workers' nice value (Ray's default is 15: they yield the CPU to everything else)",
-    )
     parser.add_argument("--json", type=Path, help="also write the medians here")
     args = parser.parse_args()
     if not loopback.inside():
         # Ray's processes leave loopback unless there is nothing else: run again in a namespace with only lo.
         sys.exit(subprocess.call(loopback.command(sys.executable, "-m", "tests.benchmarks.bench_pool", *sys.argv[1:])))
-    if args.worker_niceness is not None:
-        os.environ["RAY_worker_niceness"] = str(args.worker_niceness)  # noqa: SIM112 - the raylet reads this name
 
     from transports.ray import init_ray
 
@@ -204,7 +201,7 @@ def main() -> None:
     )
     report: dict[str, Any] = {
         "sessions_per_actor": args.sessions_per_actor,
-        "worker_niceness": args.worker_niceness,
+        "worker_niceness": 0,  # the ray:// actors' (the transport's default), and the ray-call actors' here
         "load_average": os.getloadavg(),
         "sizes": {},
     }

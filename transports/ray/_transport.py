@@ -31,6 +31,10 @@ _QUERY_OPTIONS: dict[str, Callable[[str], Any]] = {
     "scheduling_strategy": str,
 }
 
+# Ray starts its workers at nice 15, behind every other process of the node; a server whose clients
+# wait on each step must not queue behind them. Each worker applies this variable to itself.
+_WORKER_NICENESS = "RAY_worker_niceness"
+
 # Tries at placing a session when the actor picked turns out to be unreachable (its node died).
 _PLACEMENT_TRIES = 3
 
@@ -63,6 +67,13 @@ def parse_ray_url(url: str) -> tuple[str, dict[str, Any]]:
         except ValueError:
             raise ValueError(f"option {name}={value!r} in {url!r} is not a valid {convert.__name__}") from None
     return factory, options
+
+
+def _server_runtime_env(runtime_env: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The actors' runtime environment: the caller's, with their worker at nice 0 unless it says otherwise."""
+    merged = dict(runtime_env or {})
+    merged["env_vars"] = {_WORKER_NICENESS: "0", **(merged.get("env_vars") or {})}
+    return merged
 
 
 class RayTransport(Transport):
@@ -107,6 +118,9 @@ class RayTransport(Transport):
         memory: Bytes of memory Ray reserves for each actor.
         resources: Custom Ray resources each actor needs.
         runtime_env: The actors' Ray runtime environment (packages, env vars, ...).
+            Its ``env_vars`` get ``RAY_worker_niceness=0`` unless they set it:
+            the actors' servers run at the priority of ordinary processes, not
+            behind them as Ray's workers do by default (nice 15).
         scheduling_strategy: Where Ray places actors (``"SPREAD"``, a placement
             group strategy, ...).
         actor_options: Any other options of Ray's ``.options()`` for the actors.
@@ -183,7 +197,7 @@ class RayTransport(Transport):
             ("num_gpus", given["num_gpus"]),
             ("memory", given["memory"]),
             ("resources", dict(resources) if resources else None),
-            ("runtime_env", dict(runtime_env) if runtime_env else None),
+            ("runtime_env", _server_runtime_env(runtime_env)),
             ("scheduling_strategy", given["scheduling_strategy"]),
         ):
             if value is not None:
