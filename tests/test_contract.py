@@ -216,7 +216,7 @@ async def test_connect_and_close_without_a_block(kind: str) -> None:
 
 
 def closed_episodes(env: CounterClient) -> Callable[[], list[str | None]]:
-    """What tells the episodes of the counters closed where ``env``'s environment runs (a Ray actor's process, for ray://)."""
+    """A function listing the episodes of the counters closed where ``env``'s environment runs (ray://: its actor)."""
     actor = getattr(env.transport, "actor", None)
     if actor is None:
         return lambda: [closed.state.episode_id for closed in AsyncCounterEnv.closed]
