@@ -97,7 +97,8 @@ def main(argv: list[str]) -> int:
             print(f"no unprivileged user and network namespace on this system: {exc}", file=sys.stderr)
             return UNAVAILABLE
         raise
-    ray_tmpdir = tempfile.mkdtemp(prefix="oe-ray-")  # short: Ray's socket paths live under it
+    # In /tmp whatever TMPDIR says: Ray's Unix socket paths live under it, and must stay short.
+    ray_tmpdir = tempfile.mkdtemp(prefix="oe-ray-", dir="/tmp")
     env = {**os.environ, INSIDE: "1", "RAY_TMPDIR": ray_tmpdir, "RAY_USAGE_STATS_ENABLED": "0"}
     try:
         child = subprocess.Popen(argv, env=env)
