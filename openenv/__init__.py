@@ -8,6 +8,7 @@ an `EnvPool` steps many sessions at once.
 import logging as _logging
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient
+from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._environment import Environment, EnvironmentMetadata
 from ._exceptions import (
     AuthenticationError,
@@ -61,6 +62,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "EVENT_LOOP_CLOCK",
     "USE_CLIENT_DEFAULT",
     "Action",
     "AuthenticationError",
@@ -68,6 +70,7 @@ __all__ = [
     "CallToolObservation",
     "CapacityReachedError",
     "ClientStateError",
+    "Clock",
     "ConnectError",
     "ConnectionClosed",
     "Dialect",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -112,7 +113,7 @@ def observation(response: httpx.Response) -> Any:
 
 async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building TLS settings loads the CA bundle (tens of ms): once per process, never for plain http+poll://."""
-    from transports.http import _client as client_module
+    from transports import _network_client as client_module
 
     built: list[object] = []
 
@@ -120,9 +121,9 @@ async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -
         built.append(object())
         return real_create(*args, **kwargs)
 
-    real_create = httpx.create_ssl_context
-    monkeypatch.setattr(httpx, "create_ssl_context", counting_create_ssl_context)
-    client_module._default_ssl_context.cache_clear()
+    real_create = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", counting_create_ssl_context)
+    client_module.default_ssl_context.cache_clear()
     try:
         async with server() as running:
             with anyio.fail_after(LIMIT):
@@ -131,9 +132,9 @@ async def test_sessions_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -
                         assert (await env.step(CountAction(by=1))).observation.count == 1
         assert built == []  # plain HTTP: no TLS context at all
         # What every https+poll:// client is given: built once.
-        assert client_module._default_ssl_context() is client_module._default_ssl_context()
+        assert client_module.default_ssl_context() is client_module.default_ssl_context()
     finally:
-        client_module._default_ssl_context.cache_clear()
+        client_module.default_ssl_context.cache_clear()
     assert len(built) == 1
 
 
@@ -877,7 +878,7 @@ async def test_a_plain_http_client_loads_no_ca_bundle(monkeypatch: pytest.Monkey
     def load_ca_bundle() -> None:
         raise AssertionError("a plain http+poll:// client built a TLS context (it loads the CA bundle)")
 
-    monkeypatch.setattr(http_client_module, "_default_ssl_context", load_ca_bundle)
+    monkeypatch.setattr(http_client_module, "default_ssl_context", load_ca_bundle)
     with anyio.fail_after(LIMIT):
         async with server() as running, CounterClient(poll_url(running)) as env:
             assert (await env.reset()).observation.count == 0

@@ -29,6 +29,7 @@ from openenv import (
     TransportError,
 )
 
+from .._network_client import describe
 from ._schema_action import SchemaActionError, minimal_action
 from ._schema_fetch import SchemaUnavailable, fetch_action_schema
 from ._stats import LatencySummary, summarize_latencies
@@ -75,10 +76,6 @@ class BenchResult(msgspec.Struct, kw_only=True):
     steps_per_second: float
     latency_ms: LatencySummary
     error_examples: list[str]
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def _ends_session(exc: OpenEnvError) -> bool:
@@ -149,7 +146,7 @@ class _Measurement:
 
     def record_error(self, exc: OpenEnvError) -> None:
         self.errors += 1
-        message = _describe(exc)
+        message = describe(exc)
         if len(self.error_examples) < _MAX_ERROR_EXAMPLES and message not in self.error_examples:
             self.error_examples.append(message)
 

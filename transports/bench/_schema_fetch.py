@@ -10,6 +10,8 @@ import httpx
 from openenv import ConnectError
 from openenv.server import environment_schemas, load_factory
 
+from .._network_client import describe, split_url, user_agent
+
 __all__ = ["SchemaUnavailable", "fetch_action_schema", "schema_url"]
 
 # The HTTP scheme of each network transport's server, which serves /schema beside it.
@@ -45,13 +47,10 @@ def schema_url(url: str) -> str | None:
         The schema's URL, or ``None`` for a scheme not served over HTTP
         (``inproc://``, third-party transports).
     """
-    scheme, separator, rest = url.partition("://")
-    http_scheme = _HTTP_SCHEMES.get(scheme.lower()) if separator else None
-    if http_scheme is None:
+    parts = split_url(url, _HTTP_SCHEMES)
+    if parts is None:
         return None
-    rest = rest.partition("#")[0]
-    rest, question_mark, query = rest.partition("?")
-    return f"{http_scheme}://{rest.rstrip('/')}/schema{question_mark}{query}"
+    return f"{parts.scheme}://{parts.location}/schema{parts.query}"
 
 
 async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict[str, Any]:
@@ -83,11 +82,12 @@ async def fetch_action_schema(url: str, *, timeout: float | None = 30.0) -> dict
     try:
         with anyio.fail_after(timeout):
             async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(address, headers={"accept": "application/json"})
+                headers = {"Accept": "application/json", "User-Agent": user_agent(f"python-httpx/{httpx.__version__}")}
+                response = await client.get(address, headers=headers)
     except TimeoutError as exc:
         raise ConnectError(f"no answer from {address} within {timeout} s") from exc
     except httpx.HTTPError as exc:
-        raise ConnectError(f"cannot reach {address}: {exc or type(exc).__name__}") from exc
+        raise ConnectError(f"cannot reach {address}: {describe(exc)}") from exc
     if response.status_code != 200:
         raise SchemaUnavailable(f"GET {address} answered HTTP {response.status_code}")
     try:

@@ -24,12 +24,8 @@ short backoff, silently; only then does the channel count as broken.
 
 from __future__ import annotations
 
-import functools
 import secrets
-import ssl
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
 from urllib.parse import quote
 
 import anyio
@@ -38,16 +34,27 @@ import httpx
 import msgspec
 
 from openenv import (
+    EVENT_LOOP_CLOCK,
     AuthenticationError,
-    ClientStateError,
+    Clock,
     ConnectError,
     ConnectionClosed,
     ProtocolError,
     Transport,
-    __version__,
 )
 
-from .._credentials import with_auth_token
+from .._network_client import (
+    ConnectionEnd,
+    HeaderPairs,
+    client_headers,
+    connect_once,
+    default_ssl_context,
+    describe,
+    no_tls_context,
+    not_connected,
+    split_url,
+    user_agent,
+)
 from ._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
@@ -93,7 +100,7 @@ _OWN_HEADERS = frozenset(
     )
 )
 
-_USER_AGENT = f"openenv/{__version__} python-httpx/{httpx.__version__}"
+_USER_AGENT = user_agent(f"python-httpx/{httpx.__version__}")
 
 _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
@@ -123,6 +130,15 @@ _decode_created = msgspec.json.Decoder(_Created).decode
 _decode_error = msgspec.json.Decoder(_Error).decode
 
 
+class _RequestFailed(Exception):
+    """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
+
+    def __init__(self, reason: str, attempts: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.attempts = attempts
+
+
 def polling_url(url: str) -> tuple[str, str]:
     """Split a long-polling URL into the server's HTTP base URL and its query string.
 
@@ -140,20 +156,17 @@ def polling_url(url: str) -> tuple[str, str]:
     Raises:
         ValueError: Another scheme, or no host.
     """
-    scheme, separator, rest = url.partition("://")
-    base_scheme = _SCHEMES.get(scheme.lower()) if separator else None
-    if base_scheme is None:
+    parts = split_url(url, _SCHEMES)
+    if parts is None:
         raise ValueError(f"{url!r} is not an http+poll:// or https+poll:// URL")
-    rest = rest.partition("#")[0]
-    rest, question_mark, query = rest.partition("?")
-    base = f"{base_scheme}://{rest.rstrip('/')}"
+    base = f"{parts.scheme}://{parts.location}"
     try:
         host = httpx.URL(base).host
     except httpx.InvalidURL as exc:
         raise ValueError(f"invalid URL {url!r}: {exc}") from exc
     if not host:
         raise ValueError(f"{url!r} has no host")
-    return base, f"?{query}" if question_mark else ""
+    return base, parts.query
 
 
 class _Answer:
@@ -176,54 +189,6 @@ class _Answer:
         self.seq = seq
         self.received = received
         self.sets_cookie = sets_cookie
-
-
-class _LazyCookies(httpx.Cookies):
-    """httpx's cookies, skipping its cookie-jar work (tens of microseconds) for responses that set none."""
-
-    def extract_cookies(self, response: httpx.Response) -> None:
-        if "set-cookie" in response.headers:
-            super().extract_cookies(response)
-
-
-@functools.cache
-def _default_ssl_context() -> ssl.SSLContext:
-    """The TLS settings of every client this module makes: httpx's defaults, built once.
-
-    Building them loads the CA bundle, which costs far more than a request on
-    loopback; cached, many sessions opened at once do not each pay it.
-    """
-    return httpx.create_ssl_context()
-
-
-@functools.cache
-def _unused_ssl_context() -> ssl.SSLContext:
-    """What a plain ``http+poll://`` client is given instead: it never speaks TLS, so it loads no CA bundle.
-
-    Were it ever used, it would verify every certificate against an empty
-    store and fail: never an unchecked connection.
-    """
-    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-
-
-class _OwnClient(httpx.AsyncClient):
-    """The client the transport makes when it is given none: httpx's, with `_LazyCookies`."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cookies = {}
-
-    @property
-    def cookies(self) -> httpx.Cookies:
-        return self._lazy_cookies
-
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        self._lazy_cookies = _LazyCookies(cookies)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _error_detail(response: httpx.Response) -> str:
@@ -294,6 +259,8 @@ class HTTPPollingTransport(Transport):
             gateway's 502, 503 or 504) is tried again, with a short backoff,
             before the channel counts as broken.
         close_timeout: Seconds `aclose` waits for the server to delete the session.
+        clock: Where the timeouts and the retries' backoff are measured (a test's
+            clock, say); the event loop's time by default.
 
     Attributes:
         url: The server's HTTP base URL.
@@ -313,11 +280,12 @@ class HTTPPollingTransport(Transport):
         client: httpx.AsyncClient | None = None,
         connect_timeout: float | None = 10.0,
         poll_timeout: float = 20.0,
-        headers: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        headers: HeaderPairs | None = None,
         encoding: str = "json",
         retries: int = 5,
         close_timeout: float = 5.0,
         auth_token: str | None = None,
+        clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:
         self.url, self._query = polling_url(url)
         self.dialect = dialect_for(encoding)
@@ -325,13 +293,14 @@ class HTTPPollingTransport(Transport):
             raise ValueError(f"poll_timeout must be positive, not {poll_timeout}")
         if retries < 0:
             raise ValueError(f"retries must be 0 or more, not {retries}")
-        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
         client_authenticates = client is not None and ("authorization" in client.headers or client.auth is not None)
-        if auth_token is not None or not client_authenticates:
-            pairs = with_auth_token(pairs, auth_token)
-        for name, _ in pairs:
-            if name.lower() in _OWN_HEADERS:
-                raise ValueError(f"the {name} header belongs to the long-polling protocol; it cannot be set")
+        pairs = client_headers(
+            headers,
+            auth_token,
+            reserved=_OWN_HEADERS,
+            owner="the long-polling protocol",
+            token_from_env=not client_authenticates,
+        )
         self.connect_timeout = connect_timeout
         self.poll_timeout = poll_timeout
         self.retries = retries
@@ -339,11 +308,11 @@ class HTTPPollingTransport(Transport):
         self.session_id: str | None = None
         self._session_key: str | None = None
         self._headers = pairs
+        self._clock = clock
         self._given_client = client
         self._client: httpx.AsyncClient | None = None
         self._media_type = MEDIA_TYPES[encoding]
         self._entered = False
-        self._aclosed = False
         self._max_body_size: int | None = None
         self._wait = poll_timeout
         # Built once connected: the frames URL and the headers every frame request carries.
@@ -364,8 +333,8 @@ class HTTPPollingTransport(Transport):
         self._polling = False  # a GET is in flight
         # Why no frame can be sent: the session ended, the server refused one, ...
         self._send_closed: str | None = None
-        # Why no more frames can come, once the inbox is empty (the exception to raise).
-        self._ended: ConnectionClosed | ProtocolError | None = None
+        # How the session ended: no more frames come once the inbox is empty.
+        self._end = ConnectionEnd(self.url, "HTTP long-polling session")
         self._scopes: set[anyio.CancelScope] = set()  # of the requests in flight
 
     def __repr__(self) -> str:
@@ -390,27 +359,26 @@ class HTTPPollingTransport(Transport):
                 the protocol, or `connect_timeout` elapsed.
             ClientStateError: The transport was entered before; create a new one.
         """
-        if self._entered or self._aclosed:
-            raise ClientStateError("an HTTPPollingTransport connects only once; create a new one")
+        connect_once(self._entered or self._end.by_client, self)
         self._entered = True
         self._send_lock = anyio.Lock(fast_acquire=True)
         client = self._given_client
         if client is None:
-            client = _OwnClient(
+            client = httpx.AsyncClient(
                 headers={"User-Agent": _USER_AGENT},
-                verify=_default_ssl_context() if self.url.startswith("https:") else _unused_ssl_context(),
+                verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
                 limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
             )
         self._client = client
         try:
-            with anyio.move_on_after(self.connect_timeout) as timeout_scope:
+            with self._clock.move_on_after(self.connect_timeout) as timeout_scope:
                 await self._create_session(client)
             if timeout_scope.cancelled_caught:
                 raise ConnectError(f"timed out after {self.connect_timeout} s creating a session at {self.url}")
         except BaseException:
-            self._aclosed = True
+            self._end.close_by_client()
             if self._given_client is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
@@ -423,31 +391,13 @@ class HTTPPollingTransport(Transport):
         # A retried creation returns the session the first attempt made, if it made one.
         headers.append((IDEMPOTENCY_KEY_HEADER, secrets.token_urlsafe(32)))
         body = msgspec.json.encode({"encoding": self.dialect.encoding})
-        timeout = httpx.Timeout(self.connect_timeout)
-        attempt = 0
-        while True:
-            try:
-                request = client.build_request("POST", url, headers=headers, content=body, timeout=timeout)
-                response = await client.send(request, follow_redirects=False)
-            except _RETRYABLE as exc:
-                attempt += 1
-                if attempt > self.retries:
-                    raise ConnectError(f"cannot create a session at {self.url}: {_describe(exc)}") from exc
-                await anyio.sleep(_backoff(attempt))
-                continue
-            except (httpx.HTTPError, httpx.InvalidURL, RuntimeError) as exc:
-                # RuntimeError: a client given to us that was closed already.
-                raise ConnectError(f"cannot create a session at {self.url}: {_describe(exc)}") from exc
-            if response.status_code in _GATEWAY_STATUSES and ERROR_HEADER not in response.headers:
-                attempt += 1
-                if attempt > self.retries:
-                    raise ConnectError(
-                        f"cannot create a session at {self.url}: HTTP {response.status_code} "
-                        f"{response.reason_phrase}: {_error_detail(response)}"
-                    )
-                await anyio.sleep(_backoff(attempt))
-                continue
-            break
+        request = client.build_request(
+            "POST", url, headers=headers, content=body, timeout=httpx.Timeout(self.connect_timeout)
+        )
+        try:
+            response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
+        except _RequestFailed as exc:
+            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.__cause__
         self._on_created(response)
 
     def _on_created(self, response: httpx.Response) -> None:
@@ -457,7 +407,7 @@ class HTTPPollingTransport(Transport):
             reason = f"the server at {self.url} refused the session ({response.headers[ERROR_HEADER]})"
             self._inbox.append(response.content)
             self._send_closed = reason
-            self._ended = ConnectionClosed(reason)
+            self._end.note(ConnectionClosed(reason))
             return
         if status == 401:
             raise AuthenticationError(
@@ -557,44 +507,63 @@ class HTTPPollingTransport(Transport):
             ConnectionClosed: It failed ``retries + 1`` times, or cannot be sent
                 at all (the channel is then broken); or `aclose` was called meanwhile.
         """
-        client = self._client
-        assert client is not None
-        attempt = 0
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         try:
             with scope:
-                while True:
-                    try:
-                        response = await client.send(request, follow_redirects=False)
-                    except _RETRYABLE as exc:
-                        failure: str = _describe(exc)
-                        cause: BaseException | None = exc
-                    except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
-                        # Not the network's doing: a closed client, a decoding failure, ...
-                        error = ConnectionClosed(f"{what} to {self.url} failed: {_describe(exc)}")
-                        self._end(error)
-                        raise error from exc
-                    else:
-                        answer = _Answer(response)
-                        if answer.sets_cookie:
-                            self._build_headers()
-                        if response.status_code not in _GATEWAY_STATUSES or answer.received is not None:
-                            return answer
-                        failure = f"HTTP {response.status_code} {response.reason_phrase}"  # a proxy's
-                        cause = None
-                    attempt += 1
-                    if attempt > self.retries:
-                        error = ConnectionClosed(
-                            f"{what} to {self.url} failed {attempt} times; the last time: {failure}"
-                        )
-                        self._end(error)
-                        raise error from cause
-                    await anyio.sleep(_backoff(attempt))
+                try:
+                    response = await self._exchange(request, owned_by_protocol=RECEIVED_HEADER)
+                except _RequestFailed as exc:
+                    tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
+                    error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
+                    self._finish(error)
+                    raise error from exc.__cause__
+                answer = _Answer(response)
+                if answer.sets_cookie:
+                    self._build_headers()
+                return answer
         finally:
             self._scopes.discard(scope)
         # Reached only when `aclose` cancelled the request.
-        raise ConnectionClosed(f"the HTTP long-polling session at {self.url} was closed by the client")
+        raise self._end.closed_by_client_error()
+
+    async def _exchange(self, request: httpx.Request, *, owned_by_protocol: str) -> httpx.Response:
+        """Send one request, trying again after network failures and gateways' errors: the one retry loop.
+
+        Args:
+            request: The request, sent as it is each time.
+            owned_by_protocol: A header only our server sets: a 502, 503 or 504
+                with it is the server's answer, not a gateway's, and is returned.
+
+        Returns:
+            The response (of any other status).
+
+        Raises:
+            _RequestFailed: The request failed ``retries + 1`` times, or for a
+                reason a retry cannot mend (a closed client, say).
+        """
+        client = self._client
+        assert client is not None
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = await client.send(request, follow_redirects=False)
+            except _RETRYABLE as exc:
+                failure: str = describe(exc)
+                cause: BaseException | None = exc
+            except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
+                # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
+                raise _RequestFailed(describe(exc), 1) from exc
+            else:
+                if response.status_code not in _GATEWAY_STATUSES or owned_by_protocol in response.headers:
+                    return response
+                detail = _error_detail(response)
+                failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
+                cause = None
+            if attempt > self.retries:
+                raise _RequestFailed(failure, attempt) from cause
+            await self._clock.sleep(_backoff(attempt))
 
     def _confirm(self, answer: _Answer) -> None:
         """Forget the request frames the server says it has (``OpenEnv-Received``)."""
@@ -628,10 +597,9 @@ class HTTPPollingTransport(Transport):
             self._arrival = None
             arrival.set()
 
-    def _end(self, error: ConnectionClosed | ProtocolError) -> None:
+    def _finish(self, error: ConnectionClosed | ProtocolError) -> None:
         """No frame can come after those queued, nor be sent."""
-        if self._ended is None:
-            self._ended = error
+        self._end.note(error)
         if self._send_closed is None:
             self._send_closed = str(error)
         self._wake()
@@ -658,15 +626,15 @@ class HTTPPollingTransport(Transport):
                 refused the frame, e.g. ``413`` for one over its size limit).
         """
         lock = self._send_lock
-        if self._aclosed or self._client is None or lock is None:
-            raise ConnectionClosed(f"the HTTP long-polling transport to {self.url} is not connected")
+        if self._end.by_client or self._client is None or lock is None:
+            raise not_connected("HTTP long-polling", self.url)
         async with lock:
             if self._send_closed is not None:
                 raise ConnectionClosed(self._send_closed)
             limit = self._max_body_size
             if limit is not None and len(frame) > limit:
                 reason = f"a frame of {len(frame)} bytes is over the server's limit of {limit} bytes"
-                self._end(ConnectionClosed(reason))
+                self._finish(ConnectionClosed(reason))
                 raise ConnectionClosed(reason)
             seq = self._next_seq
             self._next_seq = seq + 1
@@ -687,35 +655,58 @@ class HTTPPollingTransport(Transport):
                 seq, frame = unconfirmed[0]
                 wait = self._wait if len(unconfirmed) == 1 else 0.0
                 answer = await self._send_request(self._frame_request(seq, frame, wait), f"sending frame {seq}")
-                self._on_frame_response(answer, seq)
+                self._on_response(answer, seq)
         except ProtocolError as exc:
-            self._end(exc)
+            self._finish(exc)
             raise ConnectionClosed(str(exc)) from exc
         finally:
             self._posting -= 1
             self._wake()
 
-    def _on_frame_response(self, answer: _Answer, seq: int) -> None:
+    def _on_response(self, answer: _Answer, seq: int | None) -> None:
+        """Act on a frame request's response: the one status dispatcher.
+
+        Args:
+            answer: The response.
+            seq: The number of the frame a POST sent; ``None`` for a poll.
+
+        Raises:
+            ConnectionClosed: A POST's frame will never run (the session ended
+                before it, the server refused it or forgot the session).
+            ProtocolError: A poll got an answer that is not the protocol.
+        """
         status = answer.response.status_code
-        if status == 200:
-            self._confirm_through(seq)
-            self._deliver(answer)
-        elif status == 204:
-            self._confirm_through(seq)
+        if status == 200 or status == 204:
+            if seq is None:
+                self._confirm(answer)
+            else:
+                self._confirm_through(seq)  # a 2xx to a POST: the server has the frame
+            if status == 200:
+                self._deliver(answer)
         elif status == 410:
             self._confirm(answer)
-            self._send_closed = f"the session at {self.url} has ended: {_end_reason(answer.response)}"
+            reason = f"the session at {self.url} has ended: {_end_reason(answer.response)}"
+            if seq is None:
+                self._finish(ConnectionClosed(reason))
+                return
+            self._send_closed = reason
             if self._unconfirmed and self._unconfirmed[0][0] <= seq:
                 self._unconfirmed.clear()
-                raise ConnectionClosed(self._send_closed)
+                raise ConnectionClosed(reason)
             # The frame arrived (a close, say): `receive` fetches what is left, then ends.
         elif status == 404:
-            error = self._forgotten()
-            self._end(error)
-            raise error
+            # The server does not know the session (any more): no use deleting it.
+            self._session_url = None
+            error = ConnectionClosed(f"the server at {self.url} does not know this session: it ended or expired")
+            self._finish(error)
+            if seq is not None:
+                raise error
         else:
-            error = ConnectionClosed(self._refusal(answer, f"frame {seq}"))
-            self._end(error)
+            refusal = self._refusal(answer, "a poll" if seq is None else f"frame {seq}")
+            if seq is None:
+                raise ProtocolError(refusal)
+            error = ConnectionClosed(refusal)
+            self._finish(error)
             raise error
 
     async def receive(self) -> bytes:
@@ -735,15 +726,15 @@ class HTTPPollingTransport(Transport):
         """
         inbox = self._inbox
         while True:
-            if self._aclosed:
-                raise ConnectionClosed(f"the HTTP long-polling session at {self.url} was closed by the client")
+            if self._end.by_client:
+                self._end.raise_ended()
             if inbox:
                 await anyio.lowlevel.checkpoint_if_cancelled()
                 return inbox.popleft()
-            if self._ended is not None:
-                self._raise_ended()
+            if self._end.error is not None:
+                self._end.raise_ended()
             if self._client is None:
-                raise ConnectionClosed(f"the HTTP long-polling transport to {self.url} is not connected")
+                raise not_connected("HTTP long-polling", self.url)
             if self._posting or self._polling:
                 # A POST in flight brings the reply in its response; or another
                 # receiver is polling. Wait for either to finish.
@@ -766,38 +757,14 @@ class HTTPPollingTransport(Transport):
             self._polling = True
             try:
                 answer = await self._send_request(self._poll_request(self._wait), "polling for a reply")
-                self._on_poll_response(answer)
+                self._on_response(answer, None)
             except (ConnectionClosed, ProtocolError) as exc:
-                if not self._aclosed:
-                    self._end(exc)
+                if not self._end.by_client:
+                    self._finish(exc)
                 raise
             finally:
                 self._polling = False
                 self._wake()
-
-    def _on_poll_response(self, answer: _Answer) -> None:
-        status = answer.response.status_code
-        if status == 200:
-            self._confirm(answer)
-            self._deliver(answer)
-        elif status == 204:
-            self._confirm(answer)
-        elif status == 410:
-            self._end(ConnectionClosed(f"the session at {self.url} has ended: {_end_reason(answer.response)}"))
-        elif status == 404:
-            self._end(self._forgotten())
-        else:
-            raise ProtocolError(self._refusal(answer, "a poll"))
-
-    def _forgotten(self) -> ConnectionClosed:
-        """The server does not know the session (any more): no use deleting it."""
-        self._session_url = None
-        return ConnectionClosed(f"the server at {self.url} does not know this session: it ended or expired")
-
-    def _raise_ended(self) -> NoReturn:
-        error = self._ended
-        assert error is not None
-        raise type(error)(str(error)) from error
 
     async def aclose(self) -> None:
         """Delete the session on the server, and close the client if it is the transport's own.
@@ -806,9 +773,9 @@ class HTTPPollingTransport(Transport):
         safe on a broken channel. Requests in flight end; afterwards `send` and
         `receive` raise `ConnectionClosed`.
         """
-        if self._aclosed:
+        if self._end.by_client:
             return
-        self._aclosed = True
+        self._end.close_by_client()
         self._inbox.clear()
         for scope in list(self._scopes):
             scope.cancel()
@@ -819,7 +786,7 @@ class HTTPPollingTransport(Transport):
         try:
             url = self._session_url
             if url is not None:
-                with anyio.move_on_after(self.close_timeout):
+                with self._clock.move_on_after(self.close_timeout):
                     try:
                         request = httpx.Request(
                             "DELETE", url, headers=self._get_headers, extensions={"timeout": self._timeout(0.0)}

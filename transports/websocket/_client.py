@@ -10,15 +10,13 @@ which calls back here to reconnect.
 
 from __future__ import annotations
 
-import functools
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import NoReturn
 
 import anyio
 from anyio.abc import ByteStream
 from websockets.client import ClientProtocol
-from websockets.datastructures import Headers
 from websockets.exceptions import (
     InvalidHandshake,
     InvalidMessage,
@@ -35,16 +33,23 @@ from websockets.uri import WebSocketURI, parse_uri
 
 from openenv import (
     AuthenticationError,
-    ClientStateError,
     ConnectError,
     ConnectionClosed,
     Dialect,
     Transport,
-    __version__,
 )
 
-from .._credentials import with_auth_token
-from ._connection import READ_SIZE, STREAM_ERRORS, Connection, close_quietly, describe
+from .._network_client import (
+    STREAM_ERRORS,
+    HeaderPairs,
+    client_headers,
+    connect_once,
+    default_ssl_context,
+    describe,
+    split_url,
+    user_agent,
+)
+from ._connection import READ_SIZE, Connection, close_quietly
 from ._resumption import FirstFrameThen, ResumableConnection, SessionRefused, read_session
 from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, RESUME_HEADER, SUBPROTOCOLS, offered_subprotocols
 
@@ -63,7 +68,7 @@ _HANDSHAKE_HEADERS = frozenset(
     }
 )
 
-_USER_AGENT = f"openenv/{__version__} {USER_AGENT}"
+_USER_AGENT = user_agent(USER_AGENT)
 
 # What may go wrong while connecting: the socket's failures and websockets' own.
 _CONNECT_ERRORS = (*STREAM_ERRORS, WebSocketException)
@@ -88,15 +93,10 @@ def websocket_url(url: str) -> str:
     Raises:
         ValueError: The URL's scheme is not ``ws``, ``wss``, ``http`` or ``https``.
     """
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        scheme, rest = "ws", url
-    ws_scheme = _SCHEMES.get(scheme.lower())
-    if ws_scheme is None:
+    parts = split_url(url, _SCHEMES, default_scheme="ws")
+    if parts is None:
         raise ValueError(f"{url!r} is not a ws://, wss://, http:// or https:// URL")
-    rest, hash_mark, fragment = rest.partition("#")
-    rest, question_mark, query = rest.partition("?")
-    return f"{ws_scheme}://{rest.rstrip('/')}/ws{question_mark}{query}{hash_mark}{fragment}"
+    return f"{parts.scheme}://{parts.location}/ws{parts.query}{parts.fragment}"
 
 
 def _connect_error(url: str, exc: BaseException) -> ConnectError:
@@ -129,12 +129,6 @@ def _dialect_of(subprotocol: str | None) -> Dialect:
     if subprotocol is None:
         return PLAIN
     return SUBPROTOCOLS.get(subprotocol) or RESUMABLE_SUBPROTOCOLS[subprotocol]
-
-
-@functools.cache
-def _default_ssl_context() -> ssl.SSLContext:
-    """The system's default TLS settings, built once: loading the CA store is slow."""
-    return ssl.create_default_context()
 
 
 class _NotConnected:
@@ -256,7 +250,7 @@ class WebSocketTransport(Transport):
         max_message_size: int | None = 100 * 2**20,
         ping_interval: float | None = 20.0,
         ping_timeout: float | None = 20.0,
-        headers: Mapping[str, str] | Sequence[tuple[str, str]] | None = None,
+        headers: HeaderPairs | None = None,
         compression: bool = True,
         encoding: str = "json",
         subprotocols: Sequence[str] | None = None,
@@ -272,15 +266,7 @@ class WebSocketTransport(Transport):
             offer = list(subprotocols)
         if ssl_context is not None and not self.url.startswith("wss://"):
             raise ValueError(f"an ssl_context was given for {url!r}, which is not a TLS URL")
-        pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
-        pairs = with_auth_token(pairs, auth_token)
-        for name, _ in pairs:
-            if name.lower() in _HANDSHAKE_HEADERS:
-                raise ValueError(f"the {name} header belongs to the WebSocket handshake; it cannot be set")
-        try:
-            Headers(pairs)
-        except WebSocketException as exc:
-            raise ValueError(f"invalid header: {exc}") from exc
+        pairs = client_headers(headers, auth_token, reserved=_HANDSHAKE_HEADERS, owner="the WebSocket handshake")
         self.connect_timeout = connect_timeout
         self.max_message_size = max_message_size
         self.ping_interval = ping_interval
@@ -322,8 +308,7 @@ class WebSocketTransport(Transport):
                 ``session`` frame came).
             ClientStateError: The transport was entered before; create a new one.
         """
-        if self._entered:
-            raise ClientStateError("a WebSocketTransport connects only once; create a new one")
+        connect_once(self._entered, self)
         self._entered = True
         try:
             self._uri = parse_uri(self.url)
@@ -428,7 +413,7 @@ class WebSocketTransport(Transport):
             uri.host,
             uri.port,
             tls=True,
-            ssl_context=self.ssl_context or _default_ssl_context(),
+            ssl_context=self.ssl_context or default_ssl_context(),
             tls_hostname=uri.host,
             # WebSocket frames carry their own ends, so a peer that skips TLS's
             # close_notify truncates nothing.

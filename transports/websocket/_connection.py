@@ -27,6 +27,8 @@ from openenv import ConnectionClosed, ProtocolError
 from openenv._background import start_background
 from openenv.channel import FrameQueue, QueueClosed
 
+from .._network_client import STREAM_ERRORS, describe
+
 # Bytes asked of the socket per read: large, so that a burst of frames (or a big
 # one) takes few system calls and few trips through the protocol's parser.
 READ_SIZE = 65536
@@ -38,9 +40,6 @@ READ_SIZE = 65536
 # the reader waits, as with websockets' own clients when their queue is full.
 RECEIVE_BUFFER = 64
 
-# Everything the socket (plain or TLS) may raise once it is open. ssl.SSLError is an OSError.
-STREAM_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
-
 # The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
 _PEER_PROTOCOL_ERRORS = (WebSocketProtocolError, PayloadTooBig, UnicodeDecodeError)
 
@@ -51,15 +50,6 @@ def _send_now(fd: int, data: bytes) -> int:
         return os.write(fd, data)
     except (BlockingIOError, InterruptedError):
         return 0
-
-
-def describe(exc: BaseException) -> str:
-    """One line on why an I/O call failed, looking inside anyio's grouped connect errors."""
-    text = str(exc) or type(exc).__name__
-    inner = getattr(exc.__cause__, "exceptions", None)
-    if inner:
-        text += " (" + "; ".join(str(e) or type(e).__name__ for e in inner) + ")"
-    return text
 
 
 async def close_quietly(stream: ByteStream) -> None:
