@@ -27,7 +27,7 @@ from openenv import ConnectionClosed, ProtocolError
 from openenv._background import start_background
 from openenv.channel import FrameQueue, QueueClosed
 
-from .._network_client import STREAM_ERRORS, describe
+from .._network_client import STREAM_ERRORS, ConnectionEnd, describe
 
 # Bytes asked of the socket per read: large, so that a burst of frames (or a big
 # one) takes few system calls and few trips through the protocol's parser.
@@ -92,9 +92,7 @@ class Connection:
         self._scope = anyio.CancelScope()  # cancels the background tasks
         self._reader_done = anyio.Event()  # set once the reader saw the end (EOF, a failure, the close)
         self._done = anyio.Event()  # set once the socket is closed
-        self._closed_by_client = False
-        self._failure: str | None = None  # why the connection ended, when it was not the server's doing
-        self._failure_cause: BaseException | None = None
+        self._end = ConnectionEnd(url, "WebSocket connection")  # the client's close, or a failure of ours
 
     @classmethod
     async def open(
@@ -141,7 +139,7 @@ class Connection:
     async def send(self, message: bytes) -> None:
         """Send one message. Raises `ConnectionClosed` if the connection is not open."""
         protocol = self._protocol
-        if self._closed_by_client or protocol.state is not State.OPEN:
+        if self._end.by_client or protocol.state is not State.OPEN:
             self._raise_closed(receiving=False)
         # Acquiring the lock raises a pending cancellation before the protocol is
         # touched; one that interrupts the write below abandons the connection.
@@ -154,7 +152,7 @@ class Connection:
     async def receive(self) -> bytes:
         """The next message; raises once the connection ended and every earlier message was taken."""
         messages = self._messages
-        if self._closed_by_client:
+        if self._end.by_client:
             self._raise_closed(receiving=True)
         try:
             message = await messages.get()
@@ -169,10 +167,10 @@ class Connection:
 
         Shielded: it completes under any cancel scope of the caller's.
         """
-        if self._closed_by_client:
+        if self._end.by_client:
             return
-        self._closed_by_client = True
-        self._messages.close()  # wakes receivers, who see `_closed_by_client`
+        self._end.close_by_client()
+        self._messages.close()  # wakes receivers, who see `_end.by_client`
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self._close_timeout):
                 if self._protocol.state is State.OPEN:
@@ -200,7 +198,7 @@ class Connection:
         session may survive. False while it is open, and when the client closed
         it, the server sent a close frame, or the server broke the protocol.
         """
-        if not self._done.is_set() or self._closed_by_client or self._protocol.close_rcvd is not None:
+        if not self._done.is_set() or self._end.by_client or self._protocol.close_rcvd is not None:
             return False
         return not isinstance(self._protocol.parser_exc, _PEER_PROTOCOL_ERRORS)
 
@@ -294,7 +292,7 @@ class Connection:
             # PING: the protocol queued the pong. CLOSE: the reader sees the state change.
 
     def _put(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._closed_by_client:  # nobody reads any more: drop it
+        if not self._end.by_client:  # nobody reads any more: drop it
             with contextlib.suppress(QueueClosed):
                 self._messages.put(data if type(data) is bytes else bytes(data))
 
@@ -381,9 +379,8 @@ class Connection:
 
     def _note_failure(self, reason: str, cause: BaseException | None = None) -> None:
         """Remember why the connection ended, unless it has a reason already or has ended."""
-        if self._failure is None and not self._done.is_set():
-            self._failure = reason
-            self._failure_cause = cause
+        if not self._done.is_set():
+            self._end.note(ConnectionClosed(reason), cause)
 
     def _fail(self, reason: str, cause: BaseException | None = None) -> None:
         """End the connection now: the background task stops reading and closes the socket."""
@@ -392,8 +389,8 @@ class Connection:
 
     def _raise_closed(self, *, receiving: bool) -> NoReturn:
         """Raise the error that says why the connection is not usable, from its cause."""
-        if self._closed_by_client:
-            raise ConnectionClosed(f"the WebSocket connection to {self.url} was closed by the client")
+        if self._end.by_client:
+            raise self._end.closed_by_client_error()
         protocol = self._protocol
         parser_exc = protocol.parser_exc
         if isinstance(parser_exc, _PEER_PROTOCOL_ERRORS):
@@ -403,8 +400,8 @@ class Connection:
             raise ConnectionClosed(text) from parser_exc
         if protocol.close_rcvd is not None:  # the server's own reason first
             raise ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
-        if self._failure is not None:
-            raise ConnectionClosed(self._failure) from self._failure_cause
+        if self._end.error is not None:
+            self._end.raise_ended()
         raise ConnectionClosed(
             f"the connection to {self.url} was lost without a WebSocket closing handshake"
         ) from parser_exc
