@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn
 import anyio
 import msgspec
 
+from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._codec import ClientCodec
 from ._exceptions import (
     ClientStateError,
@@ -28,9 +29,10 @@ from ._exceptions import (
     server_error_from_frame,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
+from ._limits import CLOSE_FRAME_TIMEOUT, DEFAULT_REPLY_TIMEOUT, PARTING_FRAME_WAIT, SEND_GRACE
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
 from ._messages import ErrorReply, MCPMessage, ObservationReply, StateReply
-from ._registry import check_transport_options, create_transport
+from ._registry import check_transport_options, create_transport, takes_option
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
@@ -43,14 +45,7 @@ __all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
 
 
 # The client's own keyword options; every other keyword goes to the transport.
-_CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type")
-
-# How long to look for an error frame a server sent just before closing the channel.
-_PARTING_FRAME_WAIT = 0.5
-
-# Seconds a request's send may take past the call's deadline, in the plain dialect,
-# before the channel counts as stuck and the client is closed.
-_SEND_GRACE = 1.0
+_CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type", "clock")
 
 
 class _UseClientDefault(enum.Enum):
@@ -140,6 +135,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         action_type: Overrides the action type given as a type parameter.
         observation_type: Overrides the observation type (``dict`` for untyped).
         state_type: Overrides the state type (``dict`` for untyped).
+        clock: Where the client measures its timeouts; the event loop's time by
+            default. A transport that takes a ``clock`` option gets it too,
+            unless one is given among the transport options. For tests: a clock
+            advanced by hand drives every timeout without waiting.
         **transport_options: Passed to the transport the URL picks (for example
             ``connect_timeout``, ``headers``); see each transport. Ignored when
             ``transport`` is given.
@@ -155,8 +154,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     Raises:
         ValueError: Neither ``base_url`` nor ``transport`` was given.
         TypeError: The URL's transport takes no such option (OpenEnv's
-            ``message_timeout_s`` is ``timeout`` here); the message names those
-            it takes.
+            ``message_timeout_s`` is ``timeout`` here; the message names those
+            it takes), or an option's value is not of the type the transport
+            declares (``connect_timeout="10"``).
     """
 
     action_type: Any = dict
@@ -177,10 +177,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         base_url: str | None = None,
         *,
         transport: Transport | None = None,
-        timeout: float | None = 60.0,
+        timeout: float | None = DEFAULT_REPLY_TIMEOUT,
         action_type: Any = None,
         observation_type: Any = None,
         state_type: Any = None,
+        clock: Clock = EVENT_LOOP_CLOCK,
         **transport_options: Any,
     ) -> None:
         if base_url is None and transport is None:
@@ -189,6 +190,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             check_transport_options(base_url, transport_options, also=_CLIENT_OPTIONS)
         self.base_url = base_url
         self.timeout = timeout
+        self._clock = clock
         if action_type is not None:
             self.action_type = action_type
         if observation_type is not None:
@@ -248,7 +250,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             )
         if self._transport is None:
             assert self.base_url is not None
-            self._transport = create_transport(self.base_url, **self._transport_options)
+            options = self._transport_options
+            if self._clock is not EVENT_LOOP_CLOCK and "clock" not in options and takes_option(self.base_url, "clock"):
+                options = {**options, "clock": self._clock}
+            self._transport = create_transport(self.base_url, **options)
         try:
             await self._transport.__aenter__()
         except OpenEnvError:
@@ -364,9 +369,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         assert self._codec is not None
         with anyio.CancelScope(shield=True):
             # Best effort, bounded: the server may be gone already.
-            with anyio.move_on_after(1.0):
-                with contextlib.suppress(OpenEnvError):
-                    await self._transport.send(self._codec.close())
+            with self._clock.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
+                await self._transport.send(self._codec.close())
             await self._transport.aclose()
 
     async def _exit_transport(self) -> None:
@@ -728,8 +732,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, math.inf)
-            deadline = anyio.current_time() + timeout
-            with anyio.CancelScope(deadline=deadline):
+            deadline = self._clock.now() + timeout
+            with self._clock.cancel_scope(deadline=deadline):
                 return await self._exchange(codec, transport, frame, request_id, deadline)
             # Reached only when the deadline cancelled the exchange.
             raise TimeoutError(f"no reply within {timeout} s")
@@ -755,11 +759,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 # it unknown whether the frame went out: shield the send. A deadline
                 # that has passed sends nothing; one that passes while the frame goes
                 # out must not cut it short (the channel would be lost), so a send gets
-                # at least `_SEND_GRACE` seconds: only a stuck channel runs out of it.
-                now = anyio.current_time()
+                # at least `SEND_GRACE` seconds: only a stuck channel runs out of it.
+                clock = self._clock
+                now = clock.now()
                 if now >= deadline:
                     raise TimeoutError("the timeout elapsed before the request was sent")
-                with anyio.CancelScope(shield=True, deadline=max(deadline, now + _SEND_GRACE)) as send_scope:
+                with clock.cancel_scope(shield=True, deadline=max(deadline, now + SEND_GRACE)) as send_scope:
                     await transport.send(frame)
                     self._unanswered.append(request_id)
                 if send_scope.cancelled_caught:
@@ -805,13 +810,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 raise server_error_from_frame(reply.data)
             return reply
 
-    @staticmethod
     async def _raise_parting_error(
-        codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed
+        self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed
     ) -> NoReturn:
         """Raise the reason a server gave before closing (``CAPACITY_REACHED``, ...), if it gave one."""
         # Transports hand out frames that arrived before the close; read what is left.
-        with anyio.move_on_after(_PARTING_FRAME_WAIT):
+        with self._clock.move_on_after(PARTING_FRAME_WAIT):
             while True:
                 try:
                     frame = await transport.receive()

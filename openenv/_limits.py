@@ -1,8 +1,9 @@
-"""The server's resource bounds and their defaults, in one place (``docs/reliability.md`` tabulates them).
+"""Every bound and timeout's default, server and client side, in one place (``docs/reliability.md`` tabulates them).
 
 Constants only: the ASGI app, the runner, the command line and `openenv.serve`
-all take their defaults from here (through `openenv.server`), so they cannot
-drift apart, and none of them needs the server to read them.
+take the server's defaults from here (through `openenv.server`), the client
+and its transports theirs, so that no two places can disagree on a default,
+and none of them needs the server to read them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_IDLE_TIMEOUT",
+    "DEFAULT_CLIENT_CLOSE_TIMEOUT",
+    "DEFAULT_CLIENT_MAX_MESSAGE_SIZE",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_PING_INTERVAL",
+    "DEFAULT_PING_TIMEOUT",
+    "DEFAULT_PLACEMENT_TIMEOUT",
+    "DEFAULT_POLL_TIMEOUT",
+    "DEFAULT_REPLY_TIMEOUT",
+    "DEFAULT_RETRIES",
+    "CLOSE_FRAME_TIMEOUT",
+    "PARTING_FRAME_WAIT",
+    "SEND_GRACE",
 ]
 
 DEFAULT_MAX_SESSIONS: Final = 256
@@ -41,3 +54,45 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 
 DEFAULT_MAX_CONNECTIONS: Final = 1000
 """The most connections a uvicorn server holds at once by default; beyond, requests get 503."""
+
+
+# -- the client side ------------------------------------------------------------------
+
+DEFAULT_REPLY_TIMEOUT: Final = 60.0
+"""Seconds an `EnvClient` call waits for its reply by default (``timeout=``)."""
+
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+"""Seconds a network transport may take to connect by default: DNS, TCP, TLS and the handshake."""
+
+DEFAULT_CLIENT_CLOSE_TIMEOUT: Final = 5.0
+"""Seconds a transport's close waits for the server's part (a closing handshake, a DELETE) by default."""
+
+DEFAULT_PING_INTERVAL: Final = 20.0
+"""Seconds between a WebSocket client's keepalive pings by default."""
+
+DEFAULT_PING_TIMEOUT: Final = 20.0
+"""Seconds a WebSocket client waits for the pong to a keepalive ping by default before the connection is dead."""
+
+DEFAULT_POLL_TIMEOUT: Final = 20.0
+"""Seconds an HTTP long-polling client asks the server to hold a request by default.
+
+Below the idle timeouts of the proxies on the way (often 30 to 60 s).
+"""
+
+DEFAULT_RETRIES: Final = 5
+"""How many times an HTTP long-polling client tries a request again after a network failure, by default."""
+
+DEFAULT_CLIENT_MAX_MESSAGE_SIZE: Final = 100 * 2**20
+"""The largest message a WebSocket client accepts by default, in bytes: OpenEnv's client's 100 MiB."""
+
+DEFAULT_PLACEMENT_TIMEOUT: Final = 60.0
+"""Seconds an `EnvPool` keeps trying to place a session on a server with room, by default."""
+
+SEND_GRACE: Final = 1.0
+"""Seconds a request's send may run past its call's deadline before the channel counts as stuck."""
+
+PARTING_FRAME_WAIT: Final = 0.5
+"""Seconds a client looks for an error frame the server sent just before closing the channel."""
+
+CLOSE_FRAME_TIMEOUT: Final = 1.0
+"""Seconds a closing client tries to send its ``close`` request before it closes the channel anyway."""

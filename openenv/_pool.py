@@ -34,6 +34,7 @@ from ._exceptions import (
     UnsupportedSchemeError,
     ValidationError,
 )
+from ._limits import DEFAULT_PLACEMENT_TIMEOUT
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         auto_reset: bool = False,
         max_connecting: int = 64,
         retry_interval: float = 1.0,
-        placement_timeout: float | None = 60.0,
+        placement_timeout: float | None = DEFAULT_PLACEMENT_TIMEOUT,
         **client_options: Any,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)

@@ -16,11 +16,14 @@ grpc = "my_package.transport:GRPCTransport"
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
-from collections.abc import Callable, Collection
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from ._exceptions import UnsupportedSchemeError
 from ._transport import Transport
@@ -32,6 +35,7 @@ __all__ = [
     "create_transport",
     "register_transport",
     "registered_schemes",
+    "takes_option",
     "url_scheme",
 ]
 
@@ -152,7 +156,8 @@ def create_transport(url: str, **options: Any) -> Transport:
         UnsupportedSchemeError: No transport is registered for the scheme (or
             the URL has none); the message names the ones that are.
         ValueError: The transport rejected the URL or an option.
-        TypeError: The transport does not take an option given.
+        TypeError: The transport does not take an option given, or it is not
+            of the type the transport declares.
 
     Examples:
         ```python
@@ -162,6 +167,7 @@ def create_transport(url: str, **options: Any) -> Transport:
         print(type(transport).__name__, transport.url)  # WebSocketTransport ws://127.0.0.1:8000/ws
         ```
     """
+    check_transport_options(url, options)
     return _factory_for(url_scheme(url))(url, **options)
 
 
@@ -173,30 +179,114 @@ _OPENENV_OPTION_NAMES = {
 }
 
 
-def _option_names(factory: TransportFactory) -> set[str] | None:
-    """The keyword options a transport factory takes after the URL, or ``None`` if it takes any."""
+class _Options(NamedTuple):
+    """What a factory's signature says of its keyword options."""
+
+    names: frozenset[str] | None
+    """The options it takes, or ``None`` if it takes any (``**options``)."""
+    types: dict[str, Any]
+    """The declared type of each option that has one."""
+
+
+@functools.cache
+def _options_of(factory: TransportFactory) -> _Options | None:
+    """The keyword options a transport factory takes after the URL, and their types; ``None`` if unreadable."""
     try:
-        parameters = list(inspect.signature(factory).parameters.values())
-    except (TypeError, ValueError):  # no signature to read: let the factory judge at connect
-        return None
-    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
-        return None
+        signature = inspect.signature(factory, eval_str=True)
+    except (NameError, TypeError, ValueError, SyntaxError):  # a name only a type checker sees, or no signature
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):  # no signature to read: let the factory judge at connect
+            return None
+    parameters = list(signature.parameters.values())[1:]
     keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {parameter.name for parameter in parameters[1:] if parameter.kind in keywords}
+    takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+    named = [parameter for parameter in parameters if parameter.kind in keywords]
+    return _Options(
+        None if takes_any else frozenset(parameter.name for parameter in named),
+        {
+            parameter.name: parameter.annotation
+            for parameter in named
+            if parameter.annotation is not inspect.Parameter.empty and not isinstance(parameter.annotation, str)
+        },
+    )
 
 
-def check_transport_options(url: str, options: Collection[str], *, also: Collection[str] = ()) -> None:
-    """Refuse now, not at connect, an option the URL's transport does not take.
+def _is_instance(value: object, hint: Any) -> bool:
+    """Whether ``value`` is of the declared type ``hint``; a construct it cannot judge passes.
+
+    Containers are looked into one level (a mapping's keys and values, a
+    sequence's items); a string is not taken for a sequence of strings.
+    """
+    if hint is Any or hint is object:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    arguments = typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_is_instance(value, argument) for argument in arguments)
+    if origin is Literal:
+        return value in arguments
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is None:
+        return not isinstance(hint, type) or isinstance(value, hint)
+    if origin is tuple:  # a pair may come as a list too: anything that unpacks alike
+        if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+            return False
+        if len(arguments) == 2 and arguments[1] is Ellipsis:
+            return all(_is_instance(item, arguments[0]) for item in value)
+        return len(value) == len(arguments) and all(map(_is_instance, value, arguments))
+    if not isinstance(origin, type) or not isinstance(value, origin):
+        return not isinstance(origin, type)
+    if isinstance(value, Mapping):
+        if len(arguments) != 2:
+            return True
+        return all(_is_instance(k, arguments[0]) and _is_instance(v, arguments[1]) for k, v in value.items())
+    if isinstance(value, (str, bytes)):
+        return origin in (str, bytes)
+    if len(arguments) == 1 and isinstance(value, Collection):
+        return all(_is_instance(item, arguments[0]) for item in value)
+    return True
+
+
+def _type_text(hint: Any) -> str:
+    """A declared type as a reader writes it (``float | None``, ``SSLContext``)."""
+    if hint is type(None):
+        return "None"
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("collections.abc.", "")
+
+
+def takes_option(url: str, name: str) -> bool:
+    """Whether the transport of ``url``'s scheme takes the keyword option ``name`` (``False`` if unknown)."""
+    try:
+        declared = _options_of(_factory_for(url_scheme(url)))
+    except UnsupportedSchemeError:
+        return False
+    return declared is not None and declared.names is not None and name in declared.names
+
+
+def check_transport_options(url: str, options: Mapping[str, Any], *, also: Collection[str] = ()) -> None:
+    """Refuse now, not at connect, an option the URL's transport does not take, or one of the wrong type.
+
+    The transport factory's signature is the reference: the names of its
+    keyword parameters, and their annotations.
 
     Args:
         url: The server's URL; its scheme picks the transport.
-        options: The names of the options given for the transport.
+        options: The options given for the transport, by name.
         also: Other valid names, listed in the message (a client's own options).
 
     Raises:
-        TypeError: An option the transport does not take; the message names the
-            options it does take (and openenv's name for an OpenEnv option).
-            An unknown scheme is left for `create_transport` to report.
+        TypeError: An option the transport does not take (the message names
+            the options it does take, and openenv's name for an OpenEnv
+            option), or a value not of the option's declared type. An unknown
+            scheme is left for `create_transport` to report.
     """
     if not options:
         return
@@ -205,16 +295,25 @@ def check_transport_options(url: str, options: Collection[str], *, also: Collect
         factory = _factory_for(scheme)
     except UnsupportedSchemeError:
         return
-    accepted = _option_names(factory)
-    if accepted is None:
+    declared = _options_of(factory)
+    if declared is None:
         return
-    unknown = sorted(set(options) - accepted)
-    if not unknown:
-        return
-    renamed = [f"{name}= is {_OPENENV_OPTION_NAMES[name]}= here" for name in unknown if name in _OPENENV_OPTION_NAMES]
-    valid = ", ".join(sorted({*accepted, *also}))
-    raise TypeError(
-        f"unknown option {', '.join(name + '=' for name in unknown)} for {scheme}:// URLs"
-        + (f" (OpenEnv's {'; '.join(renamed)})" if renamed else "")
-        + f"; the options are: {valid}"
-    )
+    accepted = declared.names
+    unknown = sorted(set(options) - accepted) if accepted is not None else []
+    if unknown:
+        renamed = [
+            f"{name}= is {_OPENENV_OPTION_NAMES[name]}= here" for name in unknown if name in _OPENENV_OPTION_NAMES
+        ]
+        valid = ", ".join(sorted({*(accepted or ()), *also}))
+        raise TypeError(
+            f"unknown option {', '.join(name + '=' for name in unknown)} for {scheme}:// URLs"
+            + (f" (OpenEnv's {'; '.join(renamed)})" if renamed else "")
+            + f"; the options are: {valid}"
+        )
+    for name, value in options.items():
+        hint = declared.types.get(name)
+        if hint is not None and not _is_instance(value, hint):
+            raise TypeError(
+                f"the {name}= option of {scheme}:// URLs takes {_type_text(hint)}, not {type(value).__name__}"
+                f" ({value!r:.60})"
+            )

@@ -1,15 +1,19 @@
-"""Helpers the test modules share: the counter environment's typed client, waiting on state, a TCP proxy."""
+"""Helpers the test modules share: the counter environment's typed client, waiting on state, a clock, a TCP proxy."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
-from openenv import EnvClient
+from openenv import Clock, EnvClient
 from tests.envs import CountAction, CountObservation, CountState
 
 
@@ -24,6 +28,66 @@ async def wait_until(condition: Callable[[], bool], what: str = "") -> None:
     """
     while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
         await anyio.sleep(0.01)
+
+
+class ManualClock(Clock):
+    """A clock that stands still until a test advances it: every timeout it measures fires on `advance`.
+
+    Give it to a client (``EnvClient(url, clock=clock)``) or a transport; then
+    a 60 s reply timeout, a keepalive's interval or a retry's backoff passes in
+    no time, at the moment the test chooses, under asyncio and trio alike.
+    """
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._order = itertools.count()
+        # (deadline, order, what to wake or cancel), earliest first.
+        self._timers: list[tuple[float, int, anyio.Event | anyio.CancelScope]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await anyio.lowlevel.checkpoint()
+            return
+        woken = anyio.Event()
+        heapq.heappush(self._timers, (self._now + seconds, next(self._order), woken))
+        await woken.wait()
+
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> anyio.CancelScope:
+        scope = anyio.CancelScope(shield=shield)
+        if deadline <= self._now:
+            scope.cancel()
+        elif deadline != math.inf:
+            heapq.heappush(self._timers, (deadline, next(self._order), scope))
+        return scope
+
+    def advance(self, seconds: float) -> None:
+        """Move the time on by ``seconds``: wake the sleeps and cancel the scopes whose time has come."""
+        self._now += seconds
+        while self._timers and self._timers[0][0] <= self._now:
+            _, _, timer = heapq.heappop(self._timers)
+            if isinstance(timer, anyio.Event):
+                timer.set()
+            else:
+                timer.cancel()  # harmless on a scope already left
+
+    async def advance_when_blocked(self, seconds: float) -> None:
+        """Once every task of the event loop waits (a request at the environment, say), advance by ``seconds``."""
+        await anyio.wait_all_tasks_blocked()
+        self.advance(seconds)
+
+    async def keep_advancing(self, seconds: float) -> None:
+        """Advance by ``seconds`` each time every other task waits, until cancelled: time flows, as fast as it can."""
+        while True:
+            await self.advance_when_blocked(seconds)
+
+
+async def cancel_when_blocked(scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once every task of the event loop waits: a caller giving up on a call in flight."""
+    await anyio.wait_all_tasks_blocked()
+    scope.cancel()
 
 
 class Upstream(Protocol):

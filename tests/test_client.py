@@ -16,6 +16,7 @@ import pytest
 
 import openenv
 from openenv import Dialect, EnvClient, Transport
+from openenv._limits import SEND_GRACE
 from openenv.examples.echo import (
     CallToolAction,
     EchoEnv,
@@ -25,7 +26,7 @@ from openenv.examples.echo import (
     ListToolsAction,
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
-from tests.helpers import CounterClient
+from tests.helpers import CounterClient, ManualClock, cancel_when_blocked
 from transports.inprocess import InProcessTransport
 from transports.runner import _configure_console_logging
 
@@ -133,11 +134,15 @@ async def test_explicit_transport_overrides_the_url() -> None:
 @pytest.mark.parametrize("dialect", [Dialect(), Dialect(request_ids=True), Dialect("msgpack", True)])
 async def test_every_dialect_matches_late_replies(dialect: Dialect) -> None:
     transport = InProcessTransport(factory=AsyncCounterEnv, dialect=dialect)
+    clock = ManualClock()
     with anyio.fail_after(5):
-        async with CounterClient(transport=transport) as env:
-            with pytest.raises(openenv.TimeoutError):
-                await env.step(CountAction(by=10, delay=0.2), timeout=0.02)
-            with anyio.move_on_after(0.02):
+        async with CounterClient(transport=transport, clock=clock) as env:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(clock.advance_when_blocked, 2.0)  # the step is at the environment
+                with pytest.raises(openenv.TimeoutError):
+                    await env.step(CountAction(by=10, delay=0.2), timeout=1.0)
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(cancel_when_blocked, task_group.cancel_scope)
                 await env.step(CountAction(by=100, delay=0.2))
             result = await env.step(CountAction(by=1))
             assert (result.observation.count, result.reward) == (111, 1.0)
@@ -237,13 +242,18 @@ async def test_echo_environment_reports_tool_errors() -> None:
 
 
 class StallingTransport(Transport):
-    """With request ids: the first send never completes (as if cut off before any byte left)."""
+    """With request ids: the first send never completes (as if cut off before any byte left).
+
+    While it stalls, the client's clock moves on by ``stall`` seconds.
+    """
 
     dialect = Dialect(request_ids=True)
 
-    def __init__(self) -> None:
+    def __init__(self, clock: ManualClock, stall: float) -> None:
         self.inbox: deque[bytes] = deque()
         self.sends = 0
+        self.clock = clock
+        self.stall = stall
 
     async def __aenter__(self) -> StallingTransport:
         return self
@@ -251,6 +261,7 @@ class StallingTransport(Transport):
     async def send(self, frame: bytes) -> None:
         self.sends += 1
         if self.sends == 1:
+            self.clock.advance(self.stall)
             await anyio.sleep_forever()
         message = json.loads(frame)
         if message["type"] != "close":
@@ -264,23 +275,25 @@ class StallingTransport(Transport):
 
 
 async def test_a_request_cut_off_while_sending_is_skipped_by_id() -> None:
-    transport = StallingTransport()
+    clock = ManualClock()
+    transport = StallingTransport(clock, stall=2.0)
     with anyio.fail_after(5):
-        async with CounterClient(transport=transport) as env:
+        async with CounterClient(transport=transport, clock=clock) as env:
             with pytest.raises(openenv.TimeoutError):
-                await env.step(CountAction(), timeout=0.02)
+                await env.step(CountAction(), timeout=1.0)
             result = await env.step(CountAction())
             assert result.observation.count == 2
             assert env.is_connected
 
 
 async def test_plain_dialect_closes_the_client_when_a_send_is_cut_off() -> None:
-    transport = StallingTransport()
+    clock = ManualClock()
+    transport = StallingTransport(clock, stall=1.0 + SEND_GRACE)  # past the deadline and the send's grace
     transport.dialect = Dialect()
     with anyio.fail_after(5):
-        async with CounterClient(transport=transport) as env:
+        async with CounterClient(transport=transport, clock=clock) as env:
             with pytest.raises(openenv.TimeoutError, match="closed"):
-                await env.step(CountAction(), timeout=0.02)
+                await env.step(CountAction(), timeout=1.0)
             assert not env.is_connected
             with pytest.raises(openenv.ClientStateError):
                 await env.step(CountAction())
@@ -299,15 +312,17 @@ async def test_plain_dialect_timeout_that_elapsed_before_sending_keeps_the_sessi
 
 
 class SlowSendTransport(ScriptedTransport):
-    """Plain dialect; the first send takes longer than the call's timeout, then goes out whole."""
+    """Plain dialect; the first send takes longer than the call's timeout on the client's clock, then goes whole."""
 
-    def __init__(self, replies: list[Any], send_takes: float) -> None:
+    def __init__(self, replies: list[Any], clock: ManualClock, send_takes: float) -> None:
         super().__init__(replies)
+        self.clock = clock
         self.send_takes = send_takes
 
     async def send(self, frame: bytes) -> None:
         if not self.sent:
-            await anyio.sleep(self.send_takes)  # the call's deadline passes while the frame goes out
+            self.clock.advance(self.send_takes)  # the call's deadline passes while the frame goes out
+            await anyio.lowlevel.checkpoint()
         await super().send(frame)
 
     async def receive(self) -> bytes:
@@ -317,11 +332,12 @@ class SlowSendTransport(ScriptedTransport):
 
 async def test_plain_dialect_timeout_that_elapses_while_sending_keeps_the_session() -> None:
     """The deadline passing mid-send does not cut the send short (which closed the client): the reply is late."""
-    transport = SlowSendTransport([observation(1), observation(2)], send_takes=0.05)
+    clock = ManualClock()
+    transport = SlowSendTransport([observation(1), observation(2)], clock, send_takes=SEND_GRACE / 2)
     with anyio.fail_after(5):
-        async with CounterClient(transport=transport) as env:
+        async with CounterClient(transport=transport, clock=clock) as env:
             with pytest.raises(openenv.TimeoutError, match="no reply within"):
-                await env.step(CountAction(), timeout=0.01)
+                await env.step(CountAction(), timeout=SEND_GRACE / 4)
             assert env.is_connected
             # The first request went out whole; its late reply is dropped, not handed to this call.
             assert (await env.step(CountAction())).observation.count == 2
@@ -417,7 +433,7 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
             "ws://127.0.0.1:8000",
             {"message_timeout_s": 30.0},
             "unknown option message_timeout_s= for ws:// URLs (OpenEnv's message_timeout_s= is timeout= here); "
-            "the options are: action_type, auth_token, close_timeout, ",
+            "the options are: action_type, auth_token, clock, close_timeout, ",
         ),
         ("http+poll://127.0.0.1:8000", {"max_message_size_mb": 10}, "is max_message_size (in bytes)= here"),
         ("inproc://tests.envs:DictEnv", {"connect_timeout": 1.0}, "unknown option connect_timeout= for inproc:// URLs"),

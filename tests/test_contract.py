@@ -24,7 +24,7 @@ from tests.envs import (
     SyncCounterEnv,
     failing_factory,
 )
-from tests.helpers import CounterClient, wait_until
+from tests.helpers import CounterClient, ManualClock, cancel_when_blocked, wait_until
 from tests.serving import TRANSPORTS, serving
 from transports.inprocess import InProcessTransport
 
@@ -125,10 +125,13 @@ async def test_reply_that_does_not_fit_the_types(kind: str) -> None:
 
 async def test_timeout_never_hands_the_late_reply_to_the_next_call(kind: str) -> None:
     with anyio.fail_after(LIMIT):
-        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=5) as env:
+        clock = ManualClock()
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=5, clock=clock) as env:
             await env.reset()
-            with pytest.raises(openenv.TimeoutError) as info:
-                await env.step(CountAction(by=100, delay=0.3), timeout=0.05)
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(clock.advance_when_blocked, 5.0)  # the step is at the environment
+                with pytest.raises(openenv.TimeoutError) as info:
+                    await env.step(CountAction(by=100, delay=0.3))
             assert isinstance(info.value, TimeoutError)
             # The slow step still completes on the server; its reply must be dropped.
             result = await env.step(CountAction(by=1))
@@ -138,9 +141,12 @@ async def test_timeout_never_hands_the_late_reply_to_the_next_call(kind: str) ->
 
 async def test_client_timeout_applies_to_every_call(kind: str) -> None:
     with anyio.fail_after(LIMIT):
-        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=0.05) as env:
-            with pytest.raises(openenv.TimeoutError):
-                await env.step(CountAction(by=5, delay=0.3))
+        clock = ManualClock()
+        async with serving(kind, AsyncCounterEnv) as url, CounterClient(url, timeout=1.0, clock=clock) as env:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(clock.advance_when_blocked, 1.0)
+                with pytest.raises(openenv.TimeoutError):
+                    await env.step(CountAction(by=5, delay=0.3))
             result = await env.step(CountAction(by=1), timeout=None)
             assert result.observation.count == 6
 
@@ -233,7 +239,8 @@ async def test_close_mid_step_releases_the_environment(kind: str) -> None:
             async with CounterClient(url) as env:
                 await env.reset(episode_id=episode)
                 closed = closed_episodes(env)
-                with anyio.move_on_after(0.05):
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(cancel_when_blocked, task_group.cancel_scope)  # the step has gone out
                     await env.step(CountAction(delay=0.5))
             # The server lets the step finish, then closes the environment.
             await wait_until(lambda: episode in closed())

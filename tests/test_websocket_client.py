@@ -29,8 +29,10 @@ from websockets.typing import Subprotocol
 
 import transports.websocket as websocket_package
 from openenv import ClientStateError, ConnectError, ConnectionClosed, Dialect, ProtocolError
+from tests.helpers import ManualClock, wait_until
 from transports.websocket import JSON_SUBPROTOCOL, MSGPACK_SUBPROTOCOL, SUBPROTOCOLS, WebSocketTransport
 from transports.websocket._client import websocket_url
+from transports.websocket._connection import RECEIVE_BUFFER
 
 pytestmark = pytest.mark.anyio
 
@@ -570,7 +572,7 @@ async def test_server_ping_is_answered_when_the_client_goes_idle_after_a_busy_sp
                     await transport.send(b"%d" % n)
                     assert await transport.receive() == b"%d" % n
                     if n % 20 == 0:
-                        await anyio.sleep(0.06)  # slower than the reader's first look, so it backs off
+                        await anyio.wait_all_tasks_blocked()  # a pause: every task settles
                 await pong.wait()  # nobody calls receive() any more: the reader answered
 
 
@@ -612,7 +614,9 @@ async def test_messages_read_while_idle_are_kept_in_order_beyond_the_buffer() ->
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url) as transport:
-                await anyio.sleep(0.5)  # idle: the background task reads, then stops
+                connection = transport._connection
+                # Idle: the background task reads until its buffer is full, then stops.
+                await wait_until(lambda: len(connection._messages) >= RECEIVE_BUFFER)  # type: ignore[union-attr]
                 received = [await transport.receive() for _ in range(count)]
     assert received == [b"%d" % n for n in range(count)]
 
@@ -640,7 +644,7 @@ async def test_a_reply_after_an_idle_spell_is_handed_over() -> None:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url) as transport:
                 for _ in range(3):
-                    await anyio.sleep(0.3)  # the background task holds the socket by now
+                    await anyio.wait_all_tasks_blocked()  # idle: only the background task waits on the socket
                     await transport.send(b"{}")
                     assert await transport.receive() == b"{}"
                     await transport.send(b"[]")  # and the caller reads it directly again
@@ -661,10 +665,14 @@ async def test_client_keepalive_pings_are_sent() -> None:
                 if pings == 3:
                     enough.set()
 
+    clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=0.05, ping_timeout=1.0) as transport:
-                await enough.wait()
+            async with WebSocketTransport(server.url, ping_interval=10, ping_timeout=1000, clock=clock) as transport:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(clock.keep_advancing, 10)
+                    await enough.wait()
+                    task_group.cancel_scope.cancel()
                 await transport.send(b"{}")  # still open: every ping got its pong
 
 
@@ -674,13 +682,17 @@ async def test_keepalive_timeout_ends_the_connection() -> None:
         await connection.flush()
         await anyio.sleep_forever()  # never reads again: no pong
 
+    clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(
-                server.url, ping_interval=0.1, ping_timeout=0.2, close_timeout=0.2
+                server.url, ping_interval=10, ping_timeout=20, close_timeout=0.2, clock=clock
             ) as transport:
-                with pytest.raises(ConnectionClosed, match="keepalive"):
-                    await transport.receive()  # the server never answers: only the keepalive ends this
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(clock.keep_advancing, 10)
+                    with pytest.raises(ConnectionClosed, match="keepalive"):
+                        await transport.receive()  # the server never answers: only the keepalive ends this
+                    task_group.cancel_scope.cancel()
                 with pytest.raises(ConnectionClosed, match="keepalive"):
                     await transport.send(b"{}")
 
@@ -696,10 +708,14 @@ async def test_keepalive_timeout_while_the_caller_is_idle() -> None:
                 await connection.stream.receive()  # the pings go unanswered: bytes are read, never parsed
         hung_up.set()
 
+    clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=0.1, ping_timeout=0.2) as transport:
-                await hung_up.wait()  # nobody reads but the background task, which gave up on the pong
+            async with WebSocketTransport(server.url, ping_interval=10, ping_timeout=20, clock=clock) as transport:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(clock.keep_advancing, 10)
+                    await hung_up.wait()  # nobody reads but the background task, which gave up on the pong
+                    task_group.cancel_scope.cancel()
                 with pytest.raises(ConnectionClosed, match="keepalive"):
                     await transport.send(b"{}")
                 with pytest.raises(ConnectionClosed, match="keepalive"):

@@ -19,6 +19,7 @@ import anyio
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
 from openenv._background import BackgroundTask, start_background
+from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import host_session, load_factory
 
@@ -75,7 +76,7 @@ class InProcessTransport(Transport):
         *,
         factory: Callable[[], Any] | None = None,
         dialect: Dialect = Dialect(request_ids=True),
-        close_grace: float = 5.0,
+        close_grace: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
     ) -> None:
         if url is None and factory is None:
             raise ValueError("InProcessTransport needs an inproc:// URL or a factory")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 from collections import deque
+from typing import Literal
 from urllib.parse import quote
 
 import anyio
@@ -42,6 +43,7 @@ from openenv import (
     ProtocolError,
     Transport,
 )
+from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
 
 from .._network_client import (
     ConnectionEnd,
@@ -278,12 +280,12 @@ class HTTPPollingTransport(Transport):
         url: str,
         *,
         client: httpx.AsyncClient | None = None,
-        connect_timeout: float | None = 10.0,
-        poll_timeout: float = 20.0,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+        poll_timeout: float = DEFAULT_POLL_TIMEOUT,
         headers: HeaderPairs | None = None,
-        encoding: str = "json",
-        retries: int = 5,
-        close_timeout: float = 5.0,
+        encoding: Literal["json", "msgpack"] = "json",
+        retries: int = DEFAULT_RETRIES,
+        close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
         auth_token: str | None = None,
         clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 import anyio
 from anyio.abc import ByteStream
@@ -32,11 +32,20 @@ from websockets.typing import Subprotocol
 from websockets.uri import WebSocketURI, parse_uri
 
 from openenv import (
+    EVENT_LOOP_CLOCK,
     AuthenticationError,
+    Clock,
     ConnectError,
     ConnectionClosed,
     Dialect,
     Transport,
+)
+from openenv._limits import (
+    DEFAULT_CLIENT_CLOSE_TIMEOUT,
+    DEFAULT_CLIENT_MAX_MESSAGE_SIZE,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_PING_INTERVAL,
+    DEFAULT_PING_TIMEOUT,
 )
 
 from .._network_client import (
@@ -228,6 +237,8 @@ class WebSocketTransport(Transport):
         resume_timeout: Seconds to keep trying to resume after a drop;
             ``None``: as long as the server keeps the session (its ``session``
             frame says; 30 s on ours by default).
+        clock: Where the timeouts, the keepalive and the resumption's grace are
+            measured (a test's clock, say); the event loop's time by default.
 
     Attributes:
         url: The WebSocket URL the transport connects to.
@@ -246,19 +257,20 @@ class WebSocketTransport(Transport):
         self,
         url: str,
         *,
-        connect_timeout: float | None = 10.0,
-        max_message_size: int | None = 100 * 2**20,
-        ping_interval: float | None = 20.0,
-        ping_timeout: float | None = 20.0,
+        connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+        max_message_size: int | None = DEFAULT_CLIENT_MAX_MESSAGE_SIZE,
+        ping_interval: float | None = DEFAULT_PING_INTERVAL,
+        ping_timeout: float | None = DEFAULT_PING_TIMEOUT,
         headers: HeaderPairs | None = None,
         compression: bool = True,
-        encoding: str = "json",
+        encoding: Literal["json", "msgpack"] = "json",
         subprotocols: Sequence[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        close_timeout: float = 5.0,
+        close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
         auth_token: str | None = None,
         resume: bool = True,
         resume_timeout: float | None = None,
+        clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:
         self.url = websocket_url(url)
         offer = offered_subprotocols(encoding, resume=resume)
@@ -275,6 +287,7 @@ class WebSocketTransport(Transport):
         self.close_timeout = close_timeout
         self.ssl_context = ssl_context
         self.resume_timeout = resume_timeout
+        self._clock = clock
         self.subprotocol: str | None = None
         self.resumable = False
         self._offer = [Subprotocol(name) for name in offer]
@@ -324,7 +337,7 @@ class WebSocketTransport(Transport):
         binary = self.dialect.encoding == "msgpack"
         try:
             session = None
-            with anyio.move_on_after(self.connect_timeout):
+            with self._clock.move_on_after(self.connect_timeout):
                 session = await read_session(connection, binary=binary)
             if session is None:
                 raise ConnectError(f"timed out after {self.connect_timeout} s waiting for {self.url}'s session frame")
@@ -347,6 +360,7 @@ class WebSocketTransport(Transport):
             binary=binary,
             reconnect=self._reconnect,
             resume_timeout=self.resume_timeout,
+            clock=self._clock,
         )
         return self
 
@@ -357,7 +371,7 @@ class WebSocketTransport(Transport):
         uri = self._uri
         assert uri is not None
         handshaken: tuple[ByteStream, ClientProtocol, list[Event]] | None = None
-        with anyio.move_on_after(self.connect_timeout):
+        with self._clock.move_on_after(self.connect_timeout):
             handshaken = await self._connect(uri, offer, extra_headers)
         if handshaken is None:
             raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
@@ -373,6 +387,7 @@ class WebSocketTransport(Transport):
             close_timeout=self.close_timeout,
             ping_interval=self.ping_interval,
             ping_timeout=self.ping_timeout,
+            clock=self._clock,
         )
         return connection, selected
 

@@ -23,7 +23,7 @@ from websockets.exceptions import ProtocolError as WebSocketProtocolError
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event, State
 
-from openenv import ConnectionClosed, ProtocolError
+from openenv import Clock, ConnectionClosed, ProtocolError
 from openenv._background import start_background
 from openenv.channel import FrameQueue, QueueClosed
 
@@ -107,6 +107,7 @@ class Connection:
         close_timeout: float,
         ping_interval: float | None,
         ping_timeout: float | None,
+        clock: Clock,
     ) -> Connection:
         """Take over a handshaken stream: act on the events that came with the response, start the tasks.
 
@@ -120,6 +121,7 @@ class Connection:
             close_timeout: Seconds the server gets to end the TCP connection after a close frame.
             ping_interval: Seconds between keepalive pings (``None``: no pings).
             ping_timeout: Seconds a pong may take before the connection is declared dead.
+            clock: Where the keepalive's interval and timeout are measured.
 
         Returns:
             The connection, its background tasks running.
@@ -128,7 +130,7 @@ class Connection:
         try:
             connection._queue_messages(early_events)
             await connection._flush_from_reader()  # a pong owed already, say
-            await start_background(lambda: connection._run(ping_interval, ping_timeout))
+            await start_background(lambda: connection._run(ping_interval, ping_timeout, clock))
         except BaseException:  # cancelled: nothing will close the socket but us
             await close_quietly(stream)
             raise
@@ -211,13 +213,13 @@ class Connection:
 
     # -- the background tasks ----------------------------------------------------
 
-    async def _run(self, ping_interval: float | None, ping_timeout: float | None) -> None:
+    async def _run(self, ping_interval: float | None, ping_timeout: float | None, clock: Clock) -> None:
         """Read until the connection ends (and ping meanwhile); then close the socket."""
         try:
             with self._scope:
                 async with anyio.create_task_group() as task_group:
                     if ping_interval is not None:
-                        task_group.start_soon(self._keepalive, ping_interval, ping_timeout)
+                        task_group.start_soon(self._keepalive, ping_interval, ping_timeout, clock)
                     try:
                         await self._read_until_closed()
                     finally:
@@ -308,11 +310,11 @@ class Connection:
                 async with self._write_lock:
                     await self._write_pending()
 
-    async def _keepalive(self, interval: float, timeout: float | None) -> None:
+    async def _keepalive(self, interval: float, timeout: float | None, clock: Clock) -> None:
         """Ping every ``interval`` seconds; fail the connection if a pong is ``timeout`` late."""
         count = 0
         while True:
-            await anyio.sleep(interval)
+            await clock.sleep(interval)
             count = (count + 1) % 2**32
             payload = count.to_bytes(4, "big")
             pong = anyio.Event()
@@ -327,7 +329,7 @@ class Connection:
                 return
             if timeout is None:
                 continue
-            with anyio.move_on_after(timeout) as scope:
+            with clock.move_on_after(timeout) as scope:
                 await pong.wait()
             if scope.cancelled_caught:
                 self._fail(f"the server at {self.url} did not answer a keepalive ping within {timeout} s")

@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from openenv import AuthenticationError, ConnectError, ConnectionClosed, OpenEnvError
+from openenv import AuthenticationError, Clock, ConnectError, ConnectionClosed, OpenEnvError
 from openenv.channel import BackgroundTask, start_background
 
 from ._connection import Connection
@@ -162,6 +162,7 @@ class ResumableConnection:
         binary: bool,
         reconnect: Reconnect,
         resume_timeout: float | None,
+        clock: Clock,
     ) -> None:
         self.resumes = 0
         self._connection = first
@@ -174,6 +175,7 @@ class ResumableConnection:
         )
         self._reconnect = reconnect
         self._resume_timeout = resume_timeout
+        self._clock = clock
         # Requests sent whose replies have not come, oldest first: sent again on a
         # new connection if the server did not receive them.
         self._unanswered: deque[tuple[int, bytes]] = deque()
@@ -194,6 +196,7 @@ class ResumableConnection:
         binary: bool,
         reconnect: Reconnect,
         resume_timeout: float | None,
+        clock: Clock,
     ) -> ResumableConnection:
         """Stand for ``first``, and start watching it.
 
@@ -206,11 +209,14 @@ class ResumableConnection:
             resume_timeout: Seconds to keep trying to resume after a drop;
                 ``None``: as long as the server keeps the session (its
                 ``session`` frame says).
+            clock: Where that time is measured.
 
         Returns:
             The connection, its watcher running.
         """
-        connection = cls(first, session, url=url, binary=binary, reconnect=reconnect, resume_timeout=resume_timeout)
+        connection = cls(
+            first, session, url=url, binary=binary, reconnect=reconnect, resume_timeout=resume_timeout, clock=clock
+        )
         connection._watcher = await start_background(connection._watch)
         return connection
 
@@ -341,11 +347,12 @@ class ResumableConnection:
         """
         why = str(dropped.closed_error())
         budget = self._server_timeout if self._resume_timeout is None else self._resume_timeout
-        deadline = anyio.current_time() + budget
+        clock = self._clock
+        deadline = clock.now() + budget
         delay = _FIRST_RETRY_DELAY
         last_error: OpenEnvError | None = None
         while True:
-            with anyio.move_on_at(deadline):
+            with clock.cancel_scope(deadline=deadline):
                 try:
                     return await self._attempt()
                 except SessionRefused as exc:
@@ -362,9 +369,9 @@ class ResumableConnection:
                             f"{why}; the session could not be resumed: the server is gone (connection refused)"
                         ) from exc
                     last_error = exc  # unreachable for now, or cut off again: try again
-                await anyio.sleep(min(delay, max(0.0, deadline - anyio.current_time())))
+                await clock.sleep(min(delay, max(0.0, deadline - clock.now())))
                 delay = min(delay * 2, _MAX_RETRY_DELAY)
-            if anyio.current_time() >= deadline:
+            if clock.now() >= deadline:
                 detail = f" (the last attempt: {last_error})" if last_error is not None else ""
                 raise ConnectionClosed(
                     f"{why}; the session could not be resumed within {budget:g} s{detail}"
