@@ -97,6 +97,18 @@ class Upstream(Protocol):
     port: int
 
 
+async def wait_for_port(port: int) -> None:
+    """Return once a server (a process of its own, starting) accepts connections on ``port``; the caller bounds it."""
+    while True:
+        try:
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+        except OSError:
+            await anyio.sleep(0.05)
+        else:
+            await stream.aclose()
+            return
+
+
 class _Link:
     """One connection through the proxy."""
 
@@ -112,6 +124,7 @@ class CuttingProxy:
         upstream: The server connections are forwarded to (assign another to "restart" it).
         port: The proxy's own port, once `run` has started.
         connections: How many connections came through, ever.
+        open_connections: How many are open now.
         dropped: Set once a silenced connection dropped some bytes.
     """
 
@@ -158,6 +171,11 @@ class CuttingProxy:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         task_group.cancel_scope.cancel()
+
+    @property
+    def open_connections(self) -> int:
+        """How many connections are open through the proxy now."""
+        return len(self._links)
 
     def cut(self) -> int:
         """Close every connection now, mid-request or idle; return how many."""

@@ -444,6 +444,51 @@ def test_an_unknown_transport_option_fails_at_construction(url: str, options: di
         EnvClient(url, **options)
 
 
+@pytest.mark.parametrize(
+    ("url", "options", "expected"),
+    [
+        (
+            "ws://127.0.0.1:8000",
+            {"connect_timeout": "10"},
+            "the connect_timeout= option of ws:// URLs takes float | None, not str ('10')",
+        ),
+        (
+            "wss://h",
+            {"encoding": "xml"},
+            "the encoding= option of wss:// URLs takes Literal['json', 'msgpack'], not str",
+        ),
+        ("ws://h", {"headers": [("X-Trace", 1)]}, "the headers= option of ws:// URLs takes Mapping[str, str] |"),
+        ("ws://h", {"subprotocols": "openenv.v1.json"}, "takes Sequence[str] | None, not str"),
+        ("ws://h", {"resume": 1}, "the resume= option of ws:// URLs takes bool, not int (1)"),
+        ("http+poll://h", {"retries": 2.5}, "the retries= option of http+poll:// URLs takes int, not float (2.5)"),
+        (
+            "http+poll://h",
+            {"client": "httpx"},
+            "the client= option of http+poll:// URLs takes httpx.AsyncClient | None",
+        ),
+        ("inproc://tests.envs:DictEnv", {"close_grace": None}, "the close_grace= option of inproc:// URLs takes float"),
+    ],
+)
+def test_an_option_of_the_wrong_type_fails_at_construction(url: str, options: dict[str, Any], expected: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        EnvClient(url, **options)
+    with pytest.raises(TypeError, match=re.escape(expected)):
+        openenv.create_transport(url, **options)
+
+
+def test_options_of_the_declared_types_pass_construction() -> None:
+    EnvClient(
+        "ws://127.0.0.1:8000",
+        connect_timeout=1,  # an int is a float
+        ping_interval=None,
+        headers=[["X-Trace", "1"]],  # a pair as a list unpacks alike
+        subprotocols=("openenv.v1.json",),
+        encoding="msgpack",
+        ssl_context=None,
+    )
+    EnvClient("http+poll://127.0.0.1:8000", headers={"X-Trace": "1"}, retries=0, poll_timeout=5)
+
+
 def test_options_a_transport_takes_and_unknown_schemes_pass_construction() -> None:
     EnvClient("ws://127.0.0.1:8000", connect_timeout=1.0, timeout=2.0)
     EnvClient("no-such-scheme://x", whatever=1)  # the scheme is reported at connect, as before

@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 import openenv
 from openenv import EnvClient, State
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
-from tests.helpers import wait_until
+from tests.helpers import wait_for_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -33,16 +32,6 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def _wait_for_health(url: str) -> None:
-    async with httpx.AsyncClient() as http:
-        while True:
-            try:
-                if (await http.get(f"{url}/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                await anyio.sleep(0.1)
-
-
 @pytest.mark.parametrize("scheme", ["ws", "http+poll"])
 async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: str) -> None:
     port = _free_port()
@@ -51,7 +40,7 @@ async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: 
     process = await anyio.open_process(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
     try:
         with anyio.fail_after(LIMIT):
-            await _wait_for_health(f"http://127.0.0.1:{port}")
+            await wait_for_port(port)
         async with MessageEnv(f"{scheme}://127.0.0.1:{port}") as client:
             with anyio.fail_after(LIMIT):
                 assert (await client.step(MessageAction(message="alive"))).reward == 5.0

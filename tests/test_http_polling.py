@@ -27,7 +27,7 @@ import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
-from tests.helpers import CounterClient, proxied, wait_until
+from tests.helpers import CounterClient, ManualClock, proxied, wait_until
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingEndpoint, HTTPPollingTransport, polling_url
@@ -154,7 +154,7 @@ class FlakyTransport(httpx.AsyncBaseTransport):
         *,
         before: Callable[[httpx.Request], bool] = lambda request: False,
         after: Callable[[httpx.Request, httpx.Response], bool] = lambda request, response: False,
-        stall: Callable[[httpx.Request], float] = lambda request: 0.0,
+        stall: Callable[[httpx.Request], bool] = lambda request: False,
     ) -> None:
         self.inner = httpx.AsyncHTTPTransport()
         self.before = before
@@ -165,7 +165,8 @@ class FlakyTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
-        await anyio.sleep(self.stall(request))  # a slow network, where a cancellation can cut a request short
+        if self.stall(request):
+            await anyio.sleep_forever()  # a stalled network: the request goes no further until cancelled
         if not self.failures and self.before(request):
             self.failures.append(f"{request.method} before")
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
@@ -179,6 +180,31 @@ class FlakyTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class Unreachable(httpx.AsyncBaseTransport):
+    """A network on which every connection is refused."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.attempts += 1
+        raise httpx.ConnectError("simulated: connection refused", request=request)
+
+
+async def test_retries_back_off_on_the_transports_clock() -> None:
+    clock = ManualClock()
+    network = Unreachable()
+    with anyio.fail_after(LIMIT):
+        async with httpx.AsyncClient(transport=network) as http, anyio.create_task_group() as task_group:
+            task_group.start_soon(clock.keep_advancing, 0.05)
+            transport = HTTPPollingTransport("http+poll://127.0.0.1:9", client=http, retries=3, clock=clock)
+            with pytest.raises(ConnectError, match=r"cannot create a session .*simulated: connection refused"):
+                await transport.__aenter__()
+            task_group.cancel_scope.cancel()
+    assert network.attempts == 4
+    assert clock.now() >= 0.1 + 0.3  # the backoffs before the third and fourth tries, on the clock given
 
 
 def is_frame(request: httpx.Request, seq: int) -> bool:
@@ -257,8 +283,8 @@ async def test_a_cancelled_receive_loses_nothing() -> None:
 @pytest.mark.parametrize("where", ["on its way", "at the server"])
 async def test_a_send_cancelled_mid_post_is_completed_by_the_next_receive(where: str) -> None:
     # The frame's first POST is cancelled before it leaves, or while the server runs it.
-    stalled = [0.5] if where == "on its way" else []
-    flaky = FlakyTransport(stall=lambda request: stalled.pop() if stalled and is_frame(request, 1) else 0.0)
+    stalled = [True] if where == "on its way" else []
+    flaky = FlakyTransport(stall=lambda request: bool(stalled) and is_frame(request, 1) and stalled.pop())
     frame = b'{"type":"step","id":1,"data":{"by":2,"delay":0.3}}'
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
@@ -341,8 +367,8 @@ async def test_connections_closed_between_requests_are_reopened_silently() -> No
 
 
 async def test_the_servers_own_keep_alive_close(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The servers' own keep-alive timeout (5 s by default), made short.
-    import hypercorn.config
+    # The servers' own keep-alive timeouts made short: uvicorn's (5 s by default), and
+    # hypercorn's, which the runner sets to the header timeout.
     import uvicorn
 
     original = uvicorn.Config.__init__
@@ -352,12 +378,15 @@ async def test_the_servers_own_keep_alive_close(monkeypatch: pytest.MonkeyPatch)
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(uvicorn.Config, "__init__", short_keep_alive)
-    monkeypatch.setattr(hypercorn.config.Config, "keep_alive_timeout", 0.1)
     with anyio.fail_after(LIMIT):
-        async with server() as running, CounterClient(poll_url(running)) as env:
+        async with (
+            serve(create_app(AsyncCounterEnv), header_timeout=0.5) as running,
+            proxied(running) as proxy,
+            CounterClient(f"http+poll://127.0.0.1:{proxy.port}") as env,
+        ):
             for count in range(1, 5):
                 assert (await env.step(CountAction())).observation.count == count
-                await anyio.sleep(0.15 + 0.05 * count)  # the server closes the idle connection
+                await wait_until(lambda: proxy.open_connections == 0, "the server closed the idle connections")
 
 
 async def test_a_restarted_server_is_a_prompt_connection_closed() -> None:

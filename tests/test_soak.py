@@ -24,6 +24,7 @@ import anyio
 import pytest
 
 import openenv
+from tests.helpers import wait_for_port
 from tests.test_hostile_clients import (
     MessageEnv,
     RawWebSocket,
@@ -156,22 +157,18 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
     )
     try:
         with anyio.fail_after(LIMIT):
-            while True:
-                try:
-                    async with openenv.EnvClient(f"ws://127.0.0.1:{port}", ping_interval=0.2, ping_timeout=0.5) as env:
-                        assert (await env.step({"message": "alive"})).reward == 5.0
+            await wait_for_port(port)
+            async with openenv.EnvClient(f"ws://127.0.0.1:{port}", ping_interval=0.2, ping_timeout=0.5) as env:
+                assert (await env.step({"message": "alive"})).reward == 5.0
 
-                        async def freeze_soon() -> None:
-                            await anyio.sleep(0.3)
-                            process.send_signal(signal.SIGSTOP)
+                async def freeze_mid_step() -> None:
+                    await anyio.wait_all_tasks_blocked()  # the step has gone out; the client waits for its reply
+                    process.send_signal(signal.SIGSTOP)
 
-                        async with anyio.create_task_group() as task_group:
-                            task_group.start_soon(freeze_soon)
-                            with pytest.raises(openenv.ConnectionClosed):
-                                await env.step({"message": "sleep:60"})
-                    break
-                except openenv.ConnectError:
-                    await anyio.sleep(0.1)  # the server is starting
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(freeze_mid_step)
+                    with pytest.raises(openenv.ConnectionClosed):
+                        await env.step({"message": "sleep:60"})
     finally:
         process.send_signal(signal.SIGCONT)
         process.kill()
@@ -202,13 +199,7 @@ async def test_a_server_that_fails_ends_its_process(anyio_backend: str) -> None:
     try:
         with anyio.fail_after(LIMIT):
             url = f"ws://127.0.0.1:{port}/ws"
-            while True:
-                try:
-                    held = await anyio.connect_tcp("127.0.0.1", port)
-                    await held.aclose()
-                    break
-                except OSError:
-                    await anyio.sleep(0.1)  # the server is starting
+            await wait_for_port(port)
             async with RawWebSocket.connect(url) as holder:
                 await holder.request('{"type":"reset"}')
                 while process.poll() is None:
