@@ -1,4 +1,4 @@
-"""Every bound and timeout's default, server and client side, in one place (``docs/reliability.md`` tabulates them).
+"""Every bound and timeout's default, server and client side, in one place (``docs/reliability.md`` lists them).
 
 Constants only: the ASGI app, the runner, the command line and `openenv.serve`
 take the server's defaults from here (through `openenv.server`), the client
