@@ -35,6 +35,7 @@ import msgspec
 from openenv import AuthenticationError, Clock, ConnectError, ConnectionClosed, OpenEnvError
 from openenv.channel import BackgroundTask, start_background
 
+from .._network_client import ConnectionEnd
 from ._connection import Connection
 from ._subprotocols import SessionData
 
@@ -182,8 +183,7 @@ class ResumableConnection:
         self._last_reply_id = 0
         self._changed = anyio.Event()  # set when the connection is replaced, or will never be
         self._settled = False  # the current connection ended, and nothing will replace it
-        self._failure: tuple[str, BaseException | None] | None = None  # why resuming failed
-        self._closed = False
+        self._end = ConnectionEnd(url, "WebSocket connection")  # the client's close, or why resuming failed
         self._watcher: BackgroundTask | None = None
 
     @classmethod
@@ -241,7 +241,7 @@ class ResumableConnection:
                 await connection.send(message)
             except ConnectionClosed:
                 await connection.wait_ended()
-                if entry is not None and connection.dropped and not self._settled and not self._closed:
+                if entry is not None and connection.dropped and not self._settled and not self._end.by_client:
                     return  # noted: the watcher sends it again on the new connection if the server lacks it
                 if await self._next_after(connection):
                     continue
@@ -281,9 +281,9 @@ class ResumableConnection:
 
     async def aclose(self) -> None:
         """Close: stop resuming, close the connection; idempotent, under any cancel scope."""
-        if self._closed:
+        if self._end.by_client:
             return
-        self._closed = True
+        self._end.close_by_client()
         self._notify()
         with anyio.CancelScope(shield=True):
             if self._watcher is not None:
@@ -302,16 +302,15 @@ class ResumableConnection:
         Raises:
             ConnectionClosed: The session could not be resumed, or the client closed it.
         """
-        while self._connection is connection and not self._settled and not self._closed:
+        while self._connection is connection and not self._settled and not self._end.by_client:
             changed = self._changed
             await changed.wait()
-        if self._closed:
-            raise ConnectionClosed(f"the WebSocket connection to {self._url} was closed by the client")
+        if self._end.by_client:
+            raise self._end.closed_by_client_error()
         if self._connection is not connection:
             return True
-        if self._failure is not None:
-            message, cause = self._failure
-            raise ConnectionClosed(message) from cause
+        if self._end.error is not None:
+            self._end.raise_ended()
         return False
 
     def _notify(self) -> None:
@@ -326,15 +325,15 @@ class ResumableConnection:
             while True:
                 connection = self._connection
                 await connection.wait_ended()
-                if self._closed or not connection.dropped:
+                if self._end.by_client or not connection.dropped:
                     break
                 self._connection = await self._resume(connection)
                 self.resumes += 1
                 self._notify()
         except ConnectionClosed as exc:
-            self._failure = (str(exc), exc.__cause__)
+            self._end.note(ConnectionClosed(str(exc)), exc.__cause__)
         except Exception as exc:  # a safety net: a bug must end the session, not hang its callers
-            self._failure = (f"internal error resuming the session with {self._url}: {exc!r}", exc)
+            self._end.note(ConnectionClosed(f"internal error resuming the session with {self._url}: {exc!r}"), exc)
         finally:
             self._settled = True
             self._notify()
