@@ -135,10 +135,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         action_type: Overrides the action type given as a type parameter.
         observation_type: Overrides the observation type (``dict`` for untyped).
         state_type: Overrides the state type (``dict`` for untyped).
-        clock: Where the client measures its timeouts; the event loop's time by
-            default. A transport that takes a ``clock`` option gets it too,
-            unless one is given among the transport options. For tests: a clock
-            advanced by hand drives every timeout without waiting.
+        clock: Where the client measures its calls' timeouts; the event loop's
+            time by default. A transport that takes a ``clock`` option gets it
+            too, unless one is given among the transport options. For tests: a
+            clock advanced by hand drives every timeout without waiting. Closing
+            is bounded on the event loop's time, always: it may run shielded.
         **transport_options: Passed to the transport the URL picks (for example
             ``connect_timeout``, ``headers``); see each transport. Ignored when
             ``transport`` is given.
@@ -368,8 +369,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         assert self._transport is not None
         assert self._codec is not None
         with anyio.CancelScope(shield=True):
-            # Best effort, bounded: the server may be gone already.
-            with self._clock.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
+            # Best effort, bounded: the server may be gone already. Bounded on the event
+            # loop's time, whatever the client's clock: shielded, a close must end by itself.
+            with anyio.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
                 await self._transport.send(self._codec.close())
             await self._transport.aclose()
 

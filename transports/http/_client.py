@@ -261,8 +261,9 @@ class HTTPPollingTransport(Transport):
             gateway's 502, 503 or 504) is tried again, with a short backoff,
             before the channel counts as broken.
         close_timeout: Seconds `aclose` waits for the server to delete the session.
-        clock: Where the timeouts and the retries' backoff are measured (a test's
-            clock, say); the event loop's time by default.
+        clock: Where the connect timeout and the retries' backoff are measured
+            (a test's clock, say); the event loop's time by default. The close
+            is bounded on the event loop's time, always.
 
     Attributes:
         url: The server's HTTP base URL.
@@ -788,7 +789,8 @@ class HTTPPollingTransport(Transport):
         try:
             url = self._session_url
             if url is not None:
-                with self._clock.move_on_after(self.close_timeout):
+                # On the event loop's time, whatever the clock: a close may run shielded.
+                with anyio.move_on_after(self.close_timeout):
                     try:
                         request = httpx.Request(
                             "DELETE", url, headers=self._get_headers, extensions={"timeout": self._timeout(0.0)}
