@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -95,6 +96,13 @@ class Upstream(Protocol):
 
     host: str
     port: int
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now, for a server started as a process of its own."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 async def wait_for_port(port: int) -> None:

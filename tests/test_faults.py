@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 import openenv
 from openenv import EnvClient, State
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
-from tests.helpers import wait_for_port, wait_until
+from tests.helpers import free_port, wait_for_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -26,15 +25,9 @@ class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize("scheme", ["ws", "http+poll"])
 async def test_a_server_that_dies_mid_step_is_a_prompt_connection_error(scheme: str) -> None:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "transports.cli", "serve", "tests.envs:AnnouncingEchoEnv", "--port", str(port)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = await anyio.open_process(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)

@@ -12,13 +12,10 @@ import openenv
 from openenv import EnvClient, EnvPool, ReplacedStepResult
 from openenv.server import Environment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
+from tests.helpers import CounterClient
 from tests.serving import TRANSPORTS, serving
 
 LIMIT = 20  # seconds: the bound of every wait in these tests
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
 
 
 class RendezvousEnv(Environment[CountAction, CountObservation, CountState]):

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 
 import openenv
 from openenv.examples.echo import EchoEnvironment
+from tests.helpers import free_port
 from tests.test_server_app import RawWebSocket, WebSocketClosed
 from transports.app import create_app
 from transports.cli import main
@@ -155,12 +156,6 @@ async def test_openenv_serve_delegates_to_the_runner() -> None:
 
 
 # -- the command line -------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextlib.contextmanager

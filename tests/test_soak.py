@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ import anyio
 import pytest
 
 import openenv
-from tests.helpers import wait_for_port
+from tests.helpers import free_port, wait_for_port
 from tests.test_hostile_clients import (
     MessageEnv,
     RawWebSocket,
@@ -137,17 +136,11 @@ async def test_a_soak_of_faults_leaves_the_server_as_it_was(server_name: ServerN
                 assert (await good.state()).step_count == ROUNDS
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
     anyio_backend: str,
     server_name: ServerName,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "transports.cli", "serve", "tests.envs:AsyncMessageEchoEnv",
         "--port", str(port), "--backend", anyio_backend, "--server", server_name, "--log-level", "warning",
@@ -188,7 +181,7 @@ runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", max_sessions=1, l
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_server_that_fails_ends_its_process(anyio_backend: str) -> None:
     """A server that stops serving must not leave a live process behind, which no supervisor would restart."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(  # noqa: ASYNC220 - starting it does not block; waits below are bounded
         [sys.executable, "-c", _UNMENDED_TRIO_SERVER, str(port)],
         cwd=ROOT,
