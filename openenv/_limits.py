@@ -17,6 +17,8 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_IDLE_TIMEOUT",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "DEFAULT_STARTUP_TIMEOUT",
     "DEFAULT_CLIENT_CLOSE_TIMEOUT",
     "DEFAULT_CLIENT_MAX_MESSAGE_SIZE",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -54,6 +56,12 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 
 DEFAULT_MAX_CONNECTIONS: Final = 1000
 """The most connections a uvicorn server holds at once by default; beyond, requests get 503."""
+
+DEFAULT_STARTUP_TIMEOUT: Final = 30.0
+"""Seconds `openenv.serve` waits for its server to listen by default."""
+
+DEFAULT_SHUTDOWN_TIMEOUT: Final = 5.0
+"""Seconds a stopping server gives open connections and sessions to finish by default."""
 
 
 # -- the client side ------------------------------------------------------------------

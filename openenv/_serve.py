@@ -21,6 +21,8 @@ from ._limits import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_STARTUP_TIMEOUT,
 )
 
 __all__ = ["SERVER_ENTRY_POINT_GROUP", "RunningServer", "ServeFunction", "serve"]
@@ -106,8 +108,8 @@ def serve(
     max_sessions: int | None = DEFAULT_MAX_SESSIONS,
     session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     log_level: str = "warning",
-    shutdown_timeout: float = 5.0,
-    startup_timeout: float = 30.0,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     auth_token: str | Sequence[str] | None = None,
     allow_origins: Sequence[str] = (),

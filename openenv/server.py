@@ -13,6 +13,8 @@ from ._limits import (
     DEFAULT_MAX_MESSAGE_SIZE,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_IDLE_TIMEOUT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_STARTUP_TIMEOUT,
 )
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
@@ -28,6 +30,8 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_SESSION_IDLE_TIMEOUT",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "DEFAULT_STARTUP_TIMEOUT",
     "SERVER_ENTRY_POINT_GROUP",
     "Environment",
     "EnvironmentMetadata",
