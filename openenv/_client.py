@@ -136,9 +136,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         observation_type: Overrides the observation type (``dict`` for untyped).
         state_type: Overrides the state type (``dict`` for untyped).
         clock: Where the client measures its calls' timeouts; the event loop's
-            time by default. A transport that takes a ``clock`` option gets it
-            too, unless one is given among the transport options. For tests: a
-            clock advanced by hand drives every timeout without waiting. Closing
+            time by default. The transport the URL picks gets it too, if it
+            takes a ``clock`` option. For tests: a clock advanced by hand
+            drives every timeout without waiting. Closing
             is bounded on the event loop's time, always: it may run shielded.
         **transport_options: Passed to the transport the URL picks (for example
             ``connect_timeout``, ``headers``); see each transport. Ignored when
@@ -252,7 +252,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if self._transport is None:
             assert self.base_url is not None
             options = self._transport_options
-            if self._clock is not EVENT_LOOP_CLOCK and "clock" not in options and takes_option(self.base_url, "clock"):
+            if self._clock is not EVENT_LOOP_CLOCK and takes_option(self.base_url, "clock"):
                 options = {**options, "clock": self._clock}
             self._transport = create_transport(self.base_url, **options)
         try:

@@ -11,6 +11,7 @@ import pytest
 import openenv
 from openenv import EnvClient, create_transport, register_transport, registered_schemes
 from tests.envs import AsyncCounterEnv
+from tests.helpers import ManualClock
 from transports.inprocess import InProcessTransport
 
 
@@ -55,3 +56,26 @@ async def test_registered_at_run_time() -> None:
             result = await env.step({"by": 4})
     assert result.observation["count"] == 4
     assert made == ["test-mem://anything"]
+
+
+class ClockedTransport(InProcessTransport):
+    """An in-process transport that takes a clock, as the network transports do."""
+
+    def __init__(self, url: str, *, clock: openenv.Clock = openenv.EVENT_LOOP_CLOCK) -> None:
+        super().__init__(factory=AsyncCounterEnv)
+        self.clock = clock
+
+
+@pytest.mark.anyio
+async def test_the_clients_clock_goes_to_a_transport_that_takes_one() -> None:
+    register_transport("test-clocked", ClockedTransport)
+    clock = ManualClock()
+    with anyio.fail_after(5):
+        async with EnvClient("test-clocked://x", clock=clock) as env:
+            assert isinstance(env.transport, ClockedTransport)
+            assert env.transport.clock is clock
+        async with EnvClient("test-clocked://x") as env:
+            assert isinstance(env.transport, ClockedTransport)
+            assert env.transport.clock is openenv.EVENT_LOOP_CLOCK
+        async with EnvClient("inproc://tests.envs:AsyncCounterEnv", clock=clock) as env:
+            assert (await env.step({"by": 1})).observation["count"] == 1  # takes none: none given
