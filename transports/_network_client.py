@@ -251,17 +251,23 @@ class ConnectionEnd:
         """The error a use after the client's close raises."""
         return ConnectionClosed(f"the {self.kind} to {self.url} was closed by the client")
 
-    def raise_ended(self) -> NoReturn:
-        """Raise why the connection is not usable; call once it has ended.
+    def ended_error(self) -> ConnectionClosed | ProtocolError:
+        """Why the connection is not usable; call once it has ended.
 
         A fresh exception each time (the same one raised twice would grow its
-        traceback), from the recorded one's cause.
+        traceback), its cause the recorded one's.
         """
         if self.by_client:
-            raise self.closed_by_client_error()
+            return self.closed_by_client_error()
         error = self.error
         assert error is not None
-        raise type(error)(str(error)) from self.cause or error
+        fresh = type(error)(str(error))
+        fresh.__cause__ = self.cause or error
+        return fresh
+
+    def raise_ended(self) -> NoReturn:
+        """Raise `ended_error`; call once the connection has ended."""
+        raise self.ended_error()
 
 
 def not_connected(kind: str, url: str) -> ConnectionClosed:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 import anyio
 from anyio.abc import ByteStream, SocketAttribute
@@ -23,7 +23,7 @@ from websockets.exceptions import ProtocolError as WebSocketProtocolError
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event, State
 
-from openenv import Clock, ConnectionClosed, ProtocolError
+from openenv import Clock, ConnectionClosed, OpenEnvError, ProtocolError
 from openenv._background import start_background
 from openenv.channel import FrameQueue, QueueClosed
 
@@ -41,7 +41,26 @@ READ_SIZE = 65536
 RECEIVE_BUFFER = 64
 
 # The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
-_PEER_PROTOCOL_ERRORS = (WebSocketProtocolError, PayloadTooBig, UnicodeDecodeError)
+PEER_PROTOCOL_ERRORS = (WebSocketProtocolError, PayloadTooBig, UnicodeDecodeError)
+
+
+class OpenConnection(Protocol):
+    """What the transport uses of an open connection: `Connection`, or on asyncio `AsyncioConnection`."""
+
+    url: str
+
+    async def send(self, message: bytes) -> None: ...
+
+    async def receive(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+    async def wait_ended(self) -> None: ...
+
+    @property
+    def dropped(self) -> bool: ...
+
+    def closed_error(self) -> ConnectionClosed: ...
 
 
 def _send_now(fd: int, data: bytes) -> int:
@@ -202,7 +221,7 @@ class Connection:
         """
         if not self._done.is_set() or self._end.by_client or self._protocol.close_rcvd is not None:
             return False
-        return not isinstance(self._protocol.parser_exc, _PEER_PROTOCOL_ERRORS)
+        return not isinstance(self._protocol.parser_exc, PEER_PROTOCOL_ERRORS)
 
     def closed_error(self) -> ConnectionClosed:
         """The error that says why the connection is not usable (for a connection that ended)."""
@@ -391,19 +410,31 @@ class Connection:
 
     def _raise_closed(self, *, receiving: bool) -> NoReturn:
         """Raise the error that says why the connection is not usable, from its cause."""
-        if self._end.by_client:
-            raise self._end.closed_by_client_error()
-        protocol = self._protocol
-        parser_exc = protocol.parser_exc
-        if isinstance(parser_exc, _PEER_PROTOCOL_ERRORS):
-            text = f"the server at {self.url} broke the WebSocket protocol: {parser_exc}"
-            if receiving:
-                raise ProtocolError(text) from parser_exc
-            raise ConnectionClosed(text) from parser_exc
-        if protocol.close_rcvd is not None:  # the server's own reason first
-            raise ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
-        if self._end.error is not None:
-            self._end.raise_ended()
-        raise ConnectionClosed(
-            f"the connection to {self.url} was lost without a WebSocket closing handshake"
-        ) from parser_exc
+        raise closed_error(self.url, self._protocol, self._end, receiving=receiving)
+
+
+def closed_error(url: str, protocol: ClientProtocol, end: ConnectionEnd, *, receiving: bool) -> OpenEnvError:
+    """The error that says why a connection is not usable, its cause chained: the most telling reason first.
+
+    Args:
+        url: The WebSocket URL.
+        protocol: The connection's protocol.
+        end: The connection's record of the client's close or of our side's failure.
+        receiving: For a receive: a peer's protocol violation is then a `ProtocolError`.
+    """
+    if end.by_client:
+        return end.closed_by_client_error()
+    error: OpenEnvError
+    parser_exc = protocol.parser_exc
+    if isinstance(parser_exc, PEER_PROTOCOL_ERRORS):
+        text = f"the server at {url} broke the WebSocket protocol: {parser_exc}"
+        error = ProtocolError(text) if receiving else ConnectionClosed(text)
+        error.__cause__ = parser_exc
+    elif protocol.close_rcvd is not None:  # the server's own reason first
+        error = ConnectionClosed(f"the server at {url} closed the WebSocket connection: {protocol.close_rcvd}")
+    elif end.error is not None:
+        error = end.ended_error()
+    else:
+        error = ConnectionClosed(f"the connection to {url} was lost without a WebSocket closing handshake")
+        error.__cause__ = parser_exc
+    return error

@@ -36,7 +36,7 @@ from openenv import AuthenticationError, Clock, ConnectError, ConnectionClosed, 
 from openenv.channel import BackgroundTask, start_background
 
 from .._network_client import ConnectionEnd
-from ._connection import Connection
+from ._connection import OpenConnection
 from ._subprotocols import SessionData
 
 __all__ = ["FirstFrameThen", "ResumableConnection", "SessionRefused", "read_session"]
@@ -46,7 +46,7 @@ __all__ = ["FirstFrameThen", "ResumableConnection", "SessionRefused", "read_sess
 _FIRST_RETRY_DELAY = 0.05
 _MAX_RETRY_DELAY = 1.0
 
-Reconnect = Callable[[str], Awaitable[Connection]]
+Reconnect = Callable[[str], Awaitable[OpenConnection]]
 """Opens a new connection to the server, presenting the given resume token (raises `ConnectError`)."""
 
 
@@ -87,7 +87,7 @@ class SessionRefused(ConnectionClosed):
         self.frame = frame
 
 
-async def read_session(connection: Connection, *, binary: bool) -> SessionData:
+async def read_session(connection: OpenConnection, *, binary: bool) -> SessionData:
     """Read the server's first frame on a resumable subprotocol: the ``session`` frame.
 
     Args:
@@ -125,7 +125,7 @@ class FirstFrameThen:
         frame: The frame read from it ahead of the caller.
     """
 
-    def __init__(self, connection: Connection, frame: bytes) -> None:
+    def __init__(self, connection: OpenConnection, frame: bytes) -> None:
         self._connection = connection
         self._first: bytes | None = frame
 
@@ -156,7 +156,7 @@ class ResumableConnection:
 
     def __init__(
         self,
-        first: Connection,
+        first: OpenConnection,
         session: SessionData,
         *,
         url: str,
@@ -189,7 +189,7 @@ class ResumableConnection:
     @classmethod
     async def start(
         cls,
-        first: Connection,
+        first: OpenConnection,
         session: SessionData,
         *,
         url: str,
@@ -296,7 +296,7 @@ class ResumableConnection:
         except msgspec.DecodeError:
             return None
 
-    async def _next_after(self, connection: Connection) -> bool:
+    async def _next_after(self, connection: OpenConnection) -> bool:
         """Wait until an ended ``connection`` is replaced (True) or will never be (False).
 
         Raises:
@@ -338,7 +338,7 @@ class ResumableConnection:
             self._settled = True
             self._notify()
 
-    async def _resume(self, dropped: Connection) -> Connection:
+    async def _resume(self, dropped: OpenConnection) -> OpenConnection:
         """Reconnect with the token and bring the new connection up to date.
 
         Raises:
@@ -376,7 +376,7 @@ class ResumableConnection:
                     f"{why}; the session could not be resumed within {budget:g} s{detail}"
                 ) from last_error
 
-    async def _attempt(self) -> Connection:
+    async def _attempt(self) -> OpenConnection:
         """One reconnection: the handshake, the ``session`` frame, the requests the server lacks."""
         connection = await self._reconnect(self._token)
         try:

@@ -1,0 +1,244 @@
+"""One open WebSocket connection on asyncio: websockets' own asyncio client, behind `Connection`'s interface.
+
+On asyncio, websockets' `ClientConnection` is an asyncio `Protocol`: the event
+loop hands it each read as it comes, it parses the frames there and wakes the
+task waiting in ``recv``. That costs about half the CPU per message of driving
+the sans-I/O protocol over an anyio stream from a reader task of ours (a task
+switch and two ``epoll_ctl`` calls per message more). So on asyncio the
+transport connects with websockets' ``connect``; on trio it keeps
+`transports.websocket._connection.Connection`. Both are used the same way (see
+`transports.websocket._connection.OpenConnection`): this module translates
+websockets' errors into openenv's and performs the handshake the way
+`transports.websocket._client` does on trio (its headers replace defaults of
+the same name, a redirect is not followed, a subprotocol that was not offered
+is named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import ssl
+from collections.abc import Callable
+from typing import NoReturn, cast
+
+import anyio
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.client import ClientProtocol
+from websockets.datastructures import Headers, HeadersLike
+from websockets.exceptions import ConnectionClosed as WebSocketClosed
+from websockets.frames import CloseCode
+from websockets.http11 import Response
+from websockets.protocol import State
+from websockets.typing import Subprotocol
+
+from openenv import Clock, ConnectionClosed
+from openenv.channel import start_background
+
+from .._network_client import ConnectionEnd
+from ._connection import PEER_PROTOCOL_ERRORS, RECEIVE_BUFFER, closed_error
+
+__all__ = ["AsyncioConnection", "HandshakeFailed"]
+
+
+class HandshakeFailed(Exception):
+    """The server's response failed the handshake: websockets' reason, and the response if one came.
+
+    A class of its own so that websockets' ``connect`` does not follow a redirect.
+    """
+
+    def __init__(self, reason: Exception, response: Response | None) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+        self.response = response
+
+
+class _Handshaking(ClientConnection):
+    """websockets' client connection, with the request's headers set by the transport."""
+
+    def __init__(self, protocol: ClientProtocol, *, set_headers: Callable[[Headers], None], **options: object):
+        super().__init__(protocol, **options)  # type: ignore[arg-type]
+        self._set_headers = set_headers
+
+    async def handshake(
+        self, additional_headers: HeadersLike | None = None, user_agent_header: str | None = None
+    ) -> None:
+        request = self.request = self.protocol.connect()
+        self._set_headers(request.headers)
+        async with self.send_context(expected_state=State.CONNECTING):
+            self.protocol.send_request(request)
+        # The response, or the connection's end (which leaves none).
+        response_rcvd = self.response_rcvd
+
+        def connection_lost(_: object) -> None:
+            if not response_rcvd.done():
+                response_rcvd.set_result(None)
+
+        self.connection_lost_waiter.add_done_callback(connection_lost)
+        await response_rcvd
+        reason = self.protocol.handshake_exc
+        if reason is not None:
+            raise HandshakeFailed(reason, self.response if isinstance(self.response, Response) else None)
+
+
+class AsyncioConnection:
+    """An open WebSocket connection on asyncio: send and receive messages, close it; built by `open`.
+
+    Attributes:
+        url: The WebSocket URL, for error messages.
+    """
+
+    def __init__(self, websocket: ClientConnection, *, url: str) -> None:
+        self.url = url
+        self._websocket = websocket
+        self._text = True
+        self._receive_turn = anyio.Lock(fast_acquire=True)  # websockets lets one task at a time receive
+        self._end = ConnectionEnd(url, "WebSocket connection")  # the client's close, or a failure of ours
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        offer: list[Subprotocol],
+        *,
+        set_headers: Callable[[Headers], None],
+        compression: bool,
+        max_message_size: int | None,
+        ping_interval: float | None,
+        ping_timeout: float | None,
+        close_timeout: float,
+        ssl_context: ssl.SSLContext | None,
+        clock: Clock,
+    ) -> AsyncioConnection:
+        """Connect and perform the handshake (the caller bounds how long it may take).
+
+        Args:
+            url: The WebSocket URL.
+            offer: The subprotocols to offer, most preferred first.
+            set_headers: Sets the transport's headers on the upgrade request's.
+            compression: Offer permessage-deflate.
+            max_message_size: The largest message accepted, in bytes (``None``: no limit).
+            ping_interval: Seconds between keepalive pings (``None``: no pings).
+            ping_timeout: Seconds a pong may take before the connection is declared dead.
+            close_timeout: Seconds the server gets to end the TCP connection after a close frame.
+            ssl_context: The TLS settings of a ``wss://`` URL.
+            clock: Where the keepalive's interval and timeout are measured.
+
+        Returns:
+            The connection, sending text frames until `use_binary` says otherwise.
+
+        Raises:
+            HandshakeFailed: The server's response failed the handshake.
+            OSError: The socket failed (DNS, TCP, TLS).
+            websockets.exceptions.WebSocketException: The response was not one.
+        """
+        factory = functools.partial(_Handshaking, set_headers=set_headers)
+        websocket = await connect(
+            url,
+            create_connection=cast(type[ClientConnection], factory),
+            subprotocols=offer or None,
+            compression="deflate" if compression else None,
+            max_size=max_message_size,
+            max_queue=RECEIVE_BUFFER,
+            ping_interval=None,  # ours: a dead server's connection is dropped at once (see `_keepalive`)
+            close_timeout=close_timeout,
+            open_timeout=None,
+            proxy=None,
+            user_agent_header=None,
+            ssl=ssl_context,
+        )
+        connection = cls(websocket, url=url)
+        if ping_interval is not None:
+            try:
+                keepalive = await start_background(lambda: connection._keepalive(ping_interval, ping_timeout, clock))
+            except BaseException:
+                websocket.transport.abort()
+                raise
+            websocket.connection_lost_waiter.add_done_callback(lambda _: keepalive.cancel())
+        return connection
+
+    @property
+    def subprotocol(self) -> str | None:
+        """The subprotocol the server selected, if any."""
+        return self._websocket.subprotocol
+
+    def use_binary(self) -> None:
+        """Send binary frames (msgpack) instead of text frames, once the dialect is known."""
+        self._text = False
+
+    async def send(self, message: bytes) -> None:
+        """Send one message. Raises `ConnectionClosed` if the connection is not open."""
+        if self._end.by_client:
+            self._raise_closed(receiving=False)
+        try:
+            await self._websocket.send(message, text=self._text)
+        except WebSocketClosed:
+            self._raise_closed(receiving=False)
+
+    async def receive(self) -> bytes:
+        """The next message; raises once the connection ended and every earlier message was taken."""
+        async with self._receive_turn:
+            if self._end.by_client:
+                self._raise_closed(receiving=True)
+            try:
+                return await self._websocket.recv(decode=False)
+            except WebSocketClosed:
+                self._raise_closed(receiving=True)
+
+    async def aclose(self) -> None:
+        """The closing handshake (code 1000), then the socket; bounded by the close timeout, idempotent.
+
+        Shielded: it completes under any cancel scope of the caller's.
+        """
+        if self._end.by_client:
+            return
+        self._end.close_by_client()
+        with anyio.CancelScope(shield=True):
+            await self._websocket.close(CloseCode.NORMAL_CLOSURE)
+            await self._websocket.wait_closed()
+
+    async def wait_ended(self) -> None:
+        """Return once the connection has ended and its socket is closed, however it ended."""
+        await self._websocket.wait_closed()
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the connection ended with neither side closing it on purpose (see `Connection.dropped`)."""
+        protocol = self._websocket.protocol
+        if protocol.state is not State.CLOSED or self._end.by_client or protocol.close_rcvd is not None:
+            return False
+        return not isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS)
+
+    def closed_error(self) -> ConnectionClosed:
+        """The error that says why the connection is not usable (for a connection that ended)."""
+        try:
+            self._raise_closed(receiving=False)
+        except ConnectionClosed as exc:
+            return exc
+
+    async def _keepalive(self, interval: float, timeout: float | None, clock: Clock) -> None:
+        """Ping every ``interval`` seconds; drop the connection if a pong is ``timeout`` late.
+
+        A server that does not answer is not waited on for a closing handshake
+        either (websockets' own keepalive would): the socket is closed at once.
+        """
+        websocket = self._websocket
+        while True:
+            await clock.sleep(interval)
+            try:
+                pong = await websocket.ping()
+            except WebSocketClosed:
+                return
+            if timeout is None:
+                continue
+            with clock.move_on_after(timeout) as scope, contextlib.suppress(WebSocketClosed):
+                await pong
+            if scope.cancelled_caught:
+                self._end.note(
+                    ConnectionClosed(f"the server at {self.url} did not answer a keepalive ping within {timeout} s")
+                )
+                websocket.transport.abort()
+                return
+
+    def _raise_closed(self, *, receiving: bool) -> NoReturn:
+        raise closed_error(self.url, self._websocket.protocol, self._end, receiving=receiving)
