@@ -2,16 +2,18 @@
 
 On asyncio, websockets' `ClientConnection` is an asyncio `Protocol`: the event
 loop hands it each read as it comes, it parses the frames there and wakes the
-task waiting in ``recv``. That costs about half the CPU per message of driving
-the sans-I/O protocol over an anyio stream from a reader task of ours (a task
-switch and two ``epoll_ctl`` calls per message more). So on asyncio the
-transport connects with websockets' ``connect``; on trio it keeps
-`transports.websocket._connection.Connection`. Both are used the same way (see
-`transports.websocket._connection.OpenConnection`): this module translates
-websockets' errors into openenv's and performs the handshake the way
-`transports.websocket._client` does on trio (its headers replace defaults of
-the same name, a redirect is not followed, a subprotocol that was not offered
-is named).
+task waiting in ``recv``. Driving the sans-I/O protocol over an anyio stream
+from a reader task of ours costs a task switch per message more, and anyio's
+stream stops and restarts the socket's polling (two ``epoll_ctl`` calls) around
+every read that waits. So on asyncio the transport connects with websockets'
+``connect``, and on trio it keeps `transports.websocket._connection.Connection`.
+
+Both are used the same way (`transports.websocket._connection.OpenConnection`)
+and behave the same: the transport's headers replace defaults of the same
+name, a redirect is not followed, the errors say the same things (see
+`transports.websocket._connection.closed_error`), and a server that does not
+answer a keepalive ping has its socket closed at once (websockets' own
+keepalive would wait for a closing handshake first).
 """
 
 from __future__ import annotations

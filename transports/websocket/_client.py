@@ -3,8 +3,9 @@
 websockets' sans-I/O `ClientProtocol` does the protocol work (handshake, framing,
 masking, permessage-deflate, the closing handshake). This module holds the
 options, connects and performs the handshake; what follows, on the open
-connection, is `transports.websocket._connection.Connection`'s, and on a
-resumable session `transports.websocket._resumption.ResumableConnection`'s,
+connection, is `transports.websocket._connection.Connection`'s on trio and
+`transports.websocket._asyncio_connection.AsyncioConnection`'s on asyncio, and
+on a resumable session `transports.websocket._resumption.ResumableConnection`'s,
 which calls back here to reconnect.
 """
 
@@ -173,7 +174,8 @@ class WebSocketTransport(Transport):
     On connect the transport offers openenv's subprotocols; a server that selects
     one (ours) is spoken to in its dialect, a server that selects none (OpenEnv's
     reference) in plain OpenEnv: JSON text frames without request ids. While it is
-    open, a background task reads the socket, answering the server's pings whether
+    open, the socket is read as data comes (on asyncio by websockets' own asyncio
+    client, on trio by a background task), answering the server's pings whether
     or not the caller is waiting in `receive`, and a keepalive task pings the
     server: an idle or busy caller is never dropped for silence, and a dead
     server is noticed. It may be closed from any task.
@@ -374,8 +376,8 @@ class WebSocketTransport(Transport):
     ) -> tuple[OpenConnection, str | None]:
         """Connect, perform the handshake, start the connection; return it and the subprotocol selected.
 
-        On asyncio the connection is websockets' own asyncio client (`AsyncioConnection`:
-        half the CPU per message); on trio, ours over an anyio stream (`Connection`).
+        On asyncio the connection is websockets' own asyncio client (`AsyncioConnection`,
+        the cheaper there); on trio, ours over an anyio stream (`Connection`).
         """
         uri = self._uri
         assert uri is not None
