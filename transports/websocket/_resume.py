@@ -138,6 +138,8 @@ class ResumableLink:
 
     async def _connection(self) -> Connection:
         """The current connection, waiting up to the resume timeout for one."""
+        if self.current is not None:  # every request but the first after a drop: no timer to set
+            return self.current
         with anyio.move_on_after(self.resume_timeout):
             while self.current is None:
                 await self._attached.wait()
