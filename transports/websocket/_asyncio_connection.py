@@ -179,13 +179,19 @@ class AsyncioConnection:
 
     async def receive(self) -> bytes:
         """The next message; raises once the connection ended and every earlier message was taken."""
-        async with self._receive_turn:
+        turn = self._receive_turn
+        try:
+            turn.acquire_nowait()  # the usual case, nobody else receiving: no checkpoint (recv has its own)
+        except anyio.WouldBlock:
+            await turn.acquire()
+        try:
             if self._end.by_client:
                 self._raise_closed(receiving=True)
-            try:
-                return await self._websocket.recv(decode=False)
-            except WebSocketClosed:
-                self._raise_closed(receiving=True)
+            return await self._websocket.recv(decode=False)
+        except WebSocketClosed:
+            self._raise_closed(receiving=True)
+        finally:
+            turn.release()
 
     async def aclose(self) -> None:
         """The closing handshake (code 1000), then the socket; bounded by the close timeout, idempotent.
