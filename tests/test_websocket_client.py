@@ -381,6 +381,22 @@ async def test_http_error_on_handshake_is_a_connect_error(status: int) -> None:
     assert "go away" in str(caught.value)
 
 
+async def test_a_redirect_is_a_connect_error_and_not_followed() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.read_request()
+        response = connection.protocol.reject(302, "moved")
+        response.headers["Location"] = f"ws://127.0.0.1:{server.port}/elsewhere"
+        connection.protocol.send_response(response)
+        await connection.flush()
+
+    async with serve(handler) as server:
+        with anyio.fail_after(WAIT):
+            with pytest.raises(ConnectError, match="HTTP 302"):
+                async with WebSocketTransport(server.url):
+                    pytest.fail("connected")
+    assert len(server.connections) == 1  # the Location was not visited
+
+
 async def test_connection_refused_is_a_connect_error() -> None:
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(SocketAttribute.local_port)
