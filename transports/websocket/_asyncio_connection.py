@@ -80,7 +80,7 @@ class _Handshaking(ClientConnection):
         await response_rcvd
         reason = self.protocol.handshake_exc
         if reason is not None:
-            raise HandshakeFailed(reason, self.response if isinstance(self.response, Response) else None)
+            raise HandshakeFailed(reason, self.response)
 
 
 class AsyncioConnection:
@@ -137,7 +137,7 @@ class AsyncioConnection:
         factory = functools.partial(_Handshaking, set_headers=set_headers)
         websocket = await connect(
             url,
-            create_connection=cast(type[ClientConnection], factory),
+            create_connection=cast(type[ClientConnection], factory),  # called as the class would be
             subprotocols=offer or None,
             compression="deflate" if compression else None,
             max_size=max_message_size,

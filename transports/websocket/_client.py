@@ -407,6 +407,7 @@ class WebSocketTransport(Transport):
     async def _open_on_asyncio(
         self, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
     ) -> tuple[AsyncioConnection, str | None]:
+        """`_open` on asyncio: websockets' ``connect`` with this transport's handshake and errors."""
         connection: AsyncioConnection | None = None
         with self._clock.move_on_after(self.connect_timeout):
             try:
