@@ -44,6 +44,7 @@ from openenv import (
     Transport,
 )
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
+from openenv.channel import FrameQueue, QueueClosed
 
 from .._network_client import (
     ConnectionEnd,
@@ -328,16 +329,17 @@ class HTTPPollingTransport(Transport):
         self._unconfirmed: deque[tuple[int, bytes]] = deque()
         self._next_seq = 1
         self._send_lock: anyio.Lock | None = None  # made on connect, in the event loop
-        # Replies for `receive`, oldest first; `_ack` is the last one's number.
-        self._inbox: deque[bytes] = deque()
+        # Replies for `receive`, oldest first; `_ack` is the last one's number. Only
+        # responses bring them, so it closes once the session has ended and no
+        # request is in flight; `_end` says why.
+        self._inbox: FrameQueue[bytes] = FrameQueue()
         self._ack = 0
-        self._arrival: anyio.Event | None = None  # set when the inbox or the state changes
+        self._end = ConnectionEnd(self.url, "HTTP long-polling session")
         self._posting = 0  # POSTs in flight (their responses may carry replies)
         self._polling = False  # a GET is in flight
+        self._settled: anyio.Event | None = None  # set when a request in flight finishes, or on `aclose`
         # Why no frame can be sent: the session ended, the server refused one, ...
         self._send_closed: str | None = None
-        # How the session ended: no more frames come once the inbox is empty.
-        self._end = ConnectionEnd(self.url, "HTTP long-polling session")
         self._scopes: set[anyio.CancelScope] = set()  # of the requests in flight
 
     def __repr__(self) -> str:
@@ -408,9 +410,8 @@ class HTTPPollingTransport(Transport):
         if status == 503 and response.headers.get(ERROR_HEADER):
             # Refused, with the error frame that says why: hand it to `receive`, then end.
             reason = f"the server at {self.url} refused the session ({response.headers[ERROR_HEADER]})"
-            self._inbox.append(response.content)
-            self._send_closed = reason
-            self._end.note(ConnectionClosed(reason))
+            self._inbox.put(response.content)
+            self._finish(ConnectionClosed(reason))
             return
         if status == 401:
             raise AuthenticationError(
@@ -591,21 +592,24 @@ class HTTPPollingTransport(Transport):
         if seq != self._ack + 1:
             raise ProtocolError(f"the server at {self.url} skipped replies: got {seq} after {self._ack}")
         self._ack = seq
-        self._inbox.append(answer.response.content)
-        self._wake()
+        if not self._end.by_client:  # nobody reads any more: drop it
+            self._inbox.put(answer.response.content)
 
-    def _wake(self) -> None:
-        arrival = self._arrival
-        if arrival is not None:
-            self._arrival = None
-            arrival.set()
+    def _settle(self) -> None:
+        """A request finished (or the state changed): wake the receivers waiting for it; close a finished inbox."""
+        if self._end.error is not None and not self._posting and not self._polling:
+            self._inbox.close()  # no response left to bring a frame
+        settled = self._settled
+        if settled is not None:
+            self._settled = None
+            settled.set()
 
     def _finish(self, error: ConnectionClosed | ProtocolError) -> None:
-        """No frame can come after those queued, nor be sent."""
+        """No frame can come after those queued and those the requests in flight bring, nor be sent."""
         self._end.note(error)
         if self._send_closed is None:
             self._send_closed = str(error)
-        self._wake()
+        self._settle()
 
     def _refusal(self, answer: _Answer, what: str) -> str:
         response = answer.response
@@ -664,7 +668,7 @@ class HTTPPollingTransport(Transport):
             raise ConnectionClosed(str(exc)) from exc
         finally:
             self._posting -= 1
-            self._wake()
+            self._settle()
 
     def _on_response(self, answer: _Answer, seq: int | None) -> None:
         """Act on a frame request's response: the one status dispatcher.
@@ -731,20 +735,21 @@ class HTTPPollingTransport(Transport):
         while True:
             if self._end.by_client:
                 self._end.raise_ended()
-            if inbox:
+            if inbox or inbox.closed:
                 await anyio.lowlevel.checkpoint_if_cancelled()
-                return inbox.popleft()
-            if self._end.error is not None:
-                self._end.raise_ended()
+                try:
+                    return await inbox.get()  # at once: a frame is there, or none will come
+                except QueueClosed:
+                    self._end.raise_ended()
             if self._client is None:
                 raise not_connected("HTTP long-polling", self.url)
             if self._posting or self._polling:
                 # A POST in flight brings the reply in its response; or another
                 # receiver is polling. Wait for either to finish.
-                arrival = self._arrival
-                if arrival is None:
-                    arrival = self._arrival = anyio.Event()
-                await arrival.wait()
+                settled = self._settled
+                if settled is None:
+                    settled = self._settled = anyio.Event()
+                await settled.wait()
                 continue
             if self._unconfirmed:
                 if self._send_closed is not None:
@@ -767,7 +772,7 @@ class HTTPPollingTransport(Transport):
                 raise
             finally:
                 self._polling = False
-                self._wake()
+                self._settle()
 
     async def aclose(self) -> None:
         """Delete the session on the server, and close the client if it is the transport's own.
@@ -779,10 +784,10 @@ class HTTPPollingTransport(Transport):
         if self._end.by_client:
             return
         self._end.close_by_client()
-        self._inbox.clear()
+        self._inbox.close()
         for scope in list(self._scopes):
             scope.cancel()
-        self._wake()
+        self._settle()
         client = self._client
         if client is None:
             return
