@@ -7,9 +7,10 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
 
-from openenv import ClientStateError, ConnectError, ConnectionClosed, Transport
+from openenv import ConnectError, ConnectionClosed, Transport
 from transports.websocket import WebSocketTransport
 
+from .._network_client import connect_once
 from ._fleet import Fleet, HostActor, fleet_for
 
 __all__ = ["RayTransport", "parse_ray_url"]
@@ -234,8 +235,7 @@ class RayTransport(Transport):
             ClientStateError: The transport was entered before.
             ImportError: Ray is not installed (``pip install 'openenv[ray]'``).
         """
-        if self._entered:
-            raise ClientStateError("a RayTransport connects only once; create a new one")
+        connect_once(self._entered, self)
         self._entered = True
         fleet = self.fleet = await fleet_for(self._address, self.factory, **self._fleet_options)
         for attempt in range(_PLACEMENT_TRIES):
