@@ -6,7 +6,7 @@ import heapq
 import itertools
 import math
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -22,13 +22,20 @@ class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
     """The typed client of the counter environments in `tests.envs`."""
 
 
-async def wait_until(condition: Callable[[], bool], what: str = "") -> None:
+async def wait_until(condition: Callable[[], bool | Awaitable[bool]], what: str = "", *, every: float = 0.01) -> None:
     """Return once ``condition()`` holds; for state that has no event of its own (the caller bounds the wait).
 
-    ``what`` names the awaited state for the reader of the test.
+    ``condition`` may be a coroutine function (to ask another process, say);
+    it is asked again every ``every`` seconds. ``what`` names the awaited
+    state for the reader of the test.
     """
-    while not condition():  # noqa: ASYNC110 - polls state that has no event of its own
-        await anyio.sleep(0.01)
+    while True:
+        holds = condition()
+        if not isinstance(holds, bool):
+            holds = await holds
+        if holds:
+            return
+        await anyio.sleep(every)  # polls state that has no event of its own
 
 
 class ManualClock(Clock):

@@ -18,8 +18,9 @@ import ray
 from ray.cluster_utils import Cluster
 
 import openenv
-from openenv import EnvClient, EnvPool
-from tests.envs import CountAction, CountObservation, CountState
+from openenv import EnvPool
+from tests.envs import CountAction
+from tests.helpers import CounterClient
 from transports.ray import init_ray
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,10 +30,6 @@ URL = (
     "?num_cpus=1&sessions_per_actor=2&idle_timeout=0&scheduling_strategy=SPREAD&host=127.0.0.1"
 )
 LIMIT = 120
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
 
 
 async def lose_a_node(cluster: Cluster) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import pytest
 
 import openenv
 from openenv import EnvClient, EnvPool
-from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
+from tests.envs import AsyncCounterEnv, CountAction
+from tests.helpers import CounterClient, wait_until
 from tests.serving import ROOT, factory_path, start_local_ray
 from transports.ray import ACTOR_NAME_PREFIX, RayTransport
 from transports.ray._transport import parse_ray_url
@@ -26,10 +27,6 @@ from transports.ray._transport import parse_ray_url
 pytestmark = pytest.mark.ray
 
 LIMIT = 120  # seconds: actors start in a few seconds on a loaded machine; this bounds every wait
-
-
-class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
-    pass
 
 
 def ray_url(**options: Any) -> str:
@@ -53,8 +50,10 @@ async def active_sessions(actors: list[Any]) -> list[int]:
 
 async def wait_until_gone(names: set[str]) -> None:
     # Ray offers no event for an actor's death; its name is released once the GCS has seen it die.
-    while names & await live_actor_names():  # noqa: ASYNC110 - no event to wait on
-        await anyio.sleep(0.05)
+    async def gone() -> bool:
+        return not names & await live_actor_names()
+
+    await wait_until(gone, "the actors' names released", every=0.05)
 
 
 async def kill_actor_process(handle: Any) -> None:
@@ -63,8 +62,7 @@ async def kill_actor_process(handle: Any) -> None:
 
     pid = await anyio.to_thread.run_sync(lambda: ray.get(handle.__ray_call__.remote(lambda host: os.getpid())))
     os.kill(pid, signal.SIGKILL)
-    while not process_is_gone(pid):  # noqa: ASYNC110 - no event to wait on
-        await anyio.sleep(0.01)
+    await wait_until(lambda: process_is_gone(pid), "the actor's process gone")  # another process: no event
 
 
 def process_is_gone(pid: int) -> bool:
@@ -235,6 +233,16 @@ async def test_an_actor_that_dies_closes_its_own_sessions_only() -> None:
                     assert not isinstance(result, openenv.ReplacedStepResult)
                     assert result.observation.count == 1
             assert victim not in {client.transport.actor for client in pool.clients}  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_a_transport_connects_once() -> None:
+    transport = RayTransport(ray_url(idle_timeout=0))
+    with anyio.fail_after(LIMIT):
+        async with transport:
+            pass
+    with pytest.raises(openenv.ClientStateError, match="this RayTransport was connected before: a transport connects"):
+        await transport.__aenter__()
 
 
 @pytest.mark.anyio
