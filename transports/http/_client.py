@@ -44,7 +44,7 @@ from openenv import (
     Transport,
 )
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
-from openenv.channel import FrameQueue, QueueClosed
+from openenv.channel import FrameQueue
 
 from .._network_client import (
     ConnectionEnd,
@@ -735,12 +735,11 @@ class HTTPPollingTransport(Transport):
         while True:
             if self._end.by_client:
                 self._end.raise_ended()
-            if inbox or inbox.closed:
+            if inbox:
                 await anyio.lowlevel.checkpoint_if_cancelled()
-                try:
-                    return await inbox.get()  # at once: a frame is there, or none will come
-                except QueueClosed:
-                    self._end.raise_ended()
+                return await inbox.get()  # at once: a frame is there
+            if inbox.closed:  # and drained: no frame will come
+                self._end.raise_ended()
             if self._client is None:
                 raise not_connected("HTTP long-polling", self.url)
             if self._posting or self._polling:
