@@ -224,6 +224,52 @@ def _close_quietly(opened: _OpenClient) -> None:
         opened.close(timeout=_UNWIND_TIMEOUT)
 
 
+class _Holder:
+    """What a blocking facade (`SyncEnvClient`, `SyncEnvPool`) keeps while its async object is open.
+
+    The object is held open on an event-loop thread (`_OpenClient`), and a
+    finalizer closes it should the facade be abandoned. The facade is passed to
+    `open`, never kept: a reference back would leave the facade to the cycle
+    collector, and an abandoned one would be closed late.
+
+    Args:
+        name: The facade's class name, for the messages.
+        state: What the facade is once open ("connected", "open"), for the messages.
+    """
+
+    def __init__(self, name: str, state: str) -> None:
+        self._name = name
+        self._state = state
+        self._open: _OpenClient | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+
+    def open(self, facade: object, target: Any, backend: str) -> None:
+        """Open ``target`` (an async client or pool) on ``backend``'s loop thread, for ``facade``."""
+        _refuse_inside_event_loop("connect")
+        if self._open is not None:
+            raise ClientStateError(f"this {self._name} is already {self._state}")
+        opened = _OpenClient(target, _loop_thread(backend))
+        self._open = opened
+        self._finalizer = weakref.finalize(facade, _close_abandoned, opened, repr(facade))
+
+    def close(self) -> None:
+        """Close the object, if open, and release the loop thread. Idempotent."""
+        _refuse_inside_event_loop("close")
+        opened, finalizer = self._open, self._finalizer
+        self._open = self._finalizer = None
+        if finalizer is not None:
+            finalizer.detach()
+        if opened is not None:
+            opened.close()
+
+    def portal(self, name: str) -> BlockingPortal:
+        """The portal to call the open object through, for the facade's method ``name``."""
+        _refuse_inside_event_loop(name)
+        if self._open is None:
+            raise ClientStateError(f"the {self._name} is not {self._state}: use `with` or call connect()")
+        return self._open.portal
+
+
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     """The same client, blocking: for scripts, notebooks and training loops without async.
 
@@ -272,8 +318,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
     def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
         self.client = client
         self.backend = backend
-        self._open: _OpenClient | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._holder = _Holder("SyncEnvClient", "connected")
 
     def __repr__(self) -> str:
         return f"<SyncEnvClient of {self.client!r}>"
@@ -316,12 +361,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ValueError: The transport rejected the URL or an option.
             TypeError: msgspec cannot decode into the client's types.
         """
-        _refuse_inside_event_loop("connect")
-        if self._open is not None:
-            raise ClientStateError("this SyncEnvClient is already connected")
-        opened = _OpenClient(self.client, _loop_thread(self.backend))
-        self._open = opened
-        self._finalizer = weakref.finalize(self, _close_abandoned, opened, repr(self))
+        self._holder.open(self, self.client, self.backend)
         return self
 
     def close(self) -> None:
@@ -332,19 +372,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         Raises:
             ClientStateError: Called inside an event loop.
         """
-        _refuse_inside_event_loop("close")
-        opened, finalizer = self._open, self._finalizer
-        self._open = self._finalizer = None
-        if finalizer is not None:
-            finalizer.detach()
-        if opened is not None:
-            opened.close()
-
-    def _portal_or_raise(self, name: str) -> BlockingPortal:
-        _refuse_inside_event_loop(name)
-        if self._open is None:
-            raise ClientStateError("the SyncEnvClient is not connected: use `with` or call connect()")
-        return self._open.portal
+        self._holder.close()
 
     def reset(
         self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
@@ -368,7 +396,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             EncodingError: A keyword argument cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("reset")
+        portal = self._holder.portal("reset")
         return _call(portal, lambda: self.client.reset(timeout=timeout, **kwargs))
 
     def step(self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
@@ -393,7 +421,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             EncodingError: The action cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("step")
+        portal = self._holder.portal("step")
         return _call(portal, lambda: self.client.step(action, timeout=timeout))
 
     def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
@@ -414,7 +442,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ReplyValidationError: The reply does not fit the client's state type.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("state")
+        portal = self._holder.portal("state")
         return _call(portal, lambda: self.client.state(timeout=timeout))
 
     def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
@@ -435,7 +463,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             ReplyValidationError: The reply is not a list of tools.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("list_tools")
+        portal = self._holder.portal("list_tools")
         return _call(portal, lambda: self.client.list_tools(timeout=timeout))
 
     def call_tool(
@@ -460,7 +488,7 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             EncodingError: An argument cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("call_tool")
+        portal = self._holder.portal("call_tool")
         return _call(portal, lambda: self.client.call_tool(name, timeout=timeout, **arguments))
 
     def mcp(
@@ -488,5 +516,5 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             TransportError: The connection closed or broke.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._portal_or_raise("mcp")
+        portal = self._holder.portal("mcp")
         return _call(portal, lambda: self.client.mcp(method, params, timeout=timeout))

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, cast
-
-from anyio.from_thread import BlockingPortal
+from typing import TYPE_CHECKING, Any, Generic
 
 from ._client import USE_CLIENT_DEFAULT, _UseClientDefault
-from ._exceptions import ClientStateError
 from ._pool import EnvPool
-from ._sync import _call, _close_abandoned, _loop_thread, _OpenClient, _refuse_inside_event_loop
+from ._sync import _call, _Holder
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
@@ -57,8 +53,7 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
     def __init__(self, pool: EnvPool[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
         self.pool = pool
         self.backend = backend
-        self._open: _OpenClient | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._holder = _Holder("SyncEnvPool", "open")
 
     def __repr__(self) -> str:
         return f"<SyncEnvPool of {self.pool!r}>"
@@ -99,13 +94,8 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
             CapacityReachedError: Every server stayed at capacity.
             ClientStateError: Already open or closed, or called inside an event loop.
         """
-        _refuse_inside_event_loop("connect")
-        if self._open is not None:
-            raise ClientStateError("this SyncEnvPool is already open")
         # Held open by one task of the loop thread, entered and left there, as the pool's task group needs.
-        opened = _OpenClient(cast(Any, self.pool), _loop_thread(self.backend))
-        self._open = opened
-        self._finalizer = weakref.finalize(self, _close_abandoned, opened, repr(self))
+        self._holder.open(self, self.pool, self.backend)
         return self
 
     def close(self) -> None:
@@ -114,19 +104,7 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
         Raises:
             ClientStateError: Called inside an event loop.
         """
-        _refuse_inside_event_loop("close")
-        opened, finalizer = self._open, self._finalizer
-        self._open = self._finalizer = None
-        if finalizer is not None:
-            finalizer.detach()
-        if opened is not None:
-            opened.close()
-
-    def _portal_or_raise(self, name: str) -> BlockingPortal:
-        _refuse_inside_event_loop(name)
-        if self._open is None:
-            raise ClientStateError("the SyncEnvPool is not open: use `with` or call connect()")
-        return self._open.portal
+        self._holder.close()
 
     def reset(
         self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
@@ -145,7 +123,7 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
             ValueError: A list argument does not hold one value per session.
             ClientStateError: Not open, or called inside an event loop.
         """
-        portal = self._portal_or_raise("reset")
+        portal = self._holder.portal("reset")
         return _call(portal, lambda: self.pool.reset(timeout=timeout, **kwargs))
 
     def step(
@@ -165,7 +143,7 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
             ValueError: Not one action per session.
             ClientStateError: Not open, or called inside an event loop.
         """
-        portal = self._portal_or_raise("step")
+        portal = self._holder.portal("step")
         return _call(portal, lambda: self.pool.step(actions, timeout=timeout))
 
     def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
@@ -181,5 +159,5 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
             EnvPoolError: Sessions failed; its ``errors`` holds each one's exception.
             ClientStateError: Not open, or called inside an event loop.
         """
-        portal = self._portal_or_raise("state")
+        portal = self._holder.portal("state")
         return _call(portal, lambda: self.pool.state(timeout=timeout))
