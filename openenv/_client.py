@@ -35,6 +35,7 @@ from ._messages import ErrorReply, MCPMessage, ObservationReply, StateReply
 from ._registry import check_transport_options, create_transport, takes_option
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
+from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -213,6 +214,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         # Decodes the replies of list_tools and call_tool, whatever the client's types; built on first use.
         self._tool_codec: ClientCodec[Any, Any, Any] | None = None
         self._jsonrpc_id = 0
+        # Cancels a request at its deadline; runs from connect to close.
+        self._watchdog: Watchdog | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
@@ -271,6 +274,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._codec = ClientCodec(
                 self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
             )
+            self._watchdog = await Watchdog.start(self._clock)
         except BaseException:
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
@@ -362,10 +366,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         await self.close()
 
     async def _close(self) -> None:
-        if self._state is not _ClientState.OPENED:
-            self._state = _ClientState.CLOSED
-            return
+        was_open = self._state is _ClientState.OPENED
         self._state = _ClientState.CLOSED
+        if self._watchdog is not None:
+            await self._watchdog.stop()
+        if not was_open:
+            return
         assert self._transport is not None
         assert self._codec is not None
         with anyio.CancelScope(shield=True):
@@ -734,9 +740,18 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, math.inf)
+            watchdog = self._watchdog
+            assert watchdog is not None
             deadline = self._clock.now() + timeout
-            with self._clock.cancel_scope(deadline=deadline):
-                return await self._exchange(codec, transport, frame, request_id, deadline)
+            scope = anyio.CancelScope()
+            if timeout <= 0:
+                scope.cancel()
+            watchdog.arm(scope, deadline)
+            try:
+                with scope:
+                    return await self._exchange(codec, transport, frame, request_id, deadline)
+            finally:
+                watchdog.disarm(scope)
             # Reached only when the deadline cancelled the exchange.
             raise TimeoutError(f"no reply within {timeout} s")
 
@@ -762,13 +777,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 # that has passed sends nothing; one that passes while the frame goes
                 # out must not cut it short (the channel would be lost), so a send gets
                 # at least `SEND_GRACE` seconds: only a stuck channel runs out of it.
-                clock = self._clock
-                now = clock.now()
+                now = self._clock.now()
                 if now >= deadline:
                     raise TimeoutError("the timeout elapsed before the request was sent")
-                with clock.cancel_scope(shield=True, deadline=max(deadline, now + SEND_GRACE)) as send_scope:
-                    await transport.send(frame)
-                    self._unanswered.append(request_id)
+                send_scope = anyio.CancelScope(shield=True)
+                watchdog = self._watchdog
+                assert watchdog is not None
+                watchdog.arm(send_scope, max(deadline, now + SEND_GRACE))
+                try:
+                    with send_scope:
+                        await transport.send(frame)
+                        self._unanswered.append(request_id)
+                finally:
+                    watchdog.disarm(send_scope)
                 if send_scope.cancelled_caught:
                     self._state = _ClientState.CLOSED
                     with anyio.CancelScope(shield=True):

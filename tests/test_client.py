@@ -311,6 +311,56 @@ async def test_plain_dialect_timeout_that_elapsed_before_sending_keeps_the_sessi
             assert (await env.step(CountAction())).observation.count == 1
 
 
+class SilentTransport(ScriptedTransport):
+    """With request ids: answers each request with a count, except while ``silent``: then no reply ever comes."""
+
+    def __init__(self) -> None:
+        super().__init__([], dialect=Dialect(request_ids=True))
+        self.silent = False
+
+    async def send(self, frame: bytes) -> None:
+        message = json.loads(frame)
+        self.sent.append(message)
+        if not self.silent and message["type"] != "close":
+            self.inbox.append(observation(len(self.sent), id=message["id"]))
+
+    async def receive(self) -> bytes:
+        if not self.inbox:
+            await anyio.sleep_forever()
+        return self.inbox.popleft()
+
+
+async def test_each_call_times_out_at_its_own_deadline_whatever_came_before() -> None:
+    """A shorter timeout after a longer one, and a longer one after a shorter one, each fire on time."""
+    clock = ManualClock()
+    transport = SilentTransport()
+
+    async def step_silently(timeout: float) -> None:
+        transport.silent = True
+        try:
+            with pytest.raises(openenv.TimeoutError, match=f"no reply within {timeout} s"):
+                await env.step(CountAction(), timeout=timeout)
+        finally:
+            transport.silent = False
+
+    with anyio.fail_after(5):
+        async with CounterClient(transport=transport, clock=clock, timeout=60.0) as env:
+            await env.step(CountAction())  # a 60 s deadline, armed and left unused
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(clock.advance_when_blocked, 1.0)
+                await step_silently(1.0)
+
+            await env.step(CountAction(), timeout=2.0)  # a 2 s deadline, armed and left unused
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(step_silently, 5.0)
+                await clock.advance_when_blocked(4.9)  # past the earlier call's deadline, not this one's
+                await anyio.wait_all_tasks_blocked()
+                assert transport.silent  # still waiting
+                await clock.advance_when_blocked(0.1)
+            assert not transport.silent
+            assert (await env.step(CountAction())).observation.count == 5  # the session goes on
+
+
 class SlowSendTransport(ScriptedTransport):
     """Plain dialect; the first send takes longer than the call's timeout on the client's clock, then goes whole."""
 
