@@ -172,9 +172,30 @@ class AsyncioConnection:
         """Send one message. Raises `ConnectionClosed` if the connection is not open."""
         if self._end.by_client:
             self._raise_closed(receiving=False)
+        websocket = self._websocket
+        protocol = websocket.protocol
+        if protocol.state is not State.OPEN or websocket.send_in_progress is not None:
+            # Closing, closed, or a fragmented message going out: websockets' own send
+            # waits its turn or says how the connection ended.
+            try:
+                await websocket.send(message, text=self._text)
+            except WebSocketClosed:
+                self._raise_closed(receiving=False)
+            return
+        # What websockets' send does for an open connection, without its context
+        # manager (an async generator per message): frame the message, write it
+        # out, wait while the socket's buffer is full.
+        if self._text:
+            protocol.send_text(message)
+        else:
+            protocol.send_binary(message)
         try:
-            await self._websocket.send(message, text=self._text)
-        except WebSocketClosed:
+            websocket.send_data()
+            await websocket.drain()
+        except Exception as exc:  # the socket failed: end the connection as websockets' send would
+            websocket.set_connection_exc(exc)
+            websocket.transport.abort()
+            await websocket.wait_closed()
             self._raise_closed(receiving=False)
 
     async def receive(self) -> bytes:
