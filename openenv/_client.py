@@ -368,18 +368,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _close(self) -> None:
         was_open = self._state is _ClientState.OPENED
         self._state = _ClientState.CLOSED
-        if self._watchdog is not None:
-            await self._watchdog.stop()
-        if not was_open:
-            return
-        assert self._transport is not None
-        assert self._codec is not None
         with anyio.CancelScope(shield=True):
-            # Best effort, bounded: the server may be gone already. Bounded on the event
-            # loop's time, whatever the client's clock: shielded, a close must end by itself.
-            with anyio.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
-                await self._transport.send(self._codec.close())
-            await self._transport.aclose()
+            if was_open:
+                assert self._transport is not None
+                assert self._codec is not None
+                # Best effort, bounded: the server may be gone already. Bounded on the event
+                # loop's time, whatever the client's clock: shielded, a close must end by itself.
+                with anyio.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
+                    await self._transport.send(self._codec.close())
+                await self._transport.aclose()
+            if self._watchdog is not None:
+                await self._watchdog.stop()
 
     async def _exit_transport(self) -> None:
         if self._transport is not None and self._codec is not None:
