@@ -738,7 +738,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
                 raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
             if timeout is None:
-                return await self._exchange(codec, transport, frame, request_id, math.inf)
+                return await self._exchange(codec, transport, frame, request_id, None, math.inf)
             watchdog = self._watchdog
             assert watchdog is not None
             deadline = self._clock.now() + timeout
@@ -748,7 +748,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             watchdog.arm(scope, deadline)
             try:
                 with scope:
-                    return await self._exchange(codec, transport, frame, request_id, deadline)
+                    return await self._exchange(codec, transport, frame, request_id, scope, deadline)
             finally:
                 watchdog.disarm(scope)
             # Reached only when the deadline cancelled the exchange.
@@ -760,9 +760,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         transport: Transport,
         frame: bytes,
         request_id: int,
+        scope: anyio.CancelScope | None,
         deadline: float,
     ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        """Send one request and return its reply; late replies of earlier calls are dropped."""
+        """Send one request and return its reply; late replies of earlier calls are dropped.
+
+        ``scope`` is the call's own, armed with ``deadline`` (``None`` for a call without one).
+        """
         try:
             if codec.dialect.request_ids:
                 # Replies name their request, so a send cut short by a cancellation
@@ -770,33 +774,47 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 # skipped when a later one's reply arrives.
                 self._unanswered.append(request_id)
                 await transport.send(frame)
-            else:
+            elif scope is None:
                 # Replies are matched by order alone, so a cancellation must not leave
-                # it unknown whether the frame went out: shield the send. A deadline
-                # that has passed sends nothing; one that passes while the frame goes
-                # out must not cut it short (the channel would be lost), so a send gets
-                # at least `SEND_GRACE` seconds: only a stuck channel runs out of it.
-                now = self._clock.now()
-                if now >= deadline:
-                    raise TimeoutError("the timeout elapsed before the request was sent")
-                send_scope = anyio.CancelScope(shield=True)
-                watchdog = self._watchdog
-                assert watchdog is not None
-                watchdog.arm(send_scope, max(deadline, now + SEND_GRACE))
-                try:
-                    with send_scope:
-                        await transport.send(frame)
-                        self._unanswered.append(request_id)
-                finally:
-                    watchdog.disarm(send_scope)
-                if send_scope.cancelled_caught:
-                    self._state = _ClientState.CLOSED
-                    with anyio.CancelScope(shield=True):
-                        await transport.aclose()
-                    raise TimeoutError("timed out sending the request; the client is closed")
+                # it unknown whether the frame went out: shield the send.
+                with anyio.CancelScope(shield=True):
+                    await transport.send(frame)
+                self._unanswered.append(request_id)
+            else:
+                await self._send_within_grace(transport, frame, scope, deadline)
+                self._unanswered.append(request_id)
         except ConnectionClosed as exc:
             await self._raise_parting_error(codec, transport, exc)
         return await self._receive_reply(codec, transport, request_id)
+
+    async def _send_within_grace(
+        self, transport: Transport, frame: bytes, scope: anyio.CancelScope, deadline: float
+    ) -> None:
+        """Send a plain OpenEnv request whole, in the call's ``scope``, shielded from cancellation outside it.
+
+        Replies are matched by order alone, so a cancellation must not leave it
+        unknown whether the frame went out. A deadline that has passed sends
+        nothing; one that passes while the frame goes out must not cut it short
+        (the channel would be lost), so the send gets at least `SEND_GRACE`
+        seconds: only a stuck channel runs out of it, and closes the client.
+        """
+        now = self._clock.now()
+        if now >= deadline:
+            raise TimeoutError("the timeout elapsed before the request was sent")
+        watchdog = self._watchdog
+        assert watchdog is not None
+        scope.shield = True
+        watchdog.arm(scope, max(deadline, now + SEND_GRACE))
+        try:
+            await transport.send(frame)
+        except anyio.get_cancelled_exc_class():
+            # Shielded, only the grace running out cancels it.
+            self._state = _ClientState.CLOSED
+            with anyio.CancelScope(shield=True):
+                await transport.aclose()
+            raise TimeoutError("timed out sending the request; the client is closed") from None
+        scope.shield = False
+        watchdog.arm(scope, deadline)
 
     def _owner_of(self, reply_id: int | None) -> int:
         """Which request a reply answers, and forget it (and any skipped request) as unanswered."""
