@@ -808,7 +808,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         try:
             await transport.send(frame)
         except anyio.get_cancelled_exc_class():
-            # Shielded, only the grace running out cancels it.
+            if not scope.cancel_called:  # not the grace running out: someone else's cancellation
+                raise
             self._state = _ClientState.CLOSED
             with anyio.CancelScope(shield=True):
                 await transport.aclose()
