@@ -1,7 +1,8 @@
 """Hostile clients and broken networks: each probe's defect, reproduced and shown fixed.
 
 Every test runs on asyncio and trio, against each real server that can host
-the app there: uvicorn and hypercorn on asyncio, hypercorn on trio. A test
+the app there: uvicorn and hypercorn on asyncio; hypercorn, and hypercorn with
+its WebSocket connections served by websockets' protocol, on trio. A test
 asserts two things: the hostile client gets a clean, typed answer, and a
 well-behaved session on the same server keeps working.
 """
@@ -45,8 +46,8 @@ LIMIT = 60  # seconds: the bound of every test's waits
 
 
 @pytest.fixture(
-    params=[("asyncio", "uvicorn"), ("asyncio", "hypercorn"), ("trio", "hypercorn")],
-    ids=["asyncio-uvicorn", "asyncio-hypercorn", "trio-hypercorn"],
+    params=[("asyncio", "uvicorn"), ("asyncio", "hypercorn"), ("trio", "hypercorn"), ("trio", "hypercorn+websockets")],
+    ids=["asyncio-uvicorn", "asyncio-hypercorn", "trio-hypercorn", "trio-hypercorn+websockets"],
 )
 def backend_and_server(request: pytest.FixtureRequest) -> tuple[str, ServerName]:
     """Each event loop, with each ASGI server that runs the app on it."""
@@ -66,7 +67,7 @@ def server_name(backend_and_server: tuple[str, ServerName]) -> ServerName:
 
 @asynccontextmanager
 async def serving(server_name: ServerName, factory: Any = WireEchoEnv, **options: Any) -> AsyncIterator[RunningServer]:
-    assert server_name == "hypercorn" or current_backend() == "asyncio"
+    assert (server_name == "uvicorn") == (current_backend() == "asyncio") or server_name == "hypercorn"
     async with serve(factory, server=server_name, **options) as server:
         yield server
 

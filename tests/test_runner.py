@@ -50,7 +50,7 @@ async def test_serve_starts_on_a_free_port_and_stops(anyio_backend: str) -> None
             assert server.port > 0
             assert server.url == f"http://127.0.0.1:{server.port}"
             assert server.ws_url == f"ws://127.0.0.1:{server.port}/ws"
-            assert server.server == ("uvicorn" if anyio_backend == "asyncio" else "hypercorn")
+            assert server.server == ("uvicorn" if anyio_backend == "asyncio" else "hypercorn+websockets")
             async with httpx.AsyncClient() as client:
                 response = await client.get(f"{server.url}/health")
             assert response.json() == {"status": "healthy"}

@@ -174,7 +174,7 @@ import transports.runner as runner
 from tests.test_server_app import WireEchoEnv
 
 runner._mend_hypercorn_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
-runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", max_sessions=1, log_level="critical")
+runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", server="hypercorn", max_sessions=1, log_level="critical")
 """
 
 

@@ -66,11 +66,11 @@ def main(ctx: click.Context, debug: bool) -> None:
     type=click.Choice(["asyncio", "trio"]),
     default="asyncio",
     show_default=True,
-    help="The event loop (asyncio runs uvicorn, trio runs hypercorn).",
+    help="The event loop (asyncio runs uvicorn, trio runs hypercorn+websockets).",
 )
 @click.option(
     "--server",
-    type=click.Choice(["uvicorn", "hypercorn"]),
+    type=click.Choice(["uvicorn", "hypercorn", "hypercorn+websockets"]),
     default=None,
     help="The ASGI server, if not the backend's default.",
 )
@@ -181,6 +181,8 @@ def serve(
         require_installed("trio")
         if server == "uvicorn":
             raise click.UsageError("uvicorn runs on asyncio only: use --server hypercorn, or --backend asyncio")
+    elif server == "hypercorn+websockets":
+        raise click.UsageError("hypercorn+websockets runs on trio only: use --backend trio, or --server uvicorn")
 
     from openenv.server import load_factory
 

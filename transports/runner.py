@@ -41,14 +41,19 @@ from openenv.server import (
 )
 
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
+from ._websocket_front import ReplayedStream, is_websocket_upgrade, read_head, serve_websocket
 from .app import create_app
 
 __all__ = ["DEFAULT_WS_MAX_SIZE", "RunningServer", "ServerName", "current_backend", "run", "serve"]
 
 logger = logging.getLogger("openenv.server")
 
-ServerName = Literal["uvicorn", "hypercorn"]
-"""The ASGI servers that can run the app: uvicorn (asyncio only) or hypercorn (asyncio or trio)."""
+ServerName = Literal["uvicorn", "hypercorn", "hypercorn+websockets"]
+"""The servers that can run the app: uvicorn (asyncio only), hypercorn (asyncio or trio), or
+hypercorn+websockets (trio only: hypercorn, with WebSocket connections served through
+``websockets``' sans-I/O protocol instead of hypercorn's own; see `transports._websocket_front`)."""
+
+_SERVER_NAMES = ("uvicorn", "hypercorn", "hypercorn+websockets")
 
 DEFAULT_WS_MAX_SIZE = DEFAULT_MAX_MESSAGE_SIZE
 """The largest WebSocket message the server accepts by default: 16 MiB (the HTTP body limit too).
@@ -119,7 +124,7 @@ def current_backend() -> str:
 
 
 def _default_server(backend: str) -> ServerName:
-    return "uvicorn" if backend == "asyncio" else "hypercorn"
+    return "uvicorn" if backend == "asyncio" else "hypercorn+websockets"
 
 
 # TCP keepalive on every connection (accepted sockets inherit it from the
@@ -385,6 +390,7 @@ async def _run_hypercorn(
     options: _Options,
     stop: anyio.Event,
     *,
+    websocket_front: bool = False,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     from hypercorn.config import Config, Sockets
@@ -411,6 +417,7 @@ async def _run_hypercorn(
         from hypercorn.trio.run import worker_serve as trio_worker_serve
 
         _mend_hypercorn_trio_closing()
+        config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
         return
@@ -428,7 +435,7 @@ async def _run_hypercorn(
 
 
 def _mend_hypercorn_trio_closing() -> None:
-    """Keep a client closing its WebSocket from killing hypercorn's whole trio server.
+    """Keep a client closing its WebSocket from killing hypercorn's whole trio server; add the front.
 
     Hypercorn's trio connection half-closes its socket (``send_eof``) outside the
     lock its other writes take. A write that lands meanwhile (the closing
@@ -436,7 +443,12 @@ def _mend_hypercorn_trio_closing() -> None:
     raises `trio.BusyResourceError`, which nothing catches: it ends the server's
     task group, listener and every session with it, while the process lives on.
     The write is moot (the socket is being closed), so this treats it as the
-    peer having gone, as hypercorn treats a broken socket. Idempotent.
+    peer having gone, as hypercorn treats a broken socket.
+
+    The same class serves the WebSocket connections of a server started with
+    ``_openenv_websocket_front`` set on its config itself (see
+    `transports._websocket_front`), and hands everything else to hypercorn.
+    Idempotent.
     """
     import hypercorn.trio.run
     import hypercorn.trio.tcp_server
@@ -461,6 +473,52 @@ def _mend_hypercorn_trio_closing() -> None:
             except busy_error:  # send_eof is closing the socket: the write is moot
                 await self.protocol.handle(Closed())
 
+        async def run(self) -> None:
+            if not getattr(self.config, "_openenv_websocket_front", False):
+                await super().run()
+                return
+            head = await self._read_head()
+            if head is None:
+                with contextlib.suppress(Exception):
+                    await self.stream.aclose()
+                return
+            if not is_websocket_upgrade(head):
+                self.stream = cast(Any, ReplayedStream(self.stream, head))
+                await super().run()
+                return
+            sock = self.stream.socket
+            try:
+                client, server = sock.getpeername()[:2], sock.getsockname()[:2]
+            except OSError:  # gone already
+                with contextlib.suppress(Exception):
+                    await self.stream.aclose()
+                return
+            watched = cast(Any, self.app).app  # hypercorn's wrapper around the ASGI app
+            await serve_websocket(
+                watched,
+                cast(Any, self.stream),
+                head,
+                client=client,
+                server=server,
+                max_message_size=self.config.websocket_max_message_size,
+                state=dict(self.state),
+            )
+
+        async def _read_head(self) -> bytes | None:
+            """The request head, within the keep-alive timeout; ``None`` if it does not come, or the server stops."""
+            head: bytes | None = None
+            with anyio.move_on_after(self.config.keep_alive_timeout):
+                async with anyio.create_task_group() as task_group:
+
+                    async def cancel_when_terminated() -> None:
+                        await self.context.terminated.wait()
+                        task_group.cancel_scope.cancel()
+
+                    task_group.start_soon(cancel_when_terminated)
+                    head = await read_head(cast(Any, self.stream))
+                    task_group.cancel_scope.cancel()
+            return head
+
     run_module.TCPServer = MendedTCPServer
 
 
@@ -478,7 +536,11 @@ async def _wait_until_serving(host: str, port: int) -> None:
         await anyio.sleep(_PROBE_INTERVAL)
 
 
-_RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {"uvicorn": _run_uvicorn, "hypercorn": _run_hypercorn}
+_RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {
+    "uvicorn": _run_uvicorn,
+    "hypercorn": _run_hypercorn,
+    "hypercorn+websockets": functools.partial(_run_hypercorn, websocket_front=True),
+}
 
 
 def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options: Any) -> Starlette:
@@ -551,9 +613,11 @@ async def _serving(
     _redact_access_logs()
     name: ServerName = server if server is not None else _default_server(backend)
     if name not in _RUNNERS:
-        raise ValueError(f"unknown server {name!r}; use 'uvicorn' or 'hypercorn'")
+        raise ValueError(f"unknown server {name!r}; use one of {', '.join(map(repr, _SERVER_NAMES))}")
     if name == "uvicorn" and backend != "asyncio":
-        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn'")
+        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
+    if name == "hypercorn+websockets" and backend != "trio":
+        raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
     watched = _StartupWatch(app)
     sock = _bind(host, port)
     server_errors: list[Exception] = []

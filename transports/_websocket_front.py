@@ -1,0 +1,378 @@
+"""WebSocket connections served beside hypercorn on trio, through websockets' sans-I/O protocol.
+
+Hypercorn speaks WebSocket through ``wsproto`` and its own event plumbing;
+on trio that costs about twice the CPU per message of ``websockets``'
+sans-I/O protocol driven straight from the socket. `FrontedTCPServer` reads
+each new connection's request head first: a WebSocket upgrade is served here,
+anything else goes on to hypercorn with the bytes already read, unchanged.
+
+Either way the same ASGI app serves the request: a WebSocket connection here
+is an ASGI ``websocket`` scope whose ``receive`` and ``send`` drive the
+protocol, so the app's middleware (token, origin), its routes, session limits
+and idle reaping apply as they do under any server. What a server itself
+bounds is bounded here too: the request head (`HEAD_LIMIT` bytes, within the
+configured keep-alive timeout, else the connection is closed), the size of a
+message (close code 1009), and what a client makes the server write without
+the app (pongs, close replies): they are written before anything more is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http
+import logging
+from collections import deque
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+import anyio
+from websockets.datastructures import Headers
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+__all__ = ["HEAD_LIMIT", "ClientDisconnected", "ReplayedStream", "is_websocket_upgrade", "read_head", "serve_websocket"]
+
+logger = logging.getLogger("openenv.server")
+
+HEAD_LIMIT = 16 * 1024
+"""The most bytes a request head may take before it is handed on as it is (hypercorn refuses it)."""
+
+_READ_SIZE = 64 * 1024
+# Seconds a closing connection waits for the client's close frame, then its end of the socket.
+_CLOSE_TIMEOUT = 5.0
+_NORMAL_CLOSURE = 1000
+_ABNORMAL_CLOSURE = 1006
+_INVALID_DATA = 1007
+
+
+class ByteStream(Protocol):
+    """The socket stream hypercorn hands each connection (trio's ``SocketStream``)."""
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ClientDisconnected(OSError):
+    """A message sent on a WebSocket connection whose client has gone (as uvicorn's)."""
+
+
+async def read_head(stream: ByteStream) -> bytes | None:
+    """Read until a request head is complete (or `HEAD_LIMIT` bytes, or the stream ends).
+
+    Call it under the deadline a client has to send its head.
+
+    Args:
+        stream: The new connection.
+
+    Returns:
+        The bytes read (the head and whatever followed it in the same reads),
+        or ``None`` if the connection ended or broke before a byte came.
+    """
+    buffer = bytearray()
+    while b"\r\n\r\n" not in buffer and len(buffer) < HEAD_LIMIT:
+        try:
+            data = await stream.receive_some(_READ_SIZE)
+        except Exception:  # broken or reset before its head: nothing to answer
+            return None
+        if not data:
+            break
+        buffer += data
+    return bytes(buffer) if buffer else None
+
+
+def is_websocket_upgrade(head: bytes) -> bool:
+    """Whether ``head`` is a complete ``GET`` request asking to upgrade to WebSocket."""
+    end = head.find(b"\r\n\r\n")
+    if end < 0 or not head.startswith(b"GET "):
+        return False
+    for line in head[:end].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"upgrade":
+            return b"websocket" in value.lower()
+    return False
+
+
+class ReplayedStream:
+    """A connection whose first bytes were read already: ``receive_some`` gives them back first.
+
+    What hypercorn reads a connection through when the front has read its head.
+
+    Args:
+        stream: The connection (trio's ``SocketStream``).
+        head: The bytes read from it so far.
+    """
+
+    def __init__(self, stream: Any, head: bytes) -> None:
+        self._stream = stream
+        self._head = head
+        self.socket = stream.socket
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The bytes read before, once; then the stream's next bytes."""
+        if self._head:
+            size = len(self._head) if max_bytes is None else max_bytes
+            head, self._head = self._head[:size], self._head[size:]
+            return head
+        data: bytes | bytearray = await self._stream.receive_some(max_bytes)
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        """Write to the stream."""
+        await self._stream.send_all(data)
+
+    async def send_eof(self) -> None:
+        """Half-close the stream."""
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        """Close the stream."""
+        await self._stream.aclose()
+
+
+class _Connection:
+    """One WebSocket connection as an ASGI ``websocket`` scope's ``receive`` and ``send``."""
+
+    def __init__(self, stream: ByteStream, protocol: ServerProtocol, request: Request) -> None:
+        self.stream = stream
+        self.protocol = protocol
+        self.request = request
+        self.incoming: deque[dict[str, Any]] = deque()
+        self.fragments: list[bytes] = []
+        self.fragment_text = False
+        self.connect_sent = False
+        self.accepted = False
+        self.responded = False  # the handshake got its answer (accepted, or refused)
+        self.ended = False  # no more messages will come: the client closed, or the socket broke
+        self.response_start: dict[str, Any] | None = None
+        self.response_body = bytearray()
+        self.send_lock = anyio.Lock(fast_acquire=True)
+
+    async def receive(self) -> dict[str, Any]:
+        """The app's next ASGI message: connect first, then the client's messages, then disconnect."""
+        if not self.connect_sent:
+            self.connect_sent = True
+            return {"type": "websocket.connect"}
+        while not self.incoming:
+            if self.ended:
+                return {"type": "websocket.disconnect", "code": self._close_code()}
+            await self._read()
+        return self.incoming.popleft()
+
+    def _close_code(self) -> int:
+        code = self.protocol.close_rcvd.code if self.protocol.close_rcvd is not None else None
+        return code if code is not None else _ABNORMAL_CLOSURE
+
+    async def _read(self) -> None:
+        """Read once from the socket, queue the messages it completes, write what it asks for."""
+        try:
+            data = await self.stream.receive_some(_READ_SIZE)
+        except Exception:  # trio's BrokenResourceError or ClosedResourceError, a reset
+            data = b""
+        if data:
+            self.protocol.receive_data(data)
+        else:
+            self.protocol.receive_eof()
+        for event in self.protocol.events_received():
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+                self.fragments = [bytes(event.data)]
+                self.fragment_text = opcode is Opcode.TEXT
+            elif opcode is Opcode.CONT:
+                self.fragments.append(bytes(event.data))
+            else:
+                continue  # pings and closes: the protocol answers them
+            if event.fin:
+                self._queue_message(b"".join(self.fragments) if len(self.fragments) > 1 else self.fragments[0])
+                self.fragments = []
+        await self._flush()
+        if self.protocol.state is not State.OPEN:
+            self.ended = True
+
+    def _queue_message(self, payload: bytes) -> None:
+        if not self.fragment_text:
+            self.incoming.append({"type": "websocket.receive", "bytes": payload})
+            return
+        try:
+            text = payload.decode()
+        except UnicodeDecodeError:
+            self.protocol.fail(_INVALID_DATA, "invalid UTF-8 in a text message")
+            return
+        self.incoming.append({"type": "websocket.receive", "text": text})
+
+    async def _flush(self) -> None:
+        """Write what the protocol has to send; half-close where it says so."""
+        writes = self.protocol.data_to_send()
+        if not writes:
+            return
+        async with self.send_lock:
+            for data in writes:
+                if not data:  # the protocol's end of stream: the server closes TCP first
+                    await self._close_socket()
+                    return
+                try:
+                    await self.stream.send_all(data)
+                except Exception as exc:  # the client went away, or the socket was closed
+                    self.ended = True
+                    raise ClientDisconnected("the client went away") from exc
+
+    async def _close_socket(self) -> None:
+        self.ended = True
+        with contextlib.suppress(Exception):
+            await self.stream.aclose()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Carry out one ASGI message from the app.
+
+        Raises:
+            ClientDisconnected: The client has gone.
+            RuntimeError: A message the connection's state does not allow.
+        """
+        kind = message["type"]
+        protocol = self.protocol
+        if kind == "websocket.send":
+            if protocol.state is not State.OPEN:
+                raise ClientDisconnected("the WebSocket connection is closed")
+            text = message.get("text")
+            if text is not None:
+                protocol.send_text(text.encode())
+            else:
+                protocol.send_binary(message["bytes"])
+        elif kind == "websocket.accept":
+            self._accept(message)
+        elif kind == "websocket.close":
+            if self.accepted:
+                if protocol.state is State.OPEN:
+                    protocol.send_close(message.get("code") or _NORMAL_CLOSURE, message.get("reason") or "")
+            elif not self.responded:  # refused before the handshake: 403, as the ASGI spec says
+                self._send_response(protocol.reject(http.HTTPStatus.FORBIDDEN, "Forbidden\n"))
+        elif kind == "websocket.http.response.start":
+            self.response_start = message
+        elif kind == "websocket.http.response.body":
+            self._respond(message)
+        else:
+            raise RuntimeError(f"unexpected ASGI message {kind!r} on a WebSocket connection")
+        await self._flush()
+
+    def _accept(self, message: dict[str, Any]) -> None:
+        if self.responded:
+            raise RuntimeError("the WebSocket handshake was answered already")
+        response = self.protocol.accept(self.request)
+        if response.status_code == 101:
+            self.accepted = True
+            subprotocol = message.get("subprotocol")
+            if subprotocol:
+                response.headers["Sec-WebSocket-Protocol"] = subprotocol
+            for name, value in message.get("headers") or ():
+                response.headers[name.decode("latin-1")] = value.decode("latin-1")
+        self._send_response(response)  # a refusal (bad handshake) ends the connection
+
+    def _respond(self, message: dict[str, Any]) -> None:
+        """The ASGI denial response: sent once its body is complete."""
+        self.response_body += message.get("body", b"")
+        if message.get("more_body", False) or self.response_start is None:
+            return
+        status = int(self.response_start["status"])
+        headers = Headers(
+            (name.decode("latin-1"), value.decode("latin-1")) for name, value in self.response_start["headers"]
+        )
+        if "Content-Length" in headers:  # the app's own, if any, makes way for the body's true length
+            del headers["Content-Length"]
+        headers["Content-Length"] = str(len(self.response_body))
+        if "Connection" not in headers:
+            headers["Connection"] = "close"
+        phrase = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ else ""
+        self._send_response(Response(status, phrase, headers, bytes(self.response_body)))
+
+    def _send_response(self, response: Response) -> None:
+        if self.responded:
+            raise RuntimeError("the WebSocket handshake was answered already")
+        self.responded = True
+        self.protocol.send_response(response)
+
+    async def finish(self) -> None:
+        """After the app: close the WebSocket if the app did not, wait (bounded) for the client's end."""
+        protocol = self.protocol
+        with contextlib.suppress(ClientDisconnected):
+            if protocol.state is State.OPEN:
+                protocol.send_close(_NORMAL_CLOSURE)
+            elif not self.responded:  # the app ended without a word: refuse the handshake
+                self._send_response(protocol.reject(http.HTTPStatus.FORBIDDEN, "Forbidden\n"))
+            await self._flush()
+            with anyio.move_on_after(_CLOSE_TIMEOUT):
+                while protocol.state is not State.CLOSED and not self.ended:
+                    await self._read()
+        await self._close_socket()
+
+
+async def serve_websocket(
+    app: Any,
+    stream: ByteStream,
+    head: bytes,
+    *,
+    client: tuple[str, int] | None,
+    server: tuple[str, int] | None,
+    max_message_size: int,
+    state: dict[str, Any],
+) -> None:
+    """Serve one WebSocket connection to ``app`` (an ASGI app), from its request head to its end.
+
+    Args:
+        app: The ASGI app.
+        stream: The connection.
+        head: The bytes read so far: the request head, and any that followed it.
+        client: The client's address, for the scope.
+        server: The server's address, for the scope.
+        max_message_size: The largest message accepted; a larger one ends the
+            connection (close code 1009).
+        state: The app's lifespan state, copied into the scope.
+    """
+    # No extensions: compressing small frames costs more CPU than it saves on a fast link.
+    protocol = ServerProtocol(extensions=[], max_size=max_message_size)
+    protocol.receive_data(head)
+    events = protocol.events_received()
+    if not events or not isinstance(events[0], Request):  # unparsable: the protocol says goodbye
+        connection = _Connection(stream, protocol, Request("/", Headers()))
+        with contextlib.suppress(ClientDisconnected):
+            await connection._flush()
+        await connection._close_socket()
+        return
+    request = events[0]
+    connection = _Connection(stream, protocol, request)
+    path, _, query = request.path.partition("?")
+    scope: dict[str, Any] = {
+        "type": "websocket",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "scheme": "ws",
+        "path": unquote(path),
+        "raw_path": path.encode("latin-1"),
+        "query_string": query.encode("latin-1"),
+        "root_path": "",
+        "headers": [
+            (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in request.headers.raw_items()
+        ],
+        "client": client,
+        "server": server,
+        "subprotocols": [
+            item.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol") for item in value.split(",")
+        ],
+        "state": dict(state),
+        "extensions": {"websocket.http.response": {}},
+    }
+    try:
+        await app(scope, connection.receive, connection.send)
+    except Exception:  # the app's failure ends its connection, never the server
+        logger.exception("error in the ASGI app serving a WebSocket connection")
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await connection.finish()
+            except Exception:
+                logger.exception("error closing a WebSocket connection")
