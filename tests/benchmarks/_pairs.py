@@ -6,11 +6,13 @@ runs ``runs`` times, the pairs interleaved run by run so that drift hits all ali
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.benchmarks._servers import Server, run_client
@@ -43,6 +45,19 @@ def with_scheme(scheme: str, client: Callable[[str], list[str]]) -> Callable[[st
     return lambda url: client(url.replace("http://", f"{scheme}://", 1))
 
 
+# The untimed steps every echo client takes besides the timed ones: reset, 200 to warm up, one after.
+_UNTIMED_STEPS = 202
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """A process's CPU time so far (user and system), from ``/proc``; ``None`` where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def say(message: str) -> None:
     """Progress, on stderr."""
     print(message, file=sys.stderr, flush=True)
@@ -55,17 +70,24 @@ def measure_pairs(
 
     Returns one row per pair: its key, label, group, versus, rates, median
     (``None`` if it failed), cpu_us_per_step (the client's CPU time per step, the
-    median; ``None`` if the client does not report it), payload_bytes and error.
+    median; ``None`` if the client does not report it), server_cpu_us_per_step
+    (the server process's CPU time over the client's whole run, per step, its
+    untimed ones included; the median; ``None`` in-process or off Linux),
+    payload_bytes and error.
     """
     rows = {pair.key: {"key": pair.key, "label": pair.label, "group": pair.group, "versus": pair.versus,
-                       "rates": [], "cpu_us": [], "payload_bytes": 0, "error": None} for pair in pairs}  # fmt: skip
+                       "rates": [], "cpu_us": [], "server_cpu_us": [], "payload_bytes": 0, "error": None}
+            for pair in pairs}  # fmt: skip
     with ExitStack() as stack:
-        urls = {name: stack.enter_context(server).url for name, server in servers.items()}
+        running = {name: stack.enter_context(server) for name, server in servers.items()}
+        urls = {name: server.url for name, server in running.items()}
         for run in range(runs):
             for pair in pairs:
                 row = rows[pair.key]
                 if row["error"]:
                     continue
+                server_pid = running[pair.server].pid if pair.server in running else None
+                server_cpu = process_cpu_seconds(server_pid) if server_pid is not None else None
                 try:
                     figures = run_client(
                         pair.client(urls.get(pair.server, "")), timeout=seconds + 90, reference=pair.reference
@@ -77,9 +99,14 @@ def measure_pairs(
                 row["rates"].append(float(figures["rate"]))
                 if "cpu_us_per_step" in figures:
                     row["cpu_us"].append(float(figures["cpu_us_per_step"]))
+                server_cpu_after = process_cpu_seconds(server_pid) if server_pid is not None else None
+                if server_cpu is not None and server_cpu_after is not None and "steps" in figures:
+                    steps = int(figures["steps"]) + _UNTIMED_STEPS  # type: ignore[call-overload]
+                    row["server_cpu_us"].append(1e6 * (server_cpu_after - server_cpu) / steps)
                 row["payload_bytes"] = int(figures.get("payload_bytes", 0))
                 say(f"{title} run {run + 1}/{runs}  {pair.label:62} {row['rates'][-1]:>9,.1f}/s")
     for row in rows.values():
         row["median"] = statistics.median(row["rates"]) if row["rates"] else None
         row["cpu_us_per_step"] = statistics.median(row["cpu_us"]) if row["cpu_us"] else None
+        row["server_cpu_us_per_step"] = statistics.median(row["server_cpu_us"]) if row["server_cpu_us"] else None
     return list(rows.values())

@@ -88,8 +88,8 @@ def _headline(results: dict[str, Any]) -> list[str]:
 def _echo_table(rows: list[dict[str, Any]], runs: int) -> list[str]:
     medians = _medians(rows)
     out = [
-        "| pair | x reference | x floor | steps/s (median) | client CPU µs/step |",
-        "|---|--:|--:|--:|--:|",
+        "| pair | x reference | x floor | steps/s (median) | client CPU µs/step | server CPU µs/step |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
         refs = [key for key in row["versus"] if key.startswith("ref")]
@@ -98,7 +98,8 @@ def _echo_table(rows: list[dict[str, Any]], runs: int) -> list[str]:
         floor = _ratio(row["median"], medians.get(floors[0])) if floors else ""
         figure = _number(row["median"]) if row["median"] else f"failed: {row['error']}"
         cpu = _number(row.get("cpu_us_per_step"), 1)
-        out.append(f"| {row['label']} | {ref} | {floor} | {figure} | {cpu} |")
+        server_cpu = _number(row.get("server_cpu_us_per_step"), 1)
+        out.append(f"| {row['label']} | {ref} | {floor} | {figure} | {cpu} | {server_cpu} |")
     return out
 
 
@@ -264,7 +265,8 @@ def render(results: dict[str, Any], image: str) -> str:
         "Starlette route for http+poll. A third floor, raw asyncio Protocols in two processes exchanging the",
         "bytes of a step's frames (no parsing, no library), is what the event loop and the system calls alone",
         "allow one session. *Client CPU* is the client process's CPU time (user and system) over the timed",
-        "span, per step.",
+        "span, per step; *server CPU* the server process's over the client's whole run (its connection and",
+        "untimed steps included), per step.",
         "",
         *_echo_table(results["echo"], meta["runs"]),
         "",

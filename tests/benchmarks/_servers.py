@@ -98,7 +98,7 @@ def server_process(command: Sequence[str], port: int | None) -> Iterator[Server]
 
 @contextmanager
 def our_server(factory: str, backend: str, *options: str) -> Iterator[Server]:
-    """``openenv serve FACTORY`` on ``backend`` (uvicorn for asyncio, hypercorn for trio)."""
+    """``openenv serve FACTORY`` on ``backend`` (uvicorn for asyncio, hypercorn+websockets for trio)."""
     port = free_port()
     command = [sys.executable, "-m", "transports.cli", "serve", factory, "--port", str(port), "--backend", backend]
     with server_process([*command, "--log-level", "warning", *options], port) as server:

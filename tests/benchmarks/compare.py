@@ -13,7 +13,7 @@ Four parts, every server and every client a process of its own on loopback
 ``{message}``, observation ``{echoed_message}``):
 
 1. **Echo**: one session's steps per second, for each client/server pair:
-   ours over ws:// (asyncio and trio clients; uvicorn and hypercorn servers),
+   ours over ws:// (asyncio and trio clients; uvicorn, hypercorn+websockets and hypercorn servers),
    http+poll:// and inproc://; the reference openenv-core client against its
    server; and the floors, a raw ``websockets`` echo, raw asyncio Protocols
    exchanging the same frames, and a bare httpx POST loop. Each client also
@@ -88,8 +88,12 @@ def echo_pairs(python: Path, seconds: float) -> list[Pair]:
              our_client(*s), versus=["ref-async", "ws-floor", "protocol-floor"]),
         Pair("ws-trio", "openenv ws [trio] -> openenv [uvicorn] (async env)", "ws", "ours",
              our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
-        Pair("ws-trio-hypercorn", "openenv ws [trio] -> openenv [hypercorn, trio] (async env)", "ws", "ours-trio",
-             our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+        Pair("ws-trio-trio", "openenv ws [trio] -> openenv [hypercorn+websockets, trio] (async env)", "ws",
+             "ours-trio", our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
+        Pair("ws-asyncio-trio", "openenv ws [asyncio] -> openenv [hypercorn+websockets, trio] (async env)", "ws",
+             "ours-trio", our_client(*s), versus=["ref-async", "ws-floor"]),
+        Pair("ws-trio-hypercorn", "openenv ws [trio] -> openenv [hypercorn, trio] (async env)", "ws",
+             "ours-trio-hypercorn", our_client(*s, "--backend", "trio"), versus=["ref-async", "ws-floor"]),
         Pair("ws-msgpack", "openenv ws msgpack [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
              our_client(*s, "--encoding", "msgpack"), versus=["ref-async", "ws-floor"]),
         Pair("ws-to-ref", "openenv ws [asyncio] -> reference server (sync env)", "ws", "ref-sync",
@@ -291,6 +295,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "ours-sync": our_server(SYNC_ECHO, "asyncio"),
             "ours": our_server(ECHO, "asyncio"),
             "ours-trio": our_server(ECHO, "trio"),
+            "ours-trio-hypercorn": our_server(ECHO, "trio", "--server", "hypercorn"),
             "ws-floor": ws_floor_server(),
             "http-floor": http_floor_server("asyncio"),
             "protocol-floor": protocol_floor_server(),
