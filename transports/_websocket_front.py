@@ -297,18 +297,23 @@ class _Connection:
         self.protocol.send_response(response)
 
     async def finish(self) -> None:
-        """After the app: close the WebSocket if the app did not, wait (bounded) for the client's end."""
+        """After the app: close the WebSocket if the app did not, wait (bounded) for the client's end.
+
+        Cancelled (the server stops without grace), it closes the socket at once.
+        """
         protocol = self.protocol
-        with contextlib.suppress(ClientDisconnected):
-            if protocol.state is State.OPEN:
-                protocol.send_close(_NORMAL_CLOSURE)
-            elif not self.responded:  # the app ended without a word: refuse the handshake
-                self._send_response(protocol.reject(http.HTTPStatus.FORBIDDEN, "Forbidden\n"))
-            await self._flush()
-            with anyio.move_on_after(_CLOSE_TIMEOUT):
-                while protocol.state is not State.CLOSED and not self.ended:
-                    await self._read()
-        await self._close_socket()
+        try:
+            with contextlib.suppress(ClientDisconnected):
+                if protocol.state is State.OPEN:
+                    protocol.send_close(_NORMAL_CLOSURE)
+                elif not self.responded:  # the app ended without a word: refuse the handshake
+                    self._send_response(protocol.reject(http.HTTPStatus.FORBIDDEN, "Forbidden\n"))
+                await self._flush()
+                with anyio.move_on_after(_CLOSE_TIMEOUT):
+                    while protocol.state is not State.CLOSED and not self.ended:
+                        await self._read()
+        finally:
+            await self._close_socket()
 
 
 async def serve_websocket(
@@ -371,8 +376,7 @@ async def serve_websocket(
     except Exception:  # the app's failure ends its connection, never the server
         logger.exception("error in the ASGI app serving a WebSocket connection")
     finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await connection.finish()
-            except Exception:
-                logger.exception("error closing a WebSocket connection")
+        try:
+            await connection.finish()
+        except Exception:
+            logger.exception("error closing a WebSocket connection")

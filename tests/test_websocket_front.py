@@ -1,0 +1,167 @@
+"""hypercorn+websockets, trio's default server: WebSocket upgrades by websockets' protocol, the rest by hypercorn.
+
+The hostile-client tests (tests/test_hostile_clients.py) run against it as
+against every server; these check what is its own: the split of connections
+by their request head, and the WebSocket protocol's edges (fragments, bad
+UTF-8, a bad handshake). The server runs on trio only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+
+from tests.test_server_app import RawWebSocket, WebSocketClosed, WireEchoEnv
+from transports._websocket_front import HEAD_LIMIT, is_websocket_upgrade
+from transports.runner import RunningServer, serve
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 60  # seconds: the bound of every test's waits
+
+_UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+@asynccontextmanager
+async def serving(**options: Any) -> AsyncIterator[RunningServer]:
+    async with serve(WireEchoEnv, server="hypercorn+websockets", **options) as server:
+        yield server
+
+
+async def _response(stream: Any) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    try:
+        while True:
+            data += await stream.receive()
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        return data
+
+
+async def _reset_works(server: RunningServer) -> None:
+    async with RawWebSocket.connect(server.ws_url) as ws:
+        assert (await ws.request('{"type":"reset"}'))["type"] == "observation"
+        await ws.close()
+
+
+def test_only_a_complete_get_asking_for_websocket_is_an_upgrade() -> None:
+    assert is_websocket_upgrade(_UPGRADE)
+    assert is_websocket_upgrade(_UPGRADE.replace(b"Upgrade: websocket", b"upgrade:  WebSocket"))
+    assert not is_websocket_upgrade(_UPGRADE[:-2])  # the head is not complete
+    assert not is_websocket_upgrade(_UPGRADE.replace(b"GET ", b"POST "))
+    assert not is_websocket_upgrade(_UPGRADE.replace(b"Upgrade: websocket", b"Upgrade: h2c"))
+    assert not is_websocket_upgrade(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+async def test_a_session_and_the_http_routes_share_the_port() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server:
+            assert server.server == "hypercorn+websockets"
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                assert (await ws.request('{"type":"reset"}'))["type"] == "observation"
+                reply = await ws.request('{"type":"step","data":{"message":"hi"}}')
+                assert reply["data"]["observation"]["echoed_message"] == "hi"
+                # A request whose head comes in pieces, then a second on the same connection: hypercorn's.
+                async with await anyio.connect_tcp(server.host, server.port) as http:
+                    for piece in (b"GET /hea", b"lth HTTP/1.1\r\nHo", b"st: x\r\n\r\n"):
+                        await http.send(piece)
+                    response = b""
+                    while not response.endswith(b'{"status":"healthy"}'):
+                        response += await http.receive()
+                    assert response.startswith(b"HTTP/1.1 200")
+                    await http.send(
+                        b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                    )
+                    assert (await _response(http)).startswith(b"HTTP/1.1 200")
+                await ws.close()
+
+
+async def test_a_fragmented_message_is_one_request() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, RawWebSocket.connect(server.ws_url) as ws:
+            protocol = ws._protocol
+            protocol.send_text(b'{"type":"step","data":', fin=False)
+            protocol.send_continuation(b'{"message":"in ', fin=False)
+            protocol.send_continuation(b'parts"}}', fin=True)
+            await ws._flush()
+            reply = await ws.receive()
+            assert isinstance(reply, str)
+            assert '"echoed_message":"in parts"' in reply
+            await ws.close()
+
+
+async def test_invalid_utf8_ends_only_its_own_connection() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, RawWebSocket.connect(server.ws_url) as bystander:
+            assert (await bystander.request('{"type":"reset"}'))["type"] == "observation"
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                frame = b"\x81\x82" + b"\x00\x00\x00\x00" + b"\xc3\x28"  # a masked text frame, bad UTF-8
+                await ws._stream.send(frame)
+                with pytest.raises(WebSocketClosed) as closed:
+                    await ws.receive()
+                assert closed.value.code == 1007
+            reply = await bystander.request('{"type":"step","data":{"message":"still"}}')
+            assert reply["data"]["observation"]["echoed_message"] == "still"
+            await bystander.close()
+
+
+async def test_a_bad_handshake_gets_an_http_error_and_the_server_serves_on() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server:
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(_UPGRADE.replace(b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"))
+                assert (await _response(stream)).startswith(b"HTTP/1.1 4")
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(_UPGRADE.replace(b"GET /ws ", b"GET /nowhere "))
+                assert (await _response(stream)).startswith(b"HTTP/1.1 403")
+            await _reset_works(server)
+
+
+async def test_a_head_too_large_is_left_to_hypercorn_which_refuses_it() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server:
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(b"GET /health HTTP/1.1\r\nX-Filler: " + b"a" * (4 * HEAD_LIMIT) + b"\r\n\r\n")
+                response = await _response(stream)
+                assert not response.startswith(b"HTTP/1.1 200")
+            await _reset_works(server)
+
+
+class _CloseCodes:
+    """An ASGI WebSocket endpoint that accepts, takes one message and notes the close code that follows."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        assert (await receive())["type"] == "websocket.receive"
+        self.codes.append((await receive())["code"])
+
+
+async def test_the_close_code_of_the_client_reaches_the_app() -> None:
+    endpoint = _CloseCodes()
+    app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
+    with anyio.fail_after(LIMIT):
+        async with serve(app, server="hypercorn+websockets") as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.send_text("hello")
+            ws._protocol.send_close(4321, "done")
+            await ws._flush()
+            with pytest.raises(WebSocketClosed):
+                await ws.receive()
+    assert endpoint.codes == [4321]
