@@ -48,7 +48,7 @@ class RunningServer(Protocol):
 
     @property
     def server(self) -> str:
-        """Which ASGI server runs it: ``"uvicorn"`` or ``"hypercorn"``."""
+        """Which server runs it: ``"uvicorn"``, ``"hypercorn"`` or ``"hypercorn+websockets"``."""
 
     @property
     def url(self) -> str:
@@ -69,7 +69,7 @@ class ServeFunction(Protocol):
         *,
         host: str = ...,
         port: int = ...,
-        server: Literal["uvicorn", "hypercorn"] | None = ...,
+        server: Literal["uvicorn", "hypercorn", "hypercorn+websockets"] | None = ...,
         max_sessions: int | None = ...,
         session_idle_timeout: float | None = ...,
         log_level: str = ...,
@@ -104,7 +104,7 @@ def serve(
     *,
     host: str = "127.0.0.1",
     port: int = 0,
-    server: Literal["uvicorn", "hypercorn"] | None = None,
+    server: Literal["uvicorn", "hypercorn", "hypercorn+websockets"] | None = None,
     max_sessions: int | None = DEFAULT_MAX_SESSIONS,
     session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
     log_level: str = "warning",
@@ -144,8 +144,10 @@ def serve(
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as
             `RunningServer.port`.
-        server: ``"uvicorn"`` (asyncio only) or ``"hypercorn"``; by default
-            uvicorn on asyncio and hypercorn on trio.
+        server: ``"uvicorn"`` (asyncio only), ``"hypercorn"``, or
+            ``"hypercorn+websockets"`` (trio only: hypercorn, with WebSocket
+            connections served by ``websockets``' protocol); by default uvicorn
+            on asyncio and hypercorn+websockets on trio.
         max_sessions: The most sessions open at once over all transports;
             ``None`` for no limit (only with a factory).
         session_idle_timeout: Seconds a session may wait for its client's next
@@ -192,7 +194,7 @@ def serve(
         ValueError: On entering: an unknown ``server``, a bad factory name,
             session options with a ready app, or an option out of range.
         RuntimeError: On entering: no event loop runs, uvicorn was asked for on
-            trio, or the app failed to start; on leaving: the server failed
+            trio (or hypercorn+websockets on asyncio), or the app failed to start; on leaving: the server failed
             while the block ran.
         OSError: On entering: the address cannot be bound.
         TimeoutError: On entering: the server did not start within ``startup_timeout``.

@@ -81,6 +81,12 @@ def test_serve_with_uvicorn_on_trio() -> None:
     assert "use --server hypercorn, or --backend asyncio" in _one_line(stderr)
 
 
+def test_serve_with_hypercorn_and_websockets_on_asyncio() -> None:
+    status, stderr = _openenv("serve", ECHO, "--server", "hypercorn+websockets")
+    assert status == 2
+    assert "runs on trio only: use --backend trio, or --server uvicorn" in _one_line(stderr)
+
+
 @pytest.mark.parametrize("command", [["serve", ECHO], ["bench", "ws://127.0.0.1:1"]])
 def test_commands_without_the_server_extra(command: list[str]) -> None:
     status, stderr = _openenv(*command, without="starlette")

@@ -79,6 +79,10 @@ async def test_bad_server_choices(anyio_backend: str) -> None:
             with pytest.raises(RuntimeError, match="asyncio only"):
                 async with serve(EchoEnvironment, server="uvicorn"):
                     pass
+        else:
+            with pytest.raises(RuntimeError, match="trio only"):
+                async with serve(EchoEnvironment, server="hypercorn+websockets"):
+                    pass
         with pytest.raises(ValueError, match="create_app"):
             async with serve(create_app(EchoEnvironment), max_sessions=2):
                 pass

@@ -9,8 +9,11 @@
   own command lines do.
 
 Which server runs the app: uvicorn on asyncio (the faster, measured on the
-``/ws`` round trip), hypercorn on trio (uvicorn is asyncio-only); hypercorn can
-be asked for on asyncio too.
+``/ws`` round trip); on trio (uvicorn is asyncio-only) hypercorn, with the
+WebSocket connections served beside it through ``websockets``' sans-I/O
+protocol (``hypercorn+websockets``: about half hypercorn's CPU per message;
+see `transports._websocket_front`). Plain hypercorn can be asked for on
+either backend.
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ class RunningServer:
         app: The ASGI app being served.
         host: The address it listens on.
         port: The port it listens on (the real one, also when 0 was asked for).
-        server: Which ASGI server runs it: ``"uvicorn"`` or ``"hypercorn"``.
+        server: Which server runs it: ``"uvicorn"``, ``"hypercorn"`` or ``"hypercorn+websockets"``.
     """
 
     def __init__(self, *, app: Starlette, host: str, port: int, server: ServerName) -> None:
@@ -729,8 +732,9 @@ async def serve(
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as
             `RunningServer.port`.
-        server: ``"uvicorn"`` (asyncio only) or ``"hypercorn"``; by default
-            uvicorn on asyncio and hypercorn on trio.
+        server: ``"uvicorn"`` (asyncio only), ``"hypercorn"``, or
+            ``"hypercorn+websockets"`` (trio only); by default uvicorn on
+            asyncio and hypercorn+websockets on trio.
         max_sessions: See `create_app` (only with a factory).
         session_idle_timeout: See `create_app` (only with a factory).
         log_level: The level of the server's own loggers (``"warning"``,
@@ -755,7 +759,8 @@ async def serve(
         out as itself (not in an exception group).
 
     Raises:
-        RuntimeError: No event loop runs; uvicorn was asked for on trio; the app
+        RuntimeError: No event loop runs; uvicorn was asked for on trio, or
+            hypercorn+websockets on asyncio; the app
             failed to start (its lifespan raised); or the server failed while the
             block ran (raised when the block ends: the block is not interrupted,
             its requests fail).
@@ -866,7 +871,7 @@ def run(
         host: The address to listen on.
         port: The port (0 picks a free one; ``on_ready`` learns which).
         backend: The event loop: ``"asyncio"`` or ``"trio"``.
-        server: As for `serve`: by default uvicorn on asyncio, hypercorn on trio.
+        server: As for `serve`: by default uvicorn on asyncio, hypercorn+websockets on trio.
         max_sessions: See `create_app` (only with a factory).
         session_idle_timeout: See `create_app` (only with a factory).
         log_level: The log level; the server's usual console logging is set up.
@@ -881,7 +886,8 @@ def run(
         on_ready: Called with the `RunningServer` once it accepts connections.
 
     Raises:
-        RuntimeError: uvicorn was asked for on trio, or the app failed to start.
+        RuntimeError: uvicorn was asked for on trio, hypercorn+websockets on
+            asyncio, or the app failed to start.
         ValueError: An unknown ``server``, or session options with a ready app.
         OSError: The address cannot be bound.
     """
