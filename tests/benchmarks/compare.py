@@ -147,16 +147,16 @@ class ScaleTarget:
 
 
 def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
-    """Our ws and http+poll (``openenv bench``) on uvicorn, the reference (its own bench client), the two crossed."""
+    """Our ws and http+poll (``openenv bench``) on uvicorn, ws on trio's server, the reference, the two crossed."""
     # As many connections as sessions: http+poll holds one per session, past uvicorn's default cap.
     room = str(max(max_sessions, 1) * 2)
     capacity = ["--max-sessions", room, "--max-connections", room]
 
-    def bench(scheme: str) -> Callable[[str, int, float], list[str]]:
+    def bench(scheme: str, backend: str = "asyncio") -> Callable[[str, int, float], list[str]]:
         def command(url: str, sessions: int, seconds: float) -> list[str]:
             url = url.replace("http://", f"{scheme}://", 1)
             options = ["--sessions", str(sessions), "--seconds", str(seconds), "--action", ACTION, "--json"]
-            return [sys.executable, "-m", "transports.cli", "bench", url, *options]
+            return [sys.executable, "-m", "transports.cli", "bench", url, *options, "--backend", backend]
 
         return command
 
@@ -166,6 +166,10 @@ def scale_targets(python: Path, max_sessions: int) -> list[ScaleTarget]:
     return [
         ScaleTarget("ws", "openenv ws [asyncio] -> openenv [uvicorn]", lambda: our_server(ECHO, "asyncio", *capacity),
                     bench("ws")),
+        ScaleTarget("ws-to-trio", "openenv ws [asyncio] -> openenv [hypercorn+websockets, trio]",
+                    lambda: our_server(ECHO, "trio", "--max-sessions", room), bench("ws")),
+        ScaleTarget("ws-trio-to-trio", "openenv ws [trio] -> openenv [hypercorn+websockets, trio]",
+                    lambda: our_server(ECHO, "trio", "--max-sessions", room), bench("ws", "trio")),
         ScaleTarget("http+poll", "openenv http+poll [asyncio] -> openenv [uvicorn]",
                     lambda: our_server(ECHO, "asyncio", *capacity), bench("http+poll")),
         ScaleTarget("reference", "reference client -> reference server (step_async env)",
