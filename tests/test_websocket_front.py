@@ -165,3 +165,29 @@ async def test_the_close_code_of_the_client_reaches_the_app() -> None:
             with pytest.raises(WebSocketClosed):
                 await ws.receive()
     assert endpoint.codes == [4321]
+
+
+class _FailsAfterAccepting:
+    """An ASGI WebSocket endpoint that accepts, then raises."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        raise RuntimeError("the endpoint broke")
+
+
+async def test_an_app_that_fails_ends_its_connection_with_1011_and_the_server_serves_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = Starlette(routes=[WebSocketRoute("/ws", _FailsAfterAccepting()), WebSocketRoute("/echo", _CloseCodes())])
+    with anyio.fail_after(LIMIT):
+        async with serve(app, server="hypercorn+websockets") as server:
+            for _ in range(2):
+                async with RawWebSocket.connect(server.ws_url) as ws:
+                    with pytest.raises(WebSocketClosed) as closed:
+                        await ws.receive()
+                    assert closed.value.code == 1011
+            async with RawWebSocket.connect(server.ws_url.replace("/ws", "/echo")) as ws:
+                await ws.send_text("still serving")
+                await ws.close()
+    assert "the endpoint broke" in caplog.text

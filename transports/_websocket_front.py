@@ -45,6 +45,7 @@ _CLOSE_TIMEOUT = 5.0
 _NORMAL_CLOSURE = 1000
 _ABNORMAL_CLOSURE = 1006
 _INVALID_DATA = 1007
+_INTERNAL_ERROR = 1011
 
 
 class ByteStream(Protocol):
@@ -296,18 +297,24 @@ class _Connection:
         self.responded = True
         self.protocol.send_response(response)
 
-    async def finish(self) -> None:
+    async def finish(self, code: int = _NORMAL_CLOSURE) -> None:
         """After the app: close the WebSocket if the app did not, wait (bounded) for the client's end.
 
         Cancelled (the server stops without grace), it closes the socket at once.
+
+        Args:
+            code: The close code, if the app left the connection open.
         """
         protocol = self.protocol
         try:
             with contextlib.suppress(ClientDisconnected):
                 if protocol.state is State.OPEN:
-                    protocol.send_close(_NORMAL_CLOSURE)
+                    protocol.send_close(code)
                 elif not self.responded:  # the app ended without a word: refuse the handshake
-                    self._send_response(protocol.reject(http.HTTPStatus.FORBIDDEN, "Forbidden\n"))
+                    status = (
+                        http.HTTPStatus.FORBIDDEN if code == _NORMAL_CLOSURE else http.HTTPStatus.INTERNAL_SERVER_ERROR
+                    )
+                    self._send_response(protocol.reject(status, f"{status.phrase}\n"))
                 await self._flush()
                 with anyio.move_on_after(_CLOSE_TIMEOUT):
                     while protocol.state is not State.CLOSED and not self.ended:
@@ -371,12 +378,14 @@ async def serve_websocket(
         "state": dict(state),
         "extensions": {"websocket.http.response": {}},
     }
+    code = _NORMAL_CLOSURE
     try:
         await app(scope, connection.receive, connection.send)
     except Exception:  # the app's failure ends its connection, never the server
         logger.exception("error in the ASGI app serving a WebSocket connection")
+        code = _INTERNAL_ERROR
     finally:
         try:
-            await connection.finish()
+            await connection.finish(code)
         except Exception:
             logger.exception("error closing a WebSocket connection")
