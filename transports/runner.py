@@ -420,6 +420,7 @@ async def _run_hypercorn(
         from hypercorn.trio.run import worker_serve as trio_worker_serve
 
         _mend_hypercorn_trio_closing()
+        _add_hypercorn_trio_websocket_front()
         config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
@@ -438,7 +439,7 @@ async def _run_hypercorn(
 
 
 def _mend_hypercorn_trio_closing() -> None:
-    """Keep a client closing its WebSocket from killing hypercorn's whole trio server; add the front.
+    """Keep a client closing its WebSocket from killing hypercorn's whole trio server.
 
     Hypercorn's trio connection half-closes its socket (``send_eof``) outside the
     lock its other writes take. A write that lands meanwhile (the closing
@@ -446,12 +447,7 @@ def _mend_hypercorn_trio_closing() -> None:
     raises `trio.BusyResourceError`, which nothing catches: it ends the server's
     task group, listener and every session with it, while the process lives on.
     The write is moot (the socket is being closed), so this treats it as the
-    peer having gone, as hypercorn treats a broken socket.
-
-    The same class serves the WebSocket connections of a server started with
-    ``_openenv_websocket_front`` set on its config itself (see
-    `transports._websocket_front`), and hands everything else to hypercorn.
-    Idempotent.
+    peer having gone, as hypercorn treats a broken socket. Idempotent.
     """
     import hypercorn.trio.run
     import hypercorn.trio.tcp_server
@@ -476,6 +472,29 @@ def _mend_hypercorn_trio_closing() -> None:
             except busy_error:  # send_eof is closing the socket: the write is moot
                 await self.protocol.handle(Closed())
 
+    run_module.TCPServer = MendedTCPServer
+
+
+def _add_hypercorn_trio_websocket_front() -> None:
+    """Serve the WebSocket connections of hypercorn+websockets beside hypercorn on trio.
+
+    Hypercorn's trio worker builds a ``TCPServer`` per connection; this one,
+    for a server whose config has ``_openenv_websocket_front`` set, reads the
+    request head first, serves a WebSocket upgrade itself (see
+    `transports._websocket_front`), and hands anything else to hypercorn with
+    the bytes already read. Other servers' connections go to hypercorn
+    untouched. Idempotent.
+    """
+    import hypercorn.trio.run
+
+    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
+    if getattr(run_module.TCPServer, "_openenv_fronted", False):
+        return
+
+    class FrontedTCPServer(run_module.TCPServer):  # type: ignore[misc]  # the mended class, if installed
+        _openenv_fronted = True
+        stream: Any  # trio's SocketStream, or the one that replays the head
+
         async def run(self) -> None:
             if not getattr(self.config, "_openenv_websocket_front", False):
                 await super().run()
@@ -486,7 +505,7 @@ def _mend_hypercorn_trio_closing() -> None:
                     await self.stream.aclose()
                 return
             if not is_websocket_upgrade(head):
-                self.stream = cast(Any, ReplayedStream(self.stream, head))
+                self.stream = ReplayedStream(self.stream, head)
                 await super().run()
                 return
             sock = self.stream.socket
@@ -499,7 +518,7 @@ def _mend_hypercorn_trio_closing() -> None:
             watched = cast(Any, self.app).app  # hypercorn's wrapper around the ASGI app
             await serve_websocket(
                 watched,
-                cast(Any, self.stream),
+                self.stream,
                 head,
                 client=client,
                 server=server,
@@ -518,11 +537,11 @@ def _mend_hypercorn_trio_closing() -> None:
                         task_group.cancel_scope.cancel()
 
                     task_group.start_soon(cancel_when_terminated)
-                    head = await read_head(cast(Any, self.stream))
+                    head = await read_head(self.stream)
                     task_group.cancel_scope.cancel()
             return head
 
-    run_module.TCPServer = MendedTCPServer
+    run_module.TCPServer = FrontedTCPServer
 
 
 async def _wait_until_serving(host: str, port: int) -> None:
