@@ -191,3 +191,39 @@ async def test_an_app_that_fails_ends_its_connection_with_1011_and_the_server_se
                 await ws.send_text("still serving")
                 await ws.close()
     assert "the endpoint broke" in caplog.text
+
+
+class _SendsOnly:
+    """An ASGI WebSocket endpoint that sends a burst without receiving, noting whether another task ran meanwhile."""
+
+    BURST = 100
+
+    def __init__(self) -> None:
+        self.others_ran_during_the_burst: bool | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        other_ran = anyio.Event()
+
+        async def other() -> None:
+            other_ran.set()
+
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(other)
+            for index in range(self.BURST):
+                await send({"type": "websocket.send", "text": str(index)})
+            self.others_ran_during_the_burst = other_ran.is_set()
+        await send({"type": "websocket.close", "code": 1000})
+
+
+async def test_an_app_that_only_sends_still_lets_other_tasks_run() -> None:
+    endpoint = _SendsOnly()
+    app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
+    with anyio.fail_after(LIMIT):
+        async with serve(app, server="hypercorn+websockets") as server, RawWebSocket.connect(server.ws_url) as ws:
+            received = [await ws.receive() for _ in range(_SendsOnly.BURST)]
+            assert received == [str(index) for index in range(_SendsOnly.BURST)]
+            with pytest.raises(WebSocketClosed):
+                await ws.receive()
+    assert endpoint.others_ran_during_the_burst is True

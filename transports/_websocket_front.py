@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import http
 import logging
+import os
 from collections import deque
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -46,10 +47,16 @@ _NORMAL_CLOSURE = 1000
 _ABNORMAL_CLOSURE = 1006
 _INVALID_DATA = 1007
 _INTERNAL_ERROR = 1011
+# Writes go straight to a POSIX socket's descriptor when it takes them (see _Connection._write).
+_DIRECT_WRITES = os.name == "posix"
+_YIELD_EVERY = 16
 
 
 class ByteStream(Protocol):
     """The socket stream hypercorn hands each connection (trio's ``SocketStream``)."""
+
+    @property
+    def socket(self) -> Any: ...
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray: ...
 
@@ -152,6 +159,7 @@ class _Connection:
         self.response_start: dict[str, Any] | None = None
         self.response_body = bytearray()
         self.send_lock = anyio.Lock(fast_acquire=True)
+        self.unyielded_writes = 0
 
     async def receive(self) -> dict[str, Any]:
         """The app's next ASGI message: connect first, then the client's messages, then disconnect."""
@@ -174,6 +182,7 @@ class _Connection:
             data = await self.stream.receive_some(_READ_SIZE)
         except Exception:  # trio's BrokenResourceError or ClosedResourceError, a reset
             data = b""
+        self.unyielded_writes = 0  # a read yields, whether it waited or not
         if data:
             self.protocol.receive_data(data)
         else:
@@ -218,10 +227,34 @@ class _Connection:
                     await self._close_socket()
                     return
                 try:
-                    await self.stream.send_all(data)
+                    await self._write(data)
                 except Exception as exc:  # the client went away, or the socket was closed
                     self.ended = True
                     raise ClientDisconnected("the client went away") from exc
+
+    async def _write(self, data: bytes) -> None:
+        """Write ``data``: straight to the socket while it takes it whole, else through the stream.
+
+        Trio's stream yields to the scheduler on every write, about a tenth of
+        the server's CPU per message; a write the socket takes at once need not.
+        One in `_YIELD_EVERY` such writes in a row still yields, so an app that
+        sends and never receives lets the other connections run (every read
+        yields).
+        """
+        if _DIRECT_WRITES:
+            try:
+                sent = os.write(self.stream.socket.fileno(), data)  # -1 once closed: EBADF
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                self.unyielded_writes += 1
+                if self.unyielded_writes >= _YIELD_EVERY:
+                    self.unyielded_writes = 0
+                    await anyio.lowlevel.checkpoint()
+                return
+            data = data[sent:]
+        self.unyielded_writes = 0
+        await self.stream.send_all(data)
 
     async def _close_socket(self) -> None:
         self.ended = True
