@@ -163,15 +163,20 @@ class WebSocketEndpoint:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
-        if not resumable:
-            await self._serve_connection(receive, send, dialect)
-            return
-        connection = Connection(receive, send)
-        token = _header(scope, _RESUME)
-        if token is None:
-            await self._serve_resumable(connection, dialect)
-        else:
-            await self._resume(connection, token.decode("latin-1"), dialect)
+        async with anyio.create_task_group() as own_task:
+            # Each time a task resumes (once per request here), Python passes
+            # through every frame of its await chain; in the connection's
+            # task, the server's, the app's and the router's dozen frames sit
+            # above this one. A task of its own starts here.
+            if not resumable:
+                own_task.start_soon(self._serve_connection, receive, send, dialect)
+                return
+            connection = Connection(receive, send)
+            token = _header(scope, _RESUME)
+            if token is None:
+                own_task.start_soon(self._serve_resumable, connection, dialect)
+            else:
+                own_task.start_soon(self._resume, connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
         scope = anyio.CancelScope()
