@@ -1,0 +1,45 @@
+"""The server's quick read of a client's frames: whole data frames only; anything else is left to the parser."""
+
+from __future__ import annotations
+
+import pytest
+from websockets.frames import Frame, Opcode
+
+from transports.websocket._client_frames import whole_data_frames
+
+
+def client_frame(opcode: Opcode, payload: bytes, *, fin: bool = True) -> bytes:
+    """A frame as a client sends it: masked."""
+    return Frame(opcode, payload, fin=fin).serialize(mask=True, extensions=[])
+
+
+def test_whole_text_and_binary_frames_are_read_in_order_and_unmasked() -> None:
+    text = '{"type":"step","data":{"message":"héllo"}}'.encode()
+    big = bytes(range(256)) * 4  # a 16-bit length
+    data = client_frame(Opcode.TEXT, text) + client_frame(Opcode.BINARY, big) + client_frame(Opcode.TEXT, b"")
+    assert whole_data_frames(data, 2**20) == [(True, text), (False, big), (True, b"")]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(client_frame(Opcode.TEXT, b"a", fin=False), id="a fragment"),
+        pytest.param(client_frame(Opcode.CONT, b"a"), id="a continuation"),
+        pytest.param(client_frame(Opcode.PING, b""), id="a ping"),
+        pytest.param(client_frame(Opcode.CLOSE, b"\x03\xe8"), id="a close"),
+        pytest.param(client_frame(Opcode.TEXT, b"abc")[:-1], id="a partial frame"),
+        pytest.param(client_frame(Opcode.TEXT, b"abc")[:3], id="a partial header"),
+        pytest.param(Frame(Opcode.TEXT, b"abc").serialize(mask=False, extensions=[]), id="unmasked"),
+        pytest.param(bytes([0xC1]) + client_frame(Opcode.TEXT, b"abc")[1:], id="an RSV bit"),
+        pytest.param(client_frame(Opcode.BINARY, bytes(70_000)), id="a 64-bit length"),
+        pytest.param(client_frame(Opcode.TEXT, b"ok") + client_frame(Opcode.PING, b""), id="a data frame, then a ping"),
+    ],
+)
+def test_anything_but_whole_data_frames_is_left_to_the_parser(data: bytes) -> None:
+    assert whole_data_frames(data, 2**20) is None
+
+
+def test_a_frame_over_the_limit_is_left_to_the_parser() -> None:
+    assert whole_data_frames(client_frame(Opcode.TEXT, b"12345"), 4) is None
+    assert whole_data_frames(client_frame(Opcode.TEXT, b"1234"), 4) == [(True, b"1234")]
+    assert whole_data_frames(client_frame(Opcode.TEXT, b"12345"), None) == [(True, b"12345")]
