@@ -1,11 +1,12 @@
-"""The server's quick read of a client's frames: whole data frames only; anything else is left to the parser."""
+"""The server's quick read of a client's frames (whole data frames only, else the parser), and its quick write."""
 
 from __future__ import annotations
 
 import pytest
 from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
 
-from transports.websocket._client_frames import whole_data_frames
+from transports.websocket._client_frames import server_data_frame, whole_data_frames
 
 
 def client_frame(opcode: Opcode, payload: bytes, *, fin: bool = True) -> bytes:
@@ -43,3 +44,27 @@ def test_a_frame_over_the_limit_is_left_to_the_parser() -> None:
     assert whole_data_frames(client_frame(Opcode.TEXT, b"12345"), 4) is None
     assert whole_data_frames(client_frame(Opcode.TEXT, b"1234"), 4) == [(True, b"1234")]
     assert whole_data_frames(client_frame(Opcode.TEXT, b"12345"), None) == [(True, b"12345")]
+
+
+def parsed(data: bytes) -> Frame:
+    """The one frame ``data`` holds, read as a client reads a server's frames (websockets' parser)."""
+    reader = StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    parser = Frame.parse(reader.read_exact, mask=False)
+    try:
+        next(parser)
+    except StopIteration as done:
+        assert not reader.buffer  # nothing after the frame
+        frame: Frame = done.value
+        return frame
+    raise AssertionError("the frame is not complete")
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536])
+def test_a_server_frame_is_read_back_whole_by_websockets(size: int) -> None:
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    frame = parsed(server_data_frame(payload, text=False))
+    assert (frame.opcode, frame.fin, frame.data) == (Opcode.BINARY, True, payload)
+    text = parsed(server_data_frame(b"h\xc3\xa9llo", text=True))
+    assert (text.opcode, text.fin, text.data) == (Opcode.TEXT, True, "héllo".encode())

@@ -331,7 +331,7 @@ def _uvicorn_websocket_protocol() -> Any:
     from websockets.protocol import State
     from websockets.server import ServerProtocol
 
-    from .websocket._client_frames import whole_data_frames
+    from .websocket._client_frames import server_data_frame, whole_data_frames
 
     # The parser's state that the quick read checks (websockets 14 and later).
     probe = ServerProtocol()
@@ -364,6 +364,37 @@ def _uvicorn_websocket_protocol() -> Any:
                 super().data_received(data)
             if self.writing_paused:  # the app's receive may have resumed reading meanwhile
                 self.transport.pause_reading()
+
+        def write_data_frame(self, message: Any) -> bool:
+            """Send a message's frame past websockets' protocol, if nothing but a data frame can follow.
+
+            That is: the handshake is done, the connection open, no close
+            begun, no fragmented message, no extension, and the socket's
+            buffer is not over its high-water mark (uvicorn waits for it).
+            """
+            conn = self.conn
+            if (
+                not self.handshake_complete
+                or self.close_sent
+                or self.disconnected
+                or self.initial_response is not None
+                or not self.writable.is_set()
+                or conn.state is not State.OPEN
+                or conn.expect_continuation_frame
+                or conn.extensions
+            ):
+                return False
+            data = message.get("bytes")
+            if data is not None:
+                if not isinstance(data, bytes):
+                    return False
+                self.transport.write(server_data_frame(data, text=False))
+                return True
+            text = message.get("text")
+            if not isinstance(text, str):
+                return False  # uvicorn's own send says what is wrong
+            self.transport.write(server_data_frame(text.encode(), text=True))
+            return True
 
         def read_data_frames(self, data: bytes) -> bool:
             """Hand the app the messages in ``data`` past websockets' parser, if it holds only whole data frames.
@@ -399,6 +430,8 @@ def _uvicorn_websocket_protocol() -> Any:
                 self.transport.pause_reading()
 
         async def send(self, message: Any) -> None:
+            if quick_read and message["type"] == "websocket.send" and self.write_data_frame(message):
+                return
             await super().send(message)
             if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
                 # A handshake refused with a response (401, 403) is complete:

@@ -1,4 +1,4 @@
-"""A server's quick read of what a WebSocket client sends most: whole, small, unfragmented data frames.
+"""A server's quick read and write of the frames a WebSocket session is made of: whole, unfragmented data frames.
 
 `whole_data_frames` takes the bytes of one socket read and returns the
 messages in it, unmasked, when they are nothing but complete text or binary
@@ -7,7 +7,8 @@ KiB and within the limit); otherwise ``None``, and the caller hands the bytes
 to the full parser (websockets' sans-I/O protocol), which deals with
 everything else: control frames, fragments, partial frames, large or
 malformed ones, extensions. So the quick read never judges a frame: any doubt
-goes to the parser.
+goes to the parser. `server_data_frame` frames one message as a server sends
+it (unmasked, unfragmented), for a connection that is open with no extensions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["whole_data_frames"]
+__all__ = ["server_data_frame", "whole_data_frames"]
 
 _TEXT = 0x81  # FIN, opcode 1
 _BINARY = 0x82  # FIN, opcode 2
@@ -59,3 +60,24 @@ def whole_data_frames(data: bytes, max_size: int | None) -> list[tuple[bool, byt
         messages.append((first == _TEXT, apply_mask(data[position : position + length], mask)))
         position += length
     return messages
+
+
+def server_data_frame(payload: bytes, *, text: bool) -> bytes:
+    """One whole, unmasked data frame holding ``payload``, as a server sends it without extensions.
+
+    Args:
+        payload: The message: UTF-8 for a text frame.
+        text: A text frame; else a binary one.
+
+    Returns:
+        The frame's bytes.
+    """
+    first = _TEXT if text else _BINARY
+    length = len(payload)
+    if length < 126:
+        header = bytes((first, length))
+    elif length < 65536:
+        header = bytes((first, 126)) + length.to_bytes(2, "big")
+    else:
+        header = bytes((first, 127)) + length.to_bytes(8, "big")
+    return header + payload
