@@ -16,8 +16,9 @@ It is still mounted in the Starlette app as a plain route (``WebSocketRoute``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import anyio
@@ -163,20 +164,15 @@ class WebSocketEndpoint:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
-        async with anyio.create_task_group() as own_task:
-            # Each time a task resumes (once per request here), Python passes
-            # through every frame of its await chain; in the connection's
-            # task, the server's, the app's and the router's dozen frames sit
-            # above this one. A task of its own starts here.
-            if not resumable:
-                own_task.start_soon(self._serve_connection, receive, send, dialect)
-                return
-            connection = Connection(receive, send)
-            token = _header(scope, _RESUME)
-            if token is None:
-                own_task.start_soon(self._serve_resumable, connection, dialect)
-            else:
-                own_task.start_soon(self._resume, connection, token.decode("latin-1"), dialect)
+        if not resumable:
+            await self._serve_connection(receive, send, dialect)
+            return
+        connection = Connection(receive, send)
+        token = _header(scope, _RESUME)
+        if token is None:
+            await self._serve_resumable(connection, dialect)
+        else:
+            await self._resume(connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
         scope = anyio.CancelScope()
@@ -188,13 +184,16 @@ class WebSocketEndpoint:
         close_code, reason = NORMAL_CLOSURE, ""
         try:
             with scope:
-                await host_session(
-                    self.factory,
-                    session.receive_frame,
-                    session.send_frame,
-                    dialect=dialect,
-                    error_details=self.error_details,
-                    on_end=lease.vacate,
+                await _in_own_task(
+                    functools.partial(
+                        host_session,
+                        self.factory,
+                        session.receive_frame,
+                        session.send_frame,
+                        dialect=dialect,
+                        error_details=self.error_details,
+                        on_end=lease.vacate,
+                    )
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -254,13 +253,16 @@ class WebSocketEndpoint:
         try:
             await link.send_raw(first, link.session_frame())
             with scope:
-                await host_session(
-                    self.factory,
-                    receive_frame,
-                    link.send,
-                    dialect=dialect,
-                    error_details=self.error_details,
-                    on_end=lease.vacate,
+                await _in_own_task(
+                    functools.partial(
+                        host_session,
+                        self.factory,
+                        receive_frame,
+                        link.send,
+                        dialect=dialect,
+                        error_details=self.error_details,
+                        on_end=lease.vacate,
+                    )
                 )
             if lease.close_reason is not None:
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -302,6 +304,18 @@ class WebSocketEndpoint:
         if connection.disconnected is False and link.current is not connection:
             # Replaced by yet another connection: this one is done.
             await _close(connection.send, GOING_AWAY, "the session moved to another connection")
+
+
+async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a session in a task of its own, and wait for it.
+
+    Each time a task resumes (a session's, once per request), Python passes
+    through every frame of its await chain. In the connection's task, the
+    server's, the app's middleware's and the router's dozen frames sit above
+    the endpoint; a task of its own starts at the session.
+    """
+    async with anyio.create_task_group() as own_task:
+        own_task.start_soon(session)
 
 
 async def _send(asgi_send: Send, binary: bool, frame: bytes) -> None:
