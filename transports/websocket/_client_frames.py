@@ -3,7 +3,7 @@
 `whole_data_frames` takes the bytes of one socket read and returns the
 messages in it, unmasked, when they are nothing but complete text or binary
 frames (FIN set, no RSV bit, masked as a client's must be, a length under 64
-KiB and within the limit); otherwise ``None``, and the caller hands the bytes
+KiB and within the limit, text in valid UTF-8); otherwise ``None``, and the caller hands the bytes
 to the full parser (websockets' sans-I/O protocol), which deals with
 everything else: control frames, fragments, partial frames, large or
 malformed ones, extensions. So the quick read never judges a frame: any doubt
@@ -57,9 +57,20 @@ def whole_data_frames(data: bytes, max_size: int | None) -> list[tuple[bool, byt
         position += 4
         if end - position < length or (max_size is not None and length > max_size):
             return None
-        messages.append((first == _TEXT, apply_mask(data[position : position + length], mask)))
+        payload = apply_mask(data[position : position + length], mask)
+        if first == _TEXT and not _is_utf8(payload):
+            return None  # the parser fails the connection with close code 1007
+        messages.append((first == _TEXT, payload))
         position += length
     return messages
+
+
+def _is_utf8(payload: bytes) -> bool:
+    try:
+        payload.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def server_data_frame(payload: bytes, *, text: bool) -> bytes:
