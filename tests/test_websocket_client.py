@@ -779,6 +779,128 @@ async def test_invalid_frame_is_a_protocol_error() -> None:
                     await transport.receive()
 
 
+# -- the quick read of whole data frames (asyncio) -------------------------------
+
+
+def _parser_reads(transport: WebSocketTransport, monkeypatch: pytest.MonkeyPatch) -> list[bytes] | None:
+    """The socket reads websockets' parser gets from now on; ``None`` where there is no quick read (trio)."""
+    connection = transport._connection
+    if not isinstance(connection, AsyncioConnection):
+        return None
+    protocol = connection._websocket.protocol
+    reads: list[bytes] = []
+    receive_data = protocol.receive_data
+
+    def counted(data: bytes | bytearray) -> None:
+        reads.append(bytes(data))
+        receive_data(data)
+
+    monkeypatch.setattr(protocol, "receive_data", counted)
+    return reads
+
+
+async def test_whole_data_frames_skip_the_parser_and_control_frames_between_them_still_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of the server's writes answers a b"next" from the client and reaches it in one read."""
+    pongs: list[bytes] = []
+    six = Frame(Opcode.BINARY, b"six" * 100).serialize(mask=False)
+
+    def frames(*messages: bytes) -> bytes:
+        return b"".join(Frame(Opcode.TEXT, message).serialize(mask=False) for message in messages)
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        protocol = connection.protocol
+        protocol.send_ping(b"p")
+        ping = b"".join(protocol.data_to_send())
+        protocol.send_close(1001, "going away")
+        close = b"".join(protocol.data_to_send())
+        writes = [
+            frames(b"one", b"two"),
+            frames(b"three") + ping + frames(b"four"),
+            frames(b"five") + six[:100],  # the parser keeps the part of six
+            six[100:],
+            frames(b"seven"),
+            frames(b"eight") + close,
+        ]
+        for write in writes:
+            while (frame := await connection.next_frame()) is not None and frame.opcode is not Opcode.TEXT:
+                if frame.opcode is Opcode.PONG:
+                    pongs.append(bytes(frame.data))
+            assert frame is not None
+            assert frame.data == b"next"
+            await connection.stream.send(write)
+        while (frame := await connection.next_frame()) is not None:  # the close's echo, then the socket's end
+            pass
+
+    async with serve(handler, compression=False) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False, ping_interval=None) as transport:
+                reads = _parser_reads(transport, monkeypatch)
+
+                async def next_messages(count: int) -> list[bytes]:
+                    await transport.send(b"next")
+                    return [await transport.receive() for _ in range(count)]
+
+                assert await next_messages(2) == [b"one", b"two"]
+                assert reads in ([], None)  # the quick read took them
+                assert await next_messages(2) == [b"three", b"four"]
+                assert reads is None or len(reads) == 1  # a ping among them: the parser's
+                assert await next_messages(1) == [b"five"]
+                assert await next_messages(1) == [b"six" * 100]
+                assert reads is None or len(reads) == 3  # a partial frame, then its rest: the parser's
+                assert await next_messages(1) == [b"seven"]
+                assert reads is None or len(reads) == 3  # back at a frame's start: the quick read's
+                assert await next_messages(1) == [b"eight"]
+                with pytest.raises(ConnectionClosed, match=r"1001.*going away"):
+                    await transport.receive()
+    assert pongs == [b"p"]
+    assert server.connections[0].protocol.close_rcvd == Close(1001, "going away")
+
+
+async def test_a_whole_frame_over_the_limit_is_a_protocol_error_without_compression() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        assert await connection.next_message() is not None  # the handshake's response read on its own
+        connection.protocol.send_binary(b"\0" * 1001)
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler, compression=False) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False, max_message_size=1000) as transport:
+                await transport.send(b"next")
+                with pytest.raises(ProtocolError, match="1000"):
+                    await transport.receive()
+    close = server.connections[0].protocol.close_rcvd
+    assert close is not None
+    assert close.code == 1009
+
+
+async def test_a_fragmented_message_is_reassembled_without_compression() -> None:
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        await connection.flush()
+        for message in (b'{"a": ', b"1", b"}"):  # each fragment a write of its own
+            if message == b'{"a": ':
+                connection.protocol.send_text(message, fin=False)
+            else:
+                connection.protocol.send_continuation(message, fin=message == b"}")
+            await connection.flush()
+        connection.protocol.send_text(b"after")
+        await connection.flush()
+        await connection.drain()
+
+    async with serve(handler, compression=False) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False) as transport:
+                assert await transport.receive() == b'{"a": 1}'
+                assert await transport.receive() == b"after"
+
+
 # -- closing from the client -----------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import ClientProtocol
 from websockets.datastructures import Headers, HeadersLike
 from websockets.exceptions import ConnectionClosed as WebSocketClosed
-from websockets.frames import CloseCode
+from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.typing import Subprotocol
@@ -39,6 +39,7 @@ from openenv.channel import start_background
 
 from .._network_client import ConnectionEnd
 from ._connection import PEER_PROTOCOL_ERRORS, RECEIVE_BUFFER, closed_error
+from ._server_frames import whole_data_frames
 
 __all__ = ["AsyncioConnection", "HandshakeFailed"]
 
@@ -55,12 +56,19 @@ class HandshakeFailed(Exception):
         self.response = response
 
 
-class _Handshaking(ClientConnection):
-    """websockets' client connection, with the request's headers set by the transport."""
+class _ClientConnection(ClientConnection):
+    """websockets' client connection, with the request's headers set by the transport, reading whole frames quickly.
+
+    A read that holds nothing but whole data frames, as the server's replies
+    usually are, goes to the receiving side without websockets' parser (see
+    `data_received`).
+    """
 
     def __init__(self, protocol: ClientProtocol, *, set_headers: Callable[[Headers], None], **options: object):
         super().__init__(protocol, **options)  # type: ignore[arg-type]
         self._set_headers = set_headers
+        limits = [size for size in (protocol.max_message_size, protocol.max_fragment_size) if size is not None]
+        self._frame_limit = min(limits) if limits else None  # what the parser allows an unfragmented message
 
     async def handshake(
         self, additional_headers: HeadersLike | None = None, user_agent_header: str | None = None
@@ -81,6 +89,33 @@ class _Handshaking(ClientConnection):
         reason = self.protocol.handshake_exc
         if reason is not None:
             raise HandshakeFailed(reason, self.response)
+
+    def data_received(self, data: bytes) -> None:
+        """Queue the messages of a read of whole data frames for ``recv``; hand any other read to websockets.
+
+        The parser, a chain of generators reading byte ranges into `Frame`
+        objects and events, costs far more than such a frame needs. It is
+        skipped only between frames (nothing buffered, no fragmented message
+        begun) on an open connection without extensions and without debug
+        logging, where it would only have made these frames into messages; it
+        reads anything else (see `whole_data_frames`). The messages go to the
+        same queue as the parser's, with its flow control, in order.
+        """
+        protocol = self.protocol
+        if (
+            protocol.state is State.OPEN
+            and protocol.current_size is None
+            and not protocol.reader.buffer
+            and not protocol.extensions
+            and not protocol.debug
+        ):
+            messages = whole_data_frames(data, self._frame_limit)
+            if messages is not None:
+                put = self.recv_messages.put
+                for is_text, payload in messages:
+                    put(Frame(Opcode.TEXT if is_text else Opcode.BINARY, payload))
+                return
+        super().data_received(data)
 
 
 class AsyncioConnection:
@@ -134,7 +169,7 @@ class AsyncioConnection:
             OSError: The socket failed (DNS, TCP, TLS).
             websockets.exceptions.WebSocketException: The response was not one.
         """
-        factory = functools.partial(_Handshaking, set_headers=set_headers)
+        factory = functools.partial(_ClientConnection, set_headers=set_headers)
         websocket = await connect(
             url,
             create_connection=cast(type[ClientConnection], factory),  # called as the class would be
