@@ -64,11 +64,19 @@ class _ClientConnection(ClientConnection):
     `data_received`).
     """
 
-    def __init__(self, protocol: ClientProtocol, *, set_headers: Callable[[Headers], None], **options: object):
+    def __init__(
+        self,
+        protocol: ClientProtocol,
+        *,
+        set_headers: Callable[[Headers], None],
+        max_message_size: int | None,
+        **options: object,
+    ):
         super().__init__(protocol, **options)  # type: ignore[arg-type]
         self._set_headers = set_headers
-        limits = [size for size in (protocol.max_message_size, protocol.max_fragment_size) if size is not None]
-        self._frame_limit = min(limits) if limits else None  # what the parser allows an unfragmented message
+        self._max_message_size = max_message_size
+        # websockets 14 names the parser's state otherwise: there, every read goes to the parser.
+        self._quick_read = hasattr(protocol, "current_size")
 
     async def handshake(
         self, additional_headers: HeadersLike | None = None, user_agent_header: str | None = None
@@ -103,13 +111,14 @@ class _ClientConnection(ClientConnection):
         """
         protocol = self.protocol
         if (
-            protocol.state is State.OPEN
+            self._quick_read
+            and protocol.state is State.OPEN
             and protocol.current_size is None
             and not protocol.reader.buffer
             and not protocol.extensions
             and not protocol.debug
         ):
-            messages = whole_data_frames(data, self._frame_limit)
+            messages = whole_data_frames(data, self._max_message_size)
             if messages is not None:
                 put = self.recv_messages.put
                 for is_text, payload in messages:
@@ -169,7 +178,7 @@ class AsyncioConnection:
             OSError: The socket failed (DNS, TCP, TLS).
             websockets.exceptions.WebSocketException: The response was not one.
         """
-        factory = functools.partial(_ClientConnection, set_headers=set_headers)
+        factory = functools.partial(_ClientConnection, set_headers=set_headers, max_message_size=max_message_size)
         websocket = await connect(
             url,
             create_connection=cast(type[ClientConnection], factory),  # called as the class would be
