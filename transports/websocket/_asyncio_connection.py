@@ -2,11 +2,13 @@
 
 On asyncio, websockets' `ClientConnection` is an asyncio `Protocol`: the event
 loop hands it each read as it comes, it parses the frames there and wakes the
-task waiting in ``recv``. Driving the sans-I/O protocol over an anyio stream
-from a reader task of ours costs a task switch per message more, and anyio's
-stream stops and restarts the socket's polling (two ``epoll_ctl`` calls) around
-every read that waits. So on asyncio the transport connects with websockets'
-``connect``, and on trio it keeps `transports.websocket._connection.Connection`.
+task waiting in ``recv`` (a read of nothing but whole data frames, the usual
+reply, is read past websockets' parser: see `_ClientConnection.data_received`).
+Driving the sans-I/O protocol over an anyio stream from a reader task of ours
+costs a task switch per message more, and anyio's stream stops and restarts
+the socket's polling (two ``epoll_ctl`` calls) around every read that waits.
+So on asyncio the transport connects with websockets' ``connect``, and on
+trio it keeps `transports.websocket._connection.Connection`.
 
 Both are used the same way (`transports.websocket._connection.OpenConnection`)
 and behave the same: the transport's headers replace defaults of the same
