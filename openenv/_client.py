@@ -815,7 +815,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 await transport.aclose()
             raise TimeoutError("timed out sending the request; the client is closed") from None
         scope.shield = False
-        watchdog.arm(scope, deadline)
+        if self._clock.now() >= deadline:
+            # Passed while the frame went out: cancel now, not whenever the watchdog runs next.
+            scope.cancel()
+        else:
+            watchdog.arm(scope, deadline)
 
     def _owner_of(self, reply_id: int | None) -> int:
         """Which request a reply answers, and forget it (and any skipped request) as unanswered."""
