@@ -1,4 +1,4 @@
-"""The client's quick read of a server's frames: whole data frames only, read as websockets' parser reads them.
+"""The client's quick read of a server's frames (`_quick_frames`): whole data frames only, as the parser reads them.
 
 websockets' own client protocol is the reference: what the quick read takes,
 the parser turns into the same messages; anything else is left to the parser.
@@ -10,7 +10,12 @@ import pytest
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side, State
 
-from transports.websocket._server_frames import whole_data_frames
+from transports.websocket._quick_frames import whole_data_frames
+
+
+def quick(data: bytes, max_size: int | None = 2**20) -> list[tuple[bool, bytes]] | None:
+    """The client's quick read of ``data``."""
+    return whole_data_frames(data, max_size, masked=False)
 
 
 def server_frame(opcode: Opcode, payload: bytes, *, fin: bool = True) -> bytes:
@@ -34,19 +39,21 @@ def parsed(data: bytes, max_size: int | None = 2**20) -> list[tuple[bool, bytes]
 def test_a_whole_frame_of_any_length_is_read_as_the_parser_reads_it(size: int, opcode: Opcode) -> None:
     payload = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     data = server_frame(opcode, payload)
-    assert whole_data_frames(data, 2**20) == parsed(data) == [(opcode is Opcode.TEXT, payload)]
+    assert quick(data) == parsed(data) == [(opcode is Opcode.TEXT, payload)]
 
 
 def test_frames_in_one_read_are_read_in_order() -> None:
     text = '{"type":"step","data":{"message":"héllo"}}'.encode()
     big = bytes(range(256)) * 300  # a 64-bit length
     data = server_frame(Opcode.TEXT, text) + server_frame(Opcode.BINARY, big) + server_frame(Opcode.TEXT, b"")
-    assert whole_data_frames(data, 2**20) == parsed(data) == [(True, text), (False, big), (True, b"")]
+    assert quick(data) == parsed(data) == [(True, text), (False, big), (True, b"")]
 
 
-def test_a_text_frame_is_handed_on_as_bytes_unchecked_as_the_parser_does() -> None:
+def test_a_text_frame_of_bad_utf8_is_left_to_the_parser() -> None:
+    # Which hands it on as bytes, unchecked: the codec then says what is wrong.
     data = server_frame(Opcode.TEXT, b"\xff\xfe not UTF-8")
-    assert whole_data_frames(data, 2**20) == parsed(data) == [(True, b"\xff\xfe not UTF-8")]
+    assert quick(data) is None
+    assert parsed(data) == [(True, b"\xff\xfe not UTF-8")]
 
 
 @pytest.mark.parametrize(
@@ -71,10 +78,10 @@ def test_a_text_frame_is_handed_on_as_bytes_unchecked_as_the_parser_does() -> No
     ],
 )
 def test_anything_but_whole_data_frames_is_left_to_the_parser(data: bytes) -> None:
-    assert whole_data_frames(data, 2**20) is None
+    assert quick(data) is None
 
 
 def test_a_frame_over_the_limit_is_left_to_the_parser() -> None:
-    assert whole_data_frames(server_frame(Opcode.TEXT, b"12345"), 4) is None
-    assert whole_data_frames(server_frame(Opcode.TEXT, b"1234"), 4) == parsed(server_frame(Opcode.TEXT, b"1234"), 4)
-    assert whole_data_frames(server_frame(Opcode.BINARY, bytes(70_000)), None) == [(False, bytes(70_000))]
+    assert quick(server_frame(Opcode.TEXT, b"12345"), 4) is None
+    assert quick(server_frame(Opcode.TEXT, b"1234"), 4) == parsed(server_frame(Opcode.TEXT, b"1234"), 4)
+    assert quick(server_frame(Opcode.BINARY, bytes(70_000)), None) == [(False, bytes(70_000))]

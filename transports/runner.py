@@ -329,13 +329,8 @@ def _uvicorn_websocket_protocol() -> Any:
     if not hasattr(WebSocketsSansIOProtocol, "send_receive_event_to_app"):  # pragma: no cover
         return "websockets-sansio"
     from websockets.protocol import State
-    from websockets.server import ServerProtocol
 
-    from .websocket._client_frames import server_data_frame, whole_data_frames
-
-    # The parser's state that the quick read checks (websockets 14 and later).
-    probe = ServerProtocol()
-    quick_read = all(hasattr(probe, name) for name in ("current_size", "max_message_size", "max_fragment_size"))
+    from .websocket._quick_frames import server_data_frame, whole_data_frames
 
     class WebSocketProtocol(WebSocketsSansIOProtocol):
         writing_paused = False
@@ -360,7 +355,7 @@ def _uvicorn_websocket_protocol() -> Any:
                 self.transport.resume_reading()
 
         def data_received(self, data: bytes) -> None:
-            if not (quick_read and self.read_data_frames(data)):
+            if not self.read_data_frames(data):
                 super().data_received(data)
             if self.writing_paused:  # the app's receive may have resumed reading meanwhile
                 self.transport.pause_reading()
@@ -409,7 +404,7 @@ def _uvicorn_websocket_protocol() -> Any:
             if conn.state is not State.OPEN or conn.current_size is not None or conn.reader.buffer or conn.extensions:
                 return False
             limits = [size for size in (conn.max_message_size, conn.max_fragment_size) if size is not None]
-            messages = whole_data_frames(data, min(limits) if limits else None)
+            messages = whole_data_frames(data, min(limits) if limits else None, masked=True)
             if messages is None:
                 return False
             for is_text, payload in messages:
@@ -430,7 +425,7 @@ def _uvicorn_websocket_protocol() -> Any:
                 self.transport.pause_reading()
 
         async def send(self, message: Any) -> None:
-            if quick_read and message["type"] == "websocket.send" and self.write_data_frame(message):
+            if message["type"] == "websocket.send" and self.write_data_frame(message):
                 return
             await super().send(message)
             if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):

@@ -41,7 +41,7 @@ from openenv.channel import start_background
 
 from .._network_client import ConnectionEnd
 from ._connection import PEER_PROTOCOL_ERRORS, RECEIVE_BUFFER, closed_error
-from ._server_frames import whole_data_frames
+from ._quick_frames import whole_data_frames
 
 __all__ = ["AsyncioConnection", "HandshakeFailed"]
 
@@ -77,8 +77,6 @@ class _ClientConnection(ClientConnection):
         super().__init__(protocol, **options)  # type: ignore[arg-type]
         self._set_headers = set_headers
         self._max_message_size = max_message_size
-        # websockets 14 names the parser's state otherwise: there, every read goes to the parser.
-        self._quick_read = hasattr(protocol, "current_size")
 
     async def handshake(
         self, additional_headers: HeadersLike | None = None, user_agent_header: str | None = None
@@ -113,14 +111,13 @@ class _ClientConnection(ClientConnection):
         """
         protocol = self.protocol
         if (
-            self._quick_read
-            and protocol.state is State.OPEN
+            protocol.state is State.OPEN
             and protocol.current_size is None
             and not protocol.reader.buffer
             and not protocol.extensions
             and not protocol.debug
         ):
-            messages = whole_data_frames(data, self._max_message_size)
+            messages = whole_data_frames(data, self._max_message_size, masked=False)
             if messages is not None:
                 put = self.recv_messages.put
                 for is_text, payload in messages:
