@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import anyio
 import pytest
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from tests.test_server_app import RawWebSocket, WebSocketClosed, WireEchoEnv
-from transports.runner import serve
 from transports.websocket._quick_frames import server_data_frame, whole_data_frames
 
 
@@ -77,18 +74,3 @@ def test_a_server_frame_is_read_back_whole_by_websockets(size: int) -> None:
     assert (frame.opcode, frame.fin, frame.data) == (Opcode.BINARY, True, payload)
     text = parsed(server_data_frame(b"h\xc3\xa9llo", text=True))
     assert (text.opcode, text.fin, text.data) == (Opcode.TEXT, True, "héllo".encode())
-
-
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # uvicorn runs on asyncio only
-async def test_bad_utf8_in_a_quick_read_ends_only_its_own_connection(anyio_backend: str) -> None:
-    with anyio.fail_after(60):
-        async with serve(WireEchoEnv, server="uvicorn") as server, RawWebSocket.connect(server.ws_url) as bystander:
-            assert (await bystander.request('{"type":"reset"}'))["type"] == "observation"
-            async with RawWebSocket.connect(server.ws_url) as ws:
-                await ws._stream.send(client_frame(Opcode.TEXT, b"\xc3\x28"))  # whole, masked, bad UTF-8
-                with pytest.raises(WebSocketClosed) as closed:
-                    await ws.receive()
-                assert closed.value.code == 1007
-            reply = await bystander.request('{"type":"step","data":{"message":"still"}}')
-            assert reply["data"]["observation"]["echoed_message"] == "still"
-            await bystander.close()

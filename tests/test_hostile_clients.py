@@ -409,6 +409,18 @@ async def test_a_message_over_the_default_limit_ends_only_its_own_session(server
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
 
 
+async def test_a_text_message_of_bad_utf8_ends_only_its_own_session(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                # One whole, masked text frame (as the servers' quick read takes them), not UTF-8.
+                await ws._stream.send(b"\x81\x82" + b"\x00\x00\x00\x00" + b"\xc3\x28")
+                # Plain hypercorn (wsproto) drops the connection without a close frame.
+                assert (await ws.expect_close()).code == (None if server_name == "hypercorn" else 1007)
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+
+
 async def test_a_validation_error_does_not_echo_a_large_input(server_name: ServerName) -> None:
     with anyio.fail_after(LIMIT):
         async with serving(server_name) as server, RawWebSocket.connect(server.ws_url) as ws:

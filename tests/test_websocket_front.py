@@ -2,8 +2,8 @@
 
 The hostile-client tests (tests/test_hostile_clients.py) run against it as
 against every server; these check what is its own: the split of connections
-by their request head, and the WebSocket protocol's edges (fragments, bad
-UTF-8, a bad handshake). The server runs on trio only.
+by their request head, and the WebSocket protocol's edges (fragments, a bad
+handshake; bad UTF-8 is a hostile-client test). The server runs on trio only.
 """
 
 from __future__ import annotations
@@ -102,21 +102,6 @@ async def test_a_fragmented_message_is_one_request() -> None:
             assert isinstance(reply, str)
             assert '"echoed_message":"in parts"' in reply
             await ws.close()
-
-
-async def test_invalid_utf8_ends_only_its_own_connection() -> None:
-    with anyio.fail_after(LIMIT):
-        async with serving() as server, RawWebSocket.connect(server.ws_url) as bystander:
-            assert (await bystander.request('{"type":"reset"}'))["type"] == "observation"
-            async with RawWebSocket.connect(server.ws_url) as ws:
-                frame = b"\x81\x82" + b"\x00\x00\x00\x00" + b"\xc3\x28"  # a masked text frame, bad UTF-8
-                await ws._stream.send(frame)
-                with pytest.raises(WebSocketClosed) as closed:
-                    await ws.receive()
-                assert closed.value.code == 1007
-            reply = await bystander.request('{"type":"step","data":{"message":"still"}}')
-            assert reply["data"]["observation"]["echoed_message"] == "still"
-            await bystander.close()
 
 
 async def test_a_bad_handshake_gets_an_http_error_and_the_server_serves_on() -> None:
