@@ -6,16 +6,14 @@ runs ``runs`` times, the pairs interleaved run by run so that drift hits all ali
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tests.benchmarks._servers import Server, run_client
+from tests.benchmarks._servers import Server, cpu_seconds, run_client
 
 
 @dataclass
@@ -52,10 +50,9 @@ _UNTIMED_STEPS = 202
 def process_cpu_seconds(pid: int) -> float | None:
     """A process's CPU time so far (user and system), from ``/proc``; ``None`` where there is none."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def say(message: str) -> None:

@@ -66,18 +66,29 @@ def _read_ready(process: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
     return int(line.split()[1])
 
 
-def our_env() -> dict[str, str]:
-    """The environment for processes run with our python: this checkout first on the path."""
+def our_env(tree: Path = ROOT) -> dict[str, str]:
+    """The environment for processes run with our python: ``tree`` (this checkout) first on the path."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(tree)
     return env
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def server_process(command: Sequence[str], port: int | None) -> Iterator[Server]:
-    """Run a server process; its port is ``port``, or read from its ``READY <port>`` line when None."""
+def server_process(command: Sequence[str], port: int | None, tree: Path = ROOT) -> Iterator[Server]:
+    """Run a server process from ``tree``'s code; its port is ``port``, or read from its ``READY <port>`` line."""
     process = subprocess.Popen(
-        command, cwd=ROOT, env=our_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+        command,
+        cwd=tree,
+        env=our_env(tree),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
     )
     try:
         if port is None:

@@ -42,7 +42,7 @@ import anyio
 from openenv import EnvClient, EnvPool, State
 from tests import loopback
 from tests.benchmarks._memory import rss_kib
-from tests.benchmarks._servers import our_server
+from tests.benchmarks._servers import cpu_seconds, our_server
 from tests.envs import AsyncMessageEchoEnv, MessageAction, MessageObservation
 
 FACTORY = "tests.envs:AsyncMessageEchoEnv"
@@ -53,12 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class EchoClient(EnvClient[MessageAction, MessageObservation, State]):
     pass
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds process ``pid`` has used (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def step_rate(pool: EnvPool[Any, Any, Any], rounds: int) -> float:

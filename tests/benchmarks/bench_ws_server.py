@@ -18,30 +18,19 @@ saves. Each figure is the median of ``--runs``.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tests.benchmarks._pairs import say
-from tests.benchmarks._servers import ROOT, Server, free_port, run_client
+from tests.benchmarks._servers import ROOT, Server, cpu_seconds, free_port, run_client, server_process
 from tests.benchmarks.bench_ws_client import export
 
 ENVS = {"async": "tests.benchmarks.envs:AsyncMessageEchoEnv", "sync": "tests.benchmarks.envs:MessageEchoEnv"}
 ACTION = '{"message": "hello"}'
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 @contextmanager
@@ -50,26 +39,8 @@ def serve(tree: Path, factory: str) -> Iterator[Server]:
     port = free_port()
     command = [sys.executable, "-m", "transports.cli", "serve", factory, "--port", str(port)]
     command += ["--backend", "asyncio", "--log-level", "warning", "--max-sessions", "4096"]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    process = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the server from {tree} did not start") from None
-                time.sleep(0.1)
-        yield Server(f"ws://127.0.0.1:{port}", process.pid)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with server_process(command, port, tree) as server:
+        yield Server(server.url.replace("http://", "ws://", 1), server.pid)
 
 
 def measure(server: Server, sessions: int, seconds: float) -> dict[str, float]:
