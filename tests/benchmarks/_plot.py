@@ -15,6 +15,8 @@ COLOURS = {
     "ours-to-ref": "#8c564b",
     "ws-sync": "#17becf",
     "reference-sync": "#d62728",
+    "ws-to-trio": "#bcbd22",
+    "ws-trio-to-trio": "#e377c2",
 }
 
 
