@@ -89,6 +89,7 @@ class ResumableLink:
         self._decode_id = (msgspec.msgpack if self._binary else msgspec.json).Decoder(_RequestId).decode
         self._encode = (msgspec.msgpack if self._binary else msgspec.json).Encoder().encode
         self._attached = anyio.Event()
+        self._receiving: anyio.CancelScope | None = None
 
     def session_frame(self) -> bytes:
         """The ``session`` frame: the token, the timeout, and the highest request id received."""
@@ -121,14 +122,13 @@ class ResumableLink:
     async def attach(self, connection: Connection) -> Connection | None:
         """Take the session over on a new connection; returns the one it replaces, if any.
 
-        The new connection gets the ``session`` frame and the last reply. A
-        `receive` waiting on the replaced connection goes on waiting until the
-        caller closes that connection (the server's close is reported to it at
-        once), then returns ``None``.
+        The new connection gets the ``session`` frame and the last reply.
         """
         previous, self.current = self.current, connection
         if previous is not None:
             previous.released.set()
+        if self._receiving is not None:  # stop waiting on the previous connection
+            self._receiving.cancel()
         self._attached.set()
         self._attached = anyio.Event()
         await self.send_raw(connection, self.session_frame())
@@ -148,21 +148,23 @@ class ResumableLink:
         return self.current
 
     async def receive(self) -> dict[str, Any] | None:
-        """The next ASGI message of the current connection, or ``None`` if that connection was replaced and closed.
-
-        A message that a replaced connection received before its close is
-        returned like any other (a request the session has not seen yet).
+        """The next ASGI message of the current connection, or ``None`` if that connection was replaced.
 
         Raises:
             ConnectionClosed: The client closed the connection on purpose (a
                 closing handshake), or did not come back in time.
         """
         connection = await self._connection()
-        message: dict[str, Any] = await connection.receive()
+        with anyio.CancelScope() as scope:
+            self._receiving = scope
+            try:
+                message: dict[str, Any] = await connection.receive()
+            finally:
+                self._receiving = None
+        if scope.cancelled_caught:
+            return None
         if message["type"] == "websocket.disconnect":
             connection.disconnected = True
-            if connection is not self.current:
-                return None  # the connection the session moved from, closed: the session lives on
             self.detach(connection)
             code = message.get("code", 1005)
             if code not in _DROPPED:
