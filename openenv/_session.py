@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import msgspec
 
 from ._codec import RequestError, ServerCodec
@@ -121,6 +123,11 @@ class ServerSession:
         # (unless its steps run plain code: then on the session's thread).
         async_env = inspect.iscoroutinefunction(env.step) and not self._plain_steps
         self._state = self._runner(self._read_state_inline if async_env else self._read_state)
+        # Whether `handle_on_thread` can answer this session's resets, steps and state reads.
+        self.handles_on_thread = not (
+            inspect.iscoroutinefunction(env.reset) or inspect.iscoroutinefunction(env.step) or self._plain_steps
+        )
+        self._token: anyio.lowlevel.EventLoopToken | None = None
         close = getattr(env, "close", None)
         # The base class's close does nothing: no need to hand it to a thread.
         inherited = getattr(type(env), "close", None) is Environment.close
@@ -190,10 +197,73 @@ class ServerSession:
         except RequestError as exc:
             return self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=exc.request_id)
         except Exception as exc:
-            # The environment raised, or returned something that cannot be encoded.
-            logger.exception("environment error in session")
-            message = f"{type(exc).__name__}: {exc}" if self.error_details else _HIDDEN_EXECUTION_ERROR
-            return self.codec.error("EXECUTION_ERROR", message, request_id=request_id)
+            return self._execution_error(exc, request_id)
+
+    def _execution_error(self, exc: Exception, request_id: int | None) -> bytes:
+        """The reply when the environment raised, or returned something that cannot be encoded."""
+        logger.exception("environment error in session")
+        message = f"{type(exc).__name__}: {exc}" if self.error_details else _HIDDEN_EXECUTION_ERROR
+        return self.codec.error("EXECUTION_ERROR", message, request_id=request_id)
+
+    async def run_on_thread(self, function: Callable[[], Any], stop: Callable[[], object]) -> Any:
+        """Run ``function`` on the session's thread until it returns; ``stop()`` makes it return soon.
+
+        This is how a transport that can read requests on that thread answers
+        them with `handle_on_thread`, with no trip through the event loop per
+        request (see `transports.websocket._socket_loan`). Cancelling the
+        caller calls ``stop()``, waits for ``function``, then goes on.
+
+        Args:
+            function: The plain code that serves requests; it may call `handle_on_thread`.
+            stop: Makes ``function`` return soon; called on the event loop, at most once.
+
+        Returns:
+            What ``function`` returned.
+        """
+        self._token = anyio.lowlevel.current_token()
+        return await self._worker.run_until_stopped(function, stop)
+
+    def handle_on_thread(self, frame: bytes, admit: Callable[[int | None], bool] | None = None) -> bytes | None:
+        """Answer a reset, step or state request on the session's thread, as `handle` would.
+
+        Call it only from the function given to `run_on_thread`, and only when
+        `handles_on_thread` (the environment's reset and step are plain).
+        Anything else is left to `handle` on the event loop, unread: a close
+        or MCP request, a frame that does not decode or validate (its error
+        reply comes from there), or a request ``admit`` turns down.
+
+        Args:
+            frame: The request, as the client encoded it.
+            admit: Called with the request's id (``None`` in dialects without
+                ids) before the environment sees it; ``False`` leaves the
+                request to `handle`.
+
+        Returns:
+            The reply frame, or ``None``: the request must go to `handle`.
+        """
+        try:
+            kind, data, request_id = self.codec.decode_request(frame)
+        except RequestError:
+            return None
+        if kind not in _ON_THREAD or (admit is not None and not admit(request_id)):
+            return None
+        env = self.env
+        try:
+            if kind == "step":
+                return self.codec.observation(self._resolved(env.step(data)), request_id)
+            if kind == "reset":
+                if self._reset_keywords is not None:
+                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
+                return self.codec.observation(self._resolved(env.reset(**data)), request_id)
+            return self.codec.state(self._resolved(env.state), request_id)
+        except Exception as exc:
+            return self._execution_error(exc, request_id)
+
+    def _resolved(self, result: Any) -> Any:
+        """``result``, awaited on the event loop if a plain method handed back an awaitable."""
+        if inspect.isawaitable(result):
+            return anyio.from_thread.run(_awaited, result, token=self._token)
+        return result
 
     async def aclose(self) -> None:
         """End the session and close its environment, once; never raises for the environment."""
@@ -215,10 +285,22 @@ class ServerSession:
             await self._worker.aclose()
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
+
+
+_ON_THREAD = frozenset({"reset", "step", "state"})
+
+ServeOnThread = Callable[[ServerSession], Awaitable[bytes | None]]
+"""A transport's way to serve requests on a session's thread (see `serve_frames`)."""
+
+
 async def serve_frames(
     session: ServerSession,
     receive: Callable[[], Awaitable[bytes]],
     send: Callable[[bytes], Awaitable[None]],
+    *,
+    serve_on_thread: ServeOnThread | None = None,
 ) -> None:
     """Feed one session from a channel until the client closes it or goes away.
 
@@ -227,12 +309,23 @@ async def serve_frames(
         receive: Returns the next request frame; raises `ConnectionClosed` when
             the client has gone.
         send: Sends one reply frame; may raise `ConnectionClosed`.
+        serve_on_thread: For a session whose environment is plain, awaited
+            before each ``receive``: it may answer any number of requests on
+            the session's thread (with `ServerSession.run_on_thread`), and
+            returns a reply it could not send (``send`` sends it), or ``None``.
+            The requests it leaves come from ``receive``.
 
     The environment is closed on the way out, however the loop ends.
     """
+    if not session.handles_on_thread:
+        serve_on_thread = None
     try:
         while not session.closed:
             try:
+                if serve_on_thread is not None:
+                    unsent = await serve_on_thread(session)
+                    if unsent is not None:
+                        await send(unsent)
                 frame = await receive()
             except ConnectionClosed:
                 return
@@ -283,6 +376,7 @@ async def host_session(
     dialect: Dialect = Dialect(),
     error_details: bool = True,
     on_end: Callable[[], object] | None = None,
+    serve_on_thread: ServeOnThread | None = None,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
 
@@ -300,6 +394,8 @@ async def host_session(
             and its exception.
         on_end: Called once when the session ends, before its environment is
             closed (see `ServerSession`); not called if the factory raised.
+        serve_on_thread: The transport's way to answer requests on the
+            session's thread, if it has one (see `serve_frames`).
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
     session ends. The environment is closed however the session ends. It returns
@@ -353,4 +449,5 @@ async def host_session(
         with contextlib.suppress(ConnectionClosed):
             await send(frame)
         return
-    await serve_frames(ServerSession(env, dialect=dialect, error_details=error_details, on_end=on_end), receive, send)
+    session = ServerSession(env, dialect=dialect, error_details=error_details, on_end=on_end)
+    await serve_frames(session, receive, send, serve_on_thread=serve_on_thread)

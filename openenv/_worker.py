@@ -136,6 +136,36 @@ class SessionWorker:
             raise error
         return call.result
 
+    async def run_until_stopped(self, function: Callable[[], Any], stop: Callable[[], object]) -> Any:
+        """Run a long call on the session's thread, one that ends when ``stop`` is called.
+
+        For a call that serves the session for a while (many requests) rather
+        than one quick method: the event loop never waits for it on the spot.
+        If the caller is cancelled meanwhile, ``stop()`` is called (on the event
+        loop), the call is waited for, then the cancellation goes on.
+
+        Args:
+            function: A plain callable taking no argument.
+            stop: Makes ``function`` return soon; called at most once.
+
+        Returns:
+            What ``function`` returned.
+
+        Raises:
+            RuntimeError: The worker is closed.
+            BaseException: Whatever ``function`` raised.
+        """
+        if self._closed:
+            raise RuntimeError("the session's worker is closed")
+        calls = self._calls if self._calls is not None else self._start()
+        call = _Call(function, (), {})
+        calls.put(call)
+        await _wait_for(call, on_cancel=stop)
+        if call.error is not None:
+            error, call.error = call.error, None  # no cycle through the traceback
+            raise error
+        return call.result
+
     def serving(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """Wrap a coroutine function so that `run_on_session_thread` calls made inside it use this worker.
 
@@ -197,13 +227,26 @@ async def run_on_session_thread(function: Callable[..., Any], *args: Any, **kwar
     return await worker.run(function, *args, **kwargs)
 
 
-async def _wait_for(call: _Call) -> None:
-    """Await ``call`` on the event loop, letting other tasks run until the thread has run it."""
+async def _wait_for(call: _Call, *, on_cancel: Callable[[], object] | None = None) -> None:
+    """Await ``call`` on the event loop, letting other tasks run until the thread has run it.
+
+    A cancellation waits for the call all the same; with ``on_cancel``, that is
+    called first (to end the call sooner), and the cancellation is raised after.
+    """
     waiter = anyio.Event()
     with call.guard:
         if call.completed:
             return
         call.waiter = waiter
+    if on_cancel is not None:
+        try:
+            await waiter.wait()
+            return
+        except anyio.get_cancelled_exc_class():
+            on_cancel()
+            with anyio.CancelScope(shield=True):
+                await waiter.wait()
+            raise
     with anyio.CancelScope(shield=True):
         await waiter.wait()
     await anyio.lowlevel.checkpoint_if_cancelled()

@@ -331,13 +331,92 @@ def _uvicorn_websocket_protocol() -> Any:
     from websockets.protocol import State
 
     from .websocket._quick_frames import server_data_frame, whole_data_frames
+    from .websocket._socket_loan import SOCKET_LOAN, SocketLoan
 
     class WebSocketProtocol(WebSocketsSansIOProtocol):
         writing_paused = False
+        loan: SocketLoan | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             _limit_read_size(transport)
+
+        def handle_connect(self, event: Any) -> None:
+            super().handle_connect(event)
+            scope = getattr(self, "scope", None)
+            if scope is not None:  # the app may lend the socket to a session's thread
+                scope["extensions"][SOCKET_LOAN] = self.lend_socket
+
+        def lend_socket(self) -> SocketLoan | None:
+            """Lend the socket to a session's thread, if the connection has nothing else to do now.
+
+            That is: open, plain TCP, no extension, nothing read but not
+            parsed or not taken by the app, nothing waiting to be written, no
+            keepalive ping in flight, no loan already. The socket is not read
+            on the event loop until the loan ends, and the keepalive pings
+            wait for it (see `transports.websocket._socket_loan`).
+            """
+            conn, transport = self.conn, self.transport
+            if (
+                self.loan is not None
+                or self.scheme != "ws"
+                or not self.handshake_complete
+                or self.close_sent
+                or self.disconnected
+                or self.read_paused
+                or self.writing_paused
+                or self.pending_ping_payload is not None
+                or conn.state is not State.OPEN
+                or conn.current_size is not None
+                or conn.reader.buffer
+                or conn.extensions
+                or not self.queue.empty()
+                or transport.is_closing()
+                or transport.get_write_buffer_size()
+            ):
+                return None
+            sock = transport.get_extra_info("socket")
+            if sock is None:  # pragma: no cover - asyncio's socket transports have one
+                return None
+            limits = [size for size in (conn.max_message_size, conn.max_fragment_size) if size is not None]
+            self.loan = SocketLoan(
+                sock.fileno(),
+                max_size=min(limits) if limits else None,
+                quiet_limit=self.ping_interval or None,
+                write_back=self.write_back,
+                give_back=self.take_back,
+            )
+            transport.pause_reading()
+            self.stop_keepalive()
+            return self.loan
+
+        def write_back(self, data: bytes) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+        def take_back(self, unread: bytes) -> None:
+            """The loan has ended: read the socket again, from what the thread left."""
+            self.loan = None
+            if self.disconnected or self.transport.is_closing():
+                return
+            if not self.close_sent:
+                self.start_keepalive()
+            if unread:
+                self.data_received(unread)
+            if not (self.read_paused or self.writing_paused or self.transport.is_closing()):
+                self.transport.resume_reading()
+
+        def stop_loan(self) -> None:
+            if self.loan is not None:
+                self.loan.stop()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.stop_loan()  # before the transport closes the socket
+            super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            self.stop_loan()
+            super().shutdown()
 
         # Backpressure for what the client makes the server write without the
         # app (pongs): while the socket's write buffer is over its high-water
@@ -351,7 +430,7 @@ def _uvicorn_websocket_protocol() -> Any:
         def resume_writing(self) -> None:
             super().resume_writing()
             self.writing_paused = False
-            if not self.read_paused:
+            if not self.read_paused and self.loan is None:
                 self.transport.resume_reading()
 
         def data_received(self, data: bytes) -> None:
@@ -425,6 +504,8 @@ def _uvicorn_websocket_protocol() -> Any:
                 self.transport.pause_reading()
 
         async def send(self, message: Any) -> None:
+            if self.loan is not None:  # the thread lets go of the socket before anything else is written
+                self.loan.stop()
             if message["type"] == "websocket.send" and self.write_data_frame(message):
                 return
             await super().send(message)

@@ -21,7 +21,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["server_data_frame", "whole_data_frames"]
+__all__ = ["next_data_frame", "server_data_frame", "whole_data_frames"]
 
 _TEXT = 0x81  # FIN, no RSV bit, opcode 1
 _BINARY = 0x82  # FIN, no RSV bit, opcode 2
@@ -44,34 +44,57 @@ def whole_data_frames(data: bytes, max_size: int | None, *, masked: bool) -> lis
     messages = []
     position, end = 0, len(data)
     while position < end:
-        if end - position < 2:
+        frame = next_data_frame(data, position, max_size, masked=masked)
+        if frame is None:
             return None
-        first, length = data[position], data[position + 1]
-        if (first != _TEXT and first != _BINARY) or bool(length & _MASKED) is not masked:
-            return None
-        length &= ~_MASKED
-        position += 2
-        if length >= 126:  # the length follows: 16 bits, or 64
-            size = 2 if length == 126 else 8
-            if end - position < size:
-                return None
-            length = int.from_bytes(data[position : position + size], "big")
-            position += size
-        if masked:
-            if end - position < 4:
-                return None
-            mask = data[position : position + 4]
-            position += 4
-        if end - position < length or (max_size is not None and length > max_size):
-            return None
-        payload = data[position : position + length]
-        if masked:
-            payload = apply_mask(payload, mask)
-        if first == _TEXT and not _is_utf8(payload):
-            return None  # the parser says what is wrong with it (a server closes with 1007)
-        messages.append((first == _TEXT, payload))
-        position += length
+        is_text, payload, position = frame
+        messages.append((is_text, payload))
     return messages
+
+
+def next_data_frame(
+    data: bytes, position: int, max_size: int | None, *, masked: bool
+) -> tuple[bool, bytes, int] | None:
+    """The whole data frame that starts at ``data[position]``, if it is one.
+
+    Args:
+        data: Bytes read from a connection.
+        position: Where a frame starts in them.
+        max_size: The largest payload allowed, or ``None`` for no limit.
+        masked: Whether the frame must be masked (see `whole_data_frames`).
+
+    Returns:
+        ``(is_text, payload, end)``, the payload unmasked and ``end`` where the
+        next frame starts; ``None`` if the bytes there are anything else (or
+        not all there yet): the full parser must read them.
+    """
+    end = len(data)
+    if end - position < 2:
+        return None
+    first, length = data[position], data[position + 1]
+    if (first != _TEXT and first != _BINARY) or bool(length & _MASKED) is not masked:
+        return None
+    length &= ~_MASKED
+    position += 2
+    if length >= 126:  # the length follows: 16 bits, or 64
+        size = 2 if length == 126 else 8
+        if end - position < size:
+            return None
+        length = int.from_bytes(data[position : position + size], "big")
+        position += size
+    if masked:
+        if end - position < 4:
+            return None
+        mask = data[position : position + 4]
+        position += 4
+    if end - position < length or (max_size is not None and length > max_size):
+        return None
+    payload = data[position : position + length]
+    if masked:
+        payload = apply_mask(payload, mask)
+    if first == _TEXT and not _is_utf8(payload):
+        return None  # the parser says what is wrong with it (a server closes with 1007)
+    return first == _TEXT, payload, position + length
 
 
 def _is_utf8(payload: bytes) -> bool:

@@ -34,6 +34,7 @@ import msgspec
 from openenv import ConnectionClosed, Dialect
 
 from .._asgi import Receive, Send
+from ._socket_loan import LendSocket, SocketLoan
 from ._subprotocols import RESUME_HEADER, SessionData, SessionFrame
 
 __all__ = ["DEFAULT_RESUME_TIMEOUT", "RESUME_HEADER", "Connection", "ResumableLink"]
@@ -59,11 +60,13 @@ class Connection:
     Args:
         receive: The connection's ASGI ``receive``.
         send: The connection's ASGI ``send``.
+        lend: The server's `LendSocket`, if it can lend the socket to the session's thread.
     """
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, lend: LendSocket | None = None) -> None:
         self.receive = receive
         self.send = send
+        self.lend = lend
         self.released = anyio.Event()
         self.disconnected = False
 
@@ -90,6 +93,7 @@ class ResumableLink:
         self._encode = (msgspec.msgpack if self._binary else msgspec.json).Encoder().encode
         self._attached = anyio.Event()
         self._receiving: anyio.CancelScope | None = None
+        self.lent: SocketLoan | None = None  # the current connection's socket, while the session's thread has it
 
     def session_frame(self) -> bytes:
         """The ``session`` frame: the token, the timeout, and the highest request id received."""
@@ -124,6 +128,8 @@ class ResumableLink:
 
         The new connection gets the ``session`` frame and the last reply.
         """
+        if self.lent is not None:  # the thread writes no more replies on the previous connection
+            self.lent.stop()
         previous, self.current = self.current, connection
         if previous is not None:
             previous.released.set()
@@ -191,10 +197,26 @@ class ResumableLink:
             await self.send_raw(connection, self.last_reply)
         return False
 
-    async def send(self, frame: bytes) -> None:
-        """Send a reply on the current connection; kept, so a client that comes back gets it."""
+    def admit(self, request_id: int | None) -> bool:
+        """`take` for a request the session's thread answers: whether it is new (it is noted).
+
+        A request received before is left to `take`, on the event loop.
+        """
+        if request_id is None:
+            return True
+        if request_id > self.last_request_id:
+            self.last_request_id = request_id
+            return True
+        return False
+
+    def replied(self, frame: bytes) -> None:
+        """Keep a reply sent to the latest request, so a client that comes back gets it."""
         self.last_reply = frame
         self._last_reply_id = self.last_request_id  # requests are answered in order
+
+    async def send(self, frame: bytes) -> None:
+        """Send a reply on the current connection; kept, so a client that comes back gets it."""
+        self.replied(frame)
         connection = self.current
         if connection is not None:
             await self.send_raw(connection, frame)

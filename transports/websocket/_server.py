@@ -25,11 +25,12 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import encode_fatal_error, host_session
+from openenv.server import ServerSession, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
+from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
 from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
@@ -164,23 +165,27 @@ class WebSocketEndpoint:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
+        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         if not resumable:
-            await self._serve_connection(receive, send, dialect)
+            await self._serve_connection(receive, send, dialect, lend)
             return
-        connection = Connection(receive, send)
+        connection = Connection(receive, send, lend)
         token = _header(scope, _RESUME)
         if token is None:
             await self._serve_resumable(connection, dialect)
         else:
             await self._resume(connection, token.decode("latin-1"), dialect)
 
-    async def _serve_connection(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect) -> None:
+    async def _serve_connection(
+        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None
+    ) -> None:
         scope = anyio.CancelScope()
         lease = await self.registry.admit(transport="websocket", on_close=scope.cancel)
         if lease is None:
             await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
             return
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
+        serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
         try:
             with scope:
@@ -193,6 +198,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        serve_on_thread=serve_on_thread,
                     )
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
@@ -249,6 +255,18 @@ class WebSocketEndpoint:
                 if await link.take(data):
                     return data  # type: ignore[no-any-return]
 
+        async def serve_on_thread(session: ServerSession) -> bytes | None:
+            connection = link.current
+            if connection is None or connection.lend is None:
+                return None
+            link.lent = loan = connection.lend()
+            if loan is None:
+                return None
+            try:
+                return await _serve_on_loan(loan, lease, dialect, session, link.admit, link.replied)
+            finally:
+                link.lent = None
+
         close_code, reason = NORMAL_CLOSURE, ""
         try:
             await link.send_raw(first, link.session_frame())
@@ -262,6 +280,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        serve_on_thread=serve_on_thread if first.lend is not None else None,
                     )
                 )
             if lease.close_reason is not None:
@@ -316,6 +335,49 @@ async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None
     """
     async with anyio.create_task_group() as own_task:
         own_task.start_soon(session)
+
+
+async def _serve_on_thread(
+    lend: LendSocket, lease: SessionLease, dialect: Dialect, session: ServerSession
+) -> bytes | None:
+    """`serve_frames`'s ``serve_on_thread`` for a plain connection: answer requests on the session's thread."""
+    loan = lend()
+    if loan is None:
+        return None
+    return await _serve_on_loan(loan, lease, dialect, session)
+
+
+async def _serve_on_loan(
+    loan: SocketLoan,
+    lease: SessionLease,
+    dialect: Dialect,
+    session: ServerSession,
+    admit: Callable[[int | None], bool] | None = None,
+    on_sent: Callable[[bytes], object] | None = None,
+) -> bytes | None:
+    """Answer requests on the session's thread with the lent socket until the loan must end; then end it.
+
+    Returns a reply the loan was stopped before sending (see `SocketLoan.serve`).
+    """
+    binary = dialect.encoding == "msgpack"
+
+    def on_frame(is_text: bool, payload: bytes) -> bytes | None:
+        if is_text is binary:
+            return None  # a frame of the wrong kind: the event loop answers it
+        lease.mark_busy()
+        return session.handle_on_thread(payload, admit)
+
+    def on_idle() -> bool:
+        lease.touch()  # before looking at close_reason: see SessionLease.ask_to_end
+        return lease.close_reason is None
+
+    try:
+        unsent: bytes | None = await session.run_on_thread(
+            functools.partial(loan.serve, on_frame, on_idle, on_sent), loan.stop
+        )
+    finally:
+        loan.end()
+    return unsent
 
 
 async def _send(asgi_send: Send, binary: bool, frame: bytes) -> None:

@@ -1,0 +1,197 @@
+"""A WebSocket connection's socket, lent to its session's thread: requests answered with no event loop in between.
+
+A session whose environment is plain (``def step``) runs its methods on a
+thread of its own (`openenv._worker`). Served the usual way, each request
+crosses from the event loop to that thread and its reply back: two thread
+wake-ups, which cost more than the rest of the server's work on a small step.
+So while the connection has nothing else to do, the server lends its socket to
+that thread: the thread waits on the socket itself, reads whole data frames
+(`next_data_frame`), answers them (`openenv.server.ServerSession.handle_on_thread`)
+and writes each reply straight back, one wake-up per request, as the event
+loop's own would be. The loan ends, and the connection goes back to the event
+loop and websockets' protocol, at the first thing that is not a whole data
+frame the session answers on the thread (a ping, a close, a partial or
+oversized frame, a close or MCP request, an error), when a write does not go
+out whole, when the connection is quiet for ``quiet_limit`` seconds (so the
+server's keepalive pings go on), or when the event loop calls `SocketLoan.stop`
+(the session must end, or the connection must write something itself).
+
+Lending and taking back is the server protocol's business (uvicorn's, in
+`transports.runner`); this module is the loan itself. The event loop's side
+(`SocketLoan.stop`, `SocketLoan.end`) and the thread's (`SocketLoan.serve`)
+share one lock, held only around each read and each write, so a stop never
+waits for a step, and once `stop` returns the thread writes nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+from collections.abc import Callable
+
+from ._quick_frames import next_data_frame, server_data_frame
+
+__all__ = ["SOCKET_LOAN", "LendSocket", "SocketLoan"]
+
+SOCKET_LOAN = "openenv.socket_loan"
+"""The ASGI scope extension under which a server that can lend a WebSocket's socket puts its `LendSocket`."""
+
+_READ_SIZE = 64 * 1024
+
+_WRITTEN, _PARTLY_WRITTEN, _NOT_WRITTEN = range(3)
+
+
+class SocketLoan:
+    """One loan of a connection's socket to the session's thread, from `serve` to `end`.
+
+    Args:
+        fd: The connection's socket: plain TCP (no TLS), non-blocking, with
+            nothing read from it that the protocol has not parsed, and nothing
+            waiting to be written.
+        max_size: The largest message to read here (larger ones go back to
+            the protocol, which refuses them), or ``None``.
+        quiet_limit: Seconds without a request after which the loan ends by
+            itself (the connection's keepalive interval), or ``None``.
+        write_back: Writes bytes through the connection's transport (on the
+            event loop): the rest of a frame the thread could not write whole.
+        give_back: Hands the protocol the bytes the thread read but left (on
+            the event loop), and lets it read the socket again.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        max_size: int | None,
+        quiet_limit: float | None,
+        write_back: Callable[[bytes], object],
+        give_back: Callable[[bytes], object],
+    ) -> None:
+        self._fd = fd
+        self._max_size = max_size
+        self._quiet_ms = None if quiet_limit is None else max(1, round(quiet_limit * 1000))
+        self._write_back = write_back
+        self._give_back = give_back
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._ended = False
+        self._unread = b""
+        self._unwritten = b""
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the loan has been stopped (or has ended)."""
+        return self._stopped
+
+    def serve(
+        self,
+        on_frame: Callable[[bool, bytes], bytes | None],
+        on_idle: Callable[[], bool],
+        on_sent: Callable[[bytes], object] | None = None,
+    ) -> bytes | None:
+        """Answer requests on the calling thread (the session's) until the loan must end.
+
+        Args:
+            on_frame: Called with ``(is_text, payload)`` for each whole data
+                frame read; returns the reply's payload (sent in a frame of
+                the same kind), or ``None`` to leave that frame, and all after
+                it, to the protocol.
+            on_idle: Called before each wait for the client; ``False`` ends the loan.
+            on_sent: Called with each reply once it is written (or the
+                connection failed under it), with the loan's lock held: the
+                event loop sees it happen before a `stop` returns.
+
+        Returns:
+            A reply the loan was stopped before writing, for the event loop to
+            send; else ``None``.
+        """
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        poller.register(self._wake_read, select.POLLIN)
+        while on_idle():
+            if not poller.poll(self._quiet_ms):
+                return None  # quiet: back to the event loop, which pings
+            with self._lock:
+                if self._stopped:
+                    return None
+                try:
+                    data = os.read(self._fd, _READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return None  # the protocol reads the error again, and reports it
+            if not data:
+                return None  # the end of the stream: the protocol reads it again
+            position = 0
+            while position < len(data):
+                frame = next_data_frame(data, position, self._max_size, masked=True)
+                reply = None if frame is None else on_frame(frame[0], frame[1])
+                if frame is None or reply is None:
+                    self._unread = data[position:]
+                    return None
+                is_text, _, position = frame
+                outcome = self._write(server_data_frame(reply, text=is_text), reply, on_sent)
+                if outcome != _WRITTEN:
+                    self._unread = data[position:]
+                    return reply if outcome == _NOT_WRITTEN else None
+        return None
+
+    def _write(self, frame: bytes, reply: bytes, on_sent: Callable[[bytes], object] | None) -> int:
+        with self._lock:
+            if self._stopped:
+                return _NOT_WRITTEN
+            try:
+                written = os.write(self._fd, frame)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # the client is gone: the protocol finds out when it reads
+                written = len(frame)
+            if on_sent is not None:
+                on_sent(reply)
+            if written == len(frame):
+                return _WRITTEN
+            self._unwritten = frame[written:]
+            return _PARTLY_WRITTEN
+
+    def stop(self) -> None:
+        """Make `serve` return soon; call it on the event loop, before it writes to the connection.
+
+        Once it returns, the thread writes nothing more, and the rest of a
+        frame it could not write whole has been written: the event loop's next
+        write comes after it. Idempotent.
+        """
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_write, b"\0")
+            self._flush()
+
+    def end(self) -> None:
+        """End the loan once `serve` has returned: on the event loop, exactly once.
+
+        Writes what the thread could not, closes the loan's own descriptors and
+        gives the protocol what the thread read but left.
+        """
+        with self._lock:
+            self._stopped = True
+            self._flush()
+        if not self._ended:
+            self._ended = True
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            unread, self._unread = self._unread, b""
+            self._give_back(unread)
+
+    def _flush(self) -> None:
+        if self._unwritten:
+            unwritten, self._unwritten = self._unwritten, b""
+            self._write_back(unwritten)
+
+
+LendSocket = Callable[[], "SocketLoan | None"]
+"""Lends a connection's socket to the calling session's thread (see `SocketLoan`), or ``None`` if not now."""
