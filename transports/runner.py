@@ -23,6 +23,7 @@ import functools
 import inspect
 import logging
 import re
+import select
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -376,16 +377,19 @@ def _uvicorn_websocket_protocol() -> Any:
             ):
                 return None
             sock = transport.get_extra_info("socket")
-            if sock is None:  # pragma: no cover - asyncio's socket transports have one
+            if sock is None or not hasattr(select, "poll"):  # pragma: no cover - Linux and macOS have both
                 return None
             limits = [size for size in (conn.max_message_size, conn.max_fragment_size) if size is not None]
-            self.loan = SocketLoan(
-                sock.fileno(),
-                max_size=min(limits) if limits else None,
-                quiet_limit=self.ping_interval or None,
-                write_back=self.write_back,
-                give_back=self.take_back,
-            )
+            try:
+                self.loan = SocketLoan(
+                    sock.fileno(),
+                    max_size=min(limits) if limits else None,
+                    quiet_limit=self.ping_interval or None,
+                    write_back=self.write_back,
+                    give_back=self.take_back,
+                )
+            except OSError:  # out of file descriptors for its wake-up pipe: serve the usual way
+                return None
             transport.pause_reading()
             self.stop_keepalive()
             return self.loan
