@@ -388,7 +388,7 @@ def _uvicorn_websocket_protocol() -> Any:
                     write_back=self.write_back,
                     give_back=self.take_back,
                 )
-            except OSError:  # out of file descriptors for its wake-up pipe: serve the usual way
+            except OSError:  # out of file descriptors for its wake-up: serve the usual way
                 return None
             transport.pause_reading()
             self.stop_keepalive()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import sys
 import threading
 from collections.abc import Callable
 
@@ -41,6 +42,23 @@ SOCKET_LOAN = "openenv.socket_loan"
 _READ_SIZE = 64 * 1024
 
 _WRITTEN, _PARTLY_WRITTEN, _NOT_WRITTEN = range(3)
+
+# An eventfd's counter takes 8 bytes; a pipe takes them as well.
+_WAKE_UP = (1).to_bytes(8, sys.byteorder)
+
+
+def _wake_up_descriptors() -> tuple[int, int]:
+    """A descriptor the thread polls, and one the event loop writes to wake it: one eventfd, else a pipe.
+
+    An eventfd is one descriptor per loan where a pipe takes two: a server
+    with a thousand sessions lent stays further from its descriptor limit.
+    """
+    if hasattr(os, "eventfd"):
+        wake_up = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        return wake_up, wake_up
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    return read, write
 
 
 class SocketLoan:
@@ -79,8 +97,7 @@ class SocketLoan:
         self._ended = False
         self._unread = b""
         self._unwritten = b""
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
+        self._wake_read, self._wake_write = _wake_up_descriptors()
 
     @property
     def stopped(self) -> bool:
@@ -168,13 +185,13 @@ class SocketLoan:
             if not self._stopped:
                 self._stopped = True
                 with contextlib.suppress(OSError):
-                    os.write(self._wake_write, b"\0")
+                    os.write(self._wake_write, _WAKE_UP)
             self._flush()
 
     def end(self) -> None:
         """End the loan once `serve` has returned: on the event loop, exactly once.
 
-        Writes what the thread could not, closes the loan's own descriptors and
+        Writes what the thread could not, closes the loan's wake-up descriptor and
         gives the protocol what the thread read but left.
         """
         with self._lock:
@@ -183,7 +200,8 @@ class SocketLoan:
         if not self._ended:
             self._ended = True
             os.close(self._wake_read)
-            os.close(self._wake_write)
+            if self._wake_write != self._wake_read:
+                os.close(self._wake_write)
             unread, self._unread = self._unread, b""
             self._give_back(unread)
 
