@@ -236,7 +236,8 @@ class ServerSession:
             frame: The request, as the client encoded it.
             admit: Called with the request's id (``None`` in dialects without
                 ids) before the environment sees it; ``False`` leaves the
-                request to `handle`.
+                request to `handle`. Once it returns ``True``, the request
+                gets a reply.
 
         Returns:
             The reply frame, or ``None``: the request must go to `handle`.

@@ -22,6 +22,7 @@ from openenv._worker import SessionWorker
 from openenv.examples.echo import EchoEnvironment
 from openenv.server import Environment, ServerSession
 from tests.envs import SyncCounterEnv
+from tests.test_server_app import RawWebSocket
 
 pytestmark = pytest.mark.anyio
 
@@ -94,6 +95,50 @@ async def test_a_blocking_step_never_stalls_the_other_sessions() -> None:
             assert not result.done
         GatedEnv.gate.set()
     assert GatedEnv.timed_out == [False]
+
+
+async def test_a_session_answers_pings_while_its_plain_step_runs() -> None:
+    # Over ws:// on uvicorn the session's thread reads the socket itself between
+    # steps; a step that keeps it gives the connection back to the event loop,
+    # or a client's keepalive ping would go unanswered until the step ends.
+    async with openenv.serve(GatedEnv, port=0) as server:
+        async with RawWebSocket.connect(server.url.replace("http://", "ws://") + "/ws") as ws:
+            assert (await ws.request('{"type": "reset", "data": {}}'))["type"] == "observation"
+            for _ in range(3):  # quick steps first: on uvicorn, the thread has the socket now
+                assert (await ws.request('{"type": "step", "data": {}}'))["type"] == "observation"
+            await ws.send_text('{"type": "step", "data": {"block": true}}')
+            await anyio.to_thread.run_sync(GatedEnv.entered.wait, WAIT)
+            with anyio.fail_after(WAIT):
+                await ws.ping()
+            GatedEnv.gate.set()
+            with anyio.fail_after(WAIT):
+                reply = await ws.receive_json()
+            assert reply["type"] == "observation"
+            assert (await ws.request('{"type": "step", "data": {}}'))["type"] == "observation"
+    assert GatedEnv.timed_out == [False]
+
+
+async def test_a_long_call_on_the_session_thread_ends_when_stopped() -> None:
+    worker = SessionWorker()
+    started, stop = threading.Event(), threading.Event()
+
+    def serve() -> str:
+        started.set()
+        return "stopped" if stop.wait(WAIT) else "timed out"
+
+    assert await worker.run_until_stopped(lambda: "done", stop.set) == "done"
+    assert not stop.is_set()  # stop is for a cancelled caller only
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run_until_stopped, serve, stop.set)
+            await anyio.to_thread.run_sync(started.wait, WAIT)
+            group.cancel_scope.cancel()
+    assert stop.is_set()
+    with pytest.raises(ZeroDivisionError):
+        await worker.run_until_stopped(lambda: 1 / 0, stop.set)
+    await worker.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await worker.run_until_stopped(str, stop.set)
 
 
 async def test_one_sessions_calls_run_on_one_thread_one_at_a_time() -> None:

@@ -258,6 +258,10 @@ _READ_SIZE = 64 * 1024
 # Messages a connection may queue for the app before uvicorn stops reading from its socket.
 _WS_QUEUED_MESSAGES = 2
 
+# Seconds a request may keep the thread a connection's socket is lent to before
+# the event loop takes the connection back, to answer its pings meanwhile.
+_LONG_CALL = 1.0
+
 
 def _limit_read_size(transport: Any) -> None:
     if getattr(transport, "max_size", 0) > _READ_SIZE:
@@ -337,6 +341,7 @@ def _uvicorn_websocket_protocol() -> Any:
     class WebSocketProtocol(WebSocketsSansIOProtocol):
         writing_paused = False
         loan: SocketLoan | None = None
+        loan_timer: Any = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -392,7 +397,20 @@ def _uvicorn_websocket_protocol() -> Any:
                 return None
             transport.pause_reading()
             self.stop_keepalive()
+            self.loan_timer = self.loop.call_later(_LONG_CALL, self.check_loan)
             return self.loan
+
+        def check_loan(self) -> None:
+            """Take the connection back from a thread that has been answering one request for long."""
+            self.loan_timer = None
+            loan = self.loan
+            if loan is not None and not loan.release_if_running(_LONG_CALL):
+                self.loan_timer = self.loop.call_later(_LONG_CALL, self.check_loan)
+
+        def cancel_loan_timer(self) -> None:
+            if self.loan_timer is not None:
+                self.loan_timer.cancel()
+                self.loan_timer = None
 
         def write_back(self, data: bytes) -> None:
             if not self.transport.is_closing():
@@ -401,6 +419,7 @@ def _uvicorn_websocket_protocol() -> Any:
         def take_back(self, unread: bytes) -> None:
             """The loan has ended: read the socket again, from what the thread left."""
             self.loan = None
+            self.cancel_loan_timer()
             if self.disconnected or self.transport.is_closing():
                 return
             if not self.close_sent:
@@ -416,6 +435,7 @@ def _uvicorn_websocket_protocol() -> Any:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self.stop_loan()  # before the transport closes the socket
+            self.cancel_loan_timer()
             super().connection_lost(exc)
 
         def shutdown(self) -> None:

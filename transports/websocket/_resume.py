@@ -187,27 +187,22 @@ class ResumableLink:
             request_id = self._decode_id(frame).id
         except msgspec.DecodeError:
             return True  # the session answers it with the error it deserves
-        if request_id is None:
-            return True
-        if request_id > self.last_request_id:
-            self.last_request_id = request_id
+        if self.is_new(request_id):
+            self.note(request_id)
             return True
         connection = self.current
         if request_id == self._last_reply_id and self.last_reply is not None and connection is not None:
             await self.send_raw(connection, self.last_reply)
         return False
 
-    def admit(self, request_id: int | None) -> bool:
-        """`take` for a request the session's thread answers: whether it is new (it is noted).
+    def is_new(self, request_id: int | None) -> bool:
+        """Whether the session has not received this request before (one without an id always is new)."""
+        return request_id is None or request_id > self.last_request_id
 
-        A request received before is left to `take`, on the event loop.
-        """
-        if request_id is None:
-            return True
-        if request_id > self.last_request_id:
+    def note(self, request_id: int | None) -> None:
+        """Note that the session handles this request: it is never handled again."""
+        if request_id is not None:
             self.last_request_id = request_id
-            return True
-        return False
 
     def replied(self, frame: bytes) -> None:
         """Keep a reply sent to the latest request, so a client that comes back gets it."""

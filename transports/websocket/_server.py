@@ -263,7 +263,7 @@ class WebSocketEndpoint:
             if loan is None:
                 return None
             try:
-                return await _serve_on_loan(loan, lease, dialect, session, link.admit, link.replied)
+                return await _serve_on_loan(loan, lease, dialect, session, link)
             finally:
                 link.lent = None
 
@@ -352,14 +352,24 @@ async def _serve_on_loan(
     lease: SessionLease,
     dialect: Dialect,
     session: ServerSession,
-    admit: Callable[[int | None], bool] | None = None,
-    on_sent: Callable[[bytes], object] | None = None,
+    link: ResumableLink | None = None,
 ) -> bytes | None:
     """Answer requests on the session's thread with the lent socket until the loan must end; then end it.
 
+    On a resumable session, ``link`` notes each request and keeps each reply,
+    as `ResumableLink.take` and `ResumableLink.send` do on the event loop.
     Returns a reply the loan was stopped before sending (see `SocketLoan.serve`).
     """
     binary = dialect.encoding == "msgpack"
+    begin = loan.begin
+
+    def admit(request_id: int | None) -> bool:
+        if link is None:
+            return begin()
+        if not link.is_new(request_id) or not begin():
+            return False  # a request sent again goes to ResumableLink.take
+        link.note(request_id)
+        return True
 
     def on_frame(is_text: bool, payload: bytes) -> bytes | None:
         if is_text is binary:
@@ -372,6 +382,7 @@ async def _serve_on_loan(
         return lease.close_reason is None
 
     try:
+        on_sent = None if link is None else link.replied
         unsent: bytes | None = await session.run_on_thread(
             functools.partial(loan.serve, on_frame, on_idle, on_sent), loan.stop
         )

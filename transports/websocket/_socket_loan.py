@@ -14,7 +14,10 @@ frame the session answers on the thread (a ping, a close, a partial or
 oversized frame, a close or MCP request, an error), when a write does not go
 out whole, when the connection is quiet for ``quiet_limit`` seconds (so the
 server's keepalive pings go on), or when the event loop calls `SocketLoan.stop`
-(the session must end, or the connection must write something itself).
+(the session must end, or the connection must write something itself). A
+request that keeps the thread long (a slow ``step``) ends it too
+(`SocketLoan.release_if_running`): the connection goes back to the event loop
+at once, which answers the client's pings meanwhile, and sends the reply.
 
 Lending and taking back is the server protocol's business (uvicorn's, in
 `transports.runner`); this module is the loan itself. The event loop's side
@@ -30,6 +33,7 @@ import os
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from ._quick_frames import next_data_frame, server_data_frame
@@ -94,8 +98,11 @@ class SocketLoan:
         self._give_back = give_back
         self._lock = threading.Lock()
         self._stopped = False
+        self._given_back = False
         self._ended = False
-        self._unread = b""
+        self._unread = b""  # what the thread read and left, from the first frame it did not answer
+        self._rest = b""  # what it read after the frame it is answering now
+        self._running_since: float | None = None
         self._unwritten = b""
         self._wake_read, self._wake_write = _wake_up_descriptors()
 
@@ -116,7 +123,9 @@ class SocketLoan:
             on_frame: Called with ``(is_text, payload)`` for each whole data
                 frame read; returns the reply's payload (sent in a frame of
                 the same kind), or ``None`` to leave that frame, and all after
-                it, to the protocol.
+                it, to the protocol. Before it runs anything that may take
+                long (the environment), it must call `begin`, and return
+                ``None`` if that returns ``False``.
             on_idle: Called before each wait for the client; ``False`` ends the loan.
             on_sent: Called with each reply once it is written (or the
                 connection failed under it), with the loan's lock held: the
@@ -146,19 +155,35 @@ class SocketLoan:
             position = 0
             while position < len(data):
                 frame = next_data_frame(data, position, self._max_size, masked=True)
+                if frame is not None:
+                    self._rest = data[frame[2] :]
                 reply = None if frame is None else on_frame(frame[0], frame[1])
                 if frame is None or reply is None:
-                    self._unread = data[position:]
+                    self._unread = data[position:]  # not begun: nothing was given back early
                     return None
                 is_text, _, position = frame
                 outcome = self._write(server_data_frame(reply, text=is_text), reply, on_sent)
                 if outcome != _WRITTEN:
-                    self._unread = data[position:]
+                    if not self._given_back:
+                        self._unread = data[position:]
                     return reply if outcome == _NOT_WRITTEN else None
         return None
 
+    def begin(self) -> bool:
+        """On the thread: it starts answering the frame in hand; ``False`` if the loan was stopped.
+
+        From then on the frame gets a reply, so `release_if_running` may hand
+        the rest of the connection back to the event loop meanwhile.
+        """
+        with self._lock:
+            if self._stopped:
+                return False
+            self._running_since = time.monotonic()
+            return True
+
     def _write(self, frame: bytes, reply: bytes, on_sent: Callable[[bytes], object] | None) -> int:
         with self._lock:
+            self._running_since = None
             if self._stopped:
                 return _NOT_WRITTEN
             try:
@@ -173,6 +198,30 @@ class SocketLoan:
                 return _WRITTEN
             self._unwritten = frame[written:]
             return _PARTLY_WRITTEN
+
+    def release_if_running(self, longer_than: float) -> bool:
+        """On the event loop: end the loan now if the thread has been answering one request that long.
+
+        The connection goes back to the protocol at once (with what the thread
+        read after that request), so it answers pings while the environment
+        runs; the thread writes nothing more, and `serve` returns the reply
+        for the event loop to send.
+
+        Args:
+            longer_than: Seconds.
+
+        Returns:
+            Whether the loan ended.
+        """
+        with self._lock:
+            since = self._running_since
+            if self._stopped or since is None or time.monotonic() - since < longer_than:
+                return False
+            self._stopped = True
+            self._given_back = True
+            rest, self._rest = self._rest, b""
+        self._give_back(rest)
+        return True
 
     def stop(self) -> None:
         """Make `serve` return soon; call it on the event loop, before it writes to the connection.
@@ -197,11 +246,14 @@ class SocketLoan:
         with self._lock:
             self._stopped = True
             self._flush()
+            give_back = not self._given_back
+            self._given_back = True
         if not self._ended:
             self._ended = True
             os.close(self._wake_read)
             if self._wake_write != self._wake_read:
                 os.close(self._wake_write)
+        if give_back:
             unread, self._unread = self._unread, b""
             self._give_back(unread)
 
