@@ -97,7 +97,9 @@ async def test_a_blocking_step_never_stalls_the_other_sessions() -> None:
     assert GatedEnv.timed_out == [False]
 
 
-async def test_a_session_answers_pings_while_its_plain_step_runs() -> None:
+async def test_a_session_answers_pings_while_its_plain_step_runs(anyio_backend: str) -> None:
+    if anyio_backend == "trio":
+        pytest.xfail("hypercorn+websockets reads a connection only while its session waits for a request")
     # Over ws:// on uvicorn the session's thread reads the socket itself between
     # steps; a step that keeps it gives the connection back to the event loop,
     # or a client's keepalive ping would go unanswered until the step ends.
