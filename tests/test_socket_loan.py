@@ -14,12 +14,22 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
+import anyio
+import anyio.abc
 import pytest
 from websockets.frames import Frame, Opcode
 
+import openenv
+from openenv import Action, Observation, State
+from openenv.server import Environment
+from tests.helpers import wait_until
+from tests.test_hostile_clients import resumable_ws
+from tests.test_server_app import RawWebSocket, registry_of
+from transports.runner import RunningServer, current_backend
 from transports.websocket._quick_frames import server_data_frame
 from transports.websocket._socket_loan import SocketLoan
 
@@ -382,3 +392,388 @@ def test_end_closes_the_loans_own_descriptors(lent: Callable[..., Lent]) -> None
         server.close()
         client.close()
 
+
+
+# -- whole sessions on a real server ---------------------------------------------------------
+
+
+class LoanAction(Action):
+    message: str = ""
+    block: bool = False
+
+
+class LoanObservation(Observation):
+    echoed: str = ""
+
+
+class PlainEnv(Environment[LoanAction, LoanObservation, State]):
+    """Plain methods (so served on the lent socket on uvicorn); records each step it runs.
+
+    A step asked to ``block`` waits, on its session's thread, for the test to open ``gate``.
+    """
+
+    built: ClassVar[list[PlainEnv]] = []
+    closed: ClassVar[list[PlainEnv]] = []
+    entered: ClassVar[threading.Event] = threading.Event()
+    gate: ClassVar[threading.Event] = threading.Event()
+
+    def __init__(self) -> None:
+        self._state = State()
+        self.steps: list[str] = []
+        PlainEnv.built.append(self)
+
+    def reset(self, **kwargs: Any) -> LoanObservation:
+        self._state = State(episode_id=kwargs.get("episode_id"))
+        return LoanObservation()
+
+    def step(self, action: LoanAction) -> LoanObservation:
+        if action.message == "raise":
+            raise RuntimeError("plain env: step raised on request")
+        if action.block:
+            PlainEnv.entered.set()
+            assert PlainEnv.gate.wait(WAIT)
+        self.steps.append(action.message)
+        self._state.step_count += 1
+        return LoanObservation(echoed=action.message, reward=float(len(action.message)))
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def close(self) -> None:
+        PlainEnv.closed.append(self)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plain_env() -> None:
+    PlainEnv.built.clear()
+    PlainEnv.closed.clear()
+    PlainEnv.entered.clear()
+    PlainEnv.gate.clear()
+
+
+@pytest.fixture
+def loans(monkeypatch: pytest.MonkeyPatch) -> list[SocketLoan]:
+    """Every loan the server serves on a session's thread, in order."""
+    served: list[SocketLoan] = []
+    original = SocketLoan.serve
+
+    def serve(self: SocketLoan, *args: Any, **kwargs: Any) -> bytes | None:
+        served.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SocketLoan, "serve", serve)
+    return served
+
+
+def lends() -> bool:
+    """Whether the server of this backend lends sockets: uvicorn, on asyncio (hypercorn on trio does not)."""
+    return current_backend() == "asyncio"
+
+
+async def lent_now(loans: list[SocketLoan]) -> None:
+    """Wait until the session's thread has the socket (on a server that lends it)."""
+    if lends():
+        await wait_until(lambda: bool(loans) and not loans[-1].stopped, "the socket is lent")
+
+
+def check_lent(loans: list[SocketLoan], at_least: int = 1) -> None:
+    if lends():
+        assert len(loans) >= at_least, f"{len(loans)} loans, expected {at_least} or more"
+    else:
+        assert not loans
+
+
+@asynccontextmanager
+async def plain_server(**options: Any) -> AsyncIterator[RunningServer]:
+    async with openenv.serve(PlainEnv, port=0, **options) as server:
+        yield server
+
+
+async def step(ws: RawWebSocket, message: str, request_id: int | None = None) -> Any:
+    ident = "" if request_id is None else f'"id":{request_id},'
+    return await ws.request(f'{{"type":"step",{ident}"data":{{"message":"{message}"}}}}')
+
+
+async def next_frame(ws: RawWebSocket) -> Frame:
+    """The next frame of any kind (a pong, say) from the server."""
+    while not ws._frames:
+        ws._protocol.receive_data(await ws._stream.receive())
+        ws._frames.extend(ws._protocol.events_received())
+    frame: Frame = ws._frames.pop(0)
+    return frame
+
+
+@pytest.mark.anyio
+async def test_a_plain_session_is_answered_on_the_lent_socket(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.request('{"type":"reset","data":{"episode_id":"ep"}}')
+            for index in range(20):
+                reply = await step(ws, f"m{index}")
+                assert reply["data"]["observation"]["echoed"] == f"m{index}"
+            assert await ws.request('{"type":"state"}') == {
+                "type": "state",
+                "data": {"episode_id": "ep", "step_count": 20},
+            }
+            check_lent(loans)
+            if lends():
+                assert len(loans) < 20, "one loan serves many requests"
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_a_ping_mid_session_gets_its_pong_and_the_session_goes_on(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.request('{"type":"reset"}')
+            for round_ in range(3):
+                await lent_now(loans)
+                ws._protocol.send_ping(f"ping {round_}".encode())
+                await ws._flush()
+                pong = await next_frame(ws)
+                assert (pong.opcode, pong.data) == (Opcode.PONG, f"ping {round_}".encode())
+                assert (await step(ws, f"after {round_}"))["data"]["observation"]["echoed"] == f"after {round_}"
+            check_lent(loans, at_least=3)  # each ping ended a loan; after the next request, a new one
+            assert PlainEnv.built[0].steps == ["after 0", "after 1", "after 2"]
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_a_close_request_ends_the_session_normally(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await step(ws, "one")
+            await lent_now(loans)
+            await ws.send_text('{"type":"close"}')
+            assert (await ws.expect_close()).code == 1000
+            await wait_until(lambda: registry_of(server).active == 0, "the session ends")
+            assert PlainEnv.closed == PlainEnv.built
+            check_lent(loans)
+
+
+@pytest.mark.anyio
+async def test_bad_requests_get_their_error_replies_and_the_session_goes_on(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.request('{"type":"reset","data":{"episode_id":"ep"}}')
+            await step(ws, "one")
+            await lent_now(loans)
+            reply = await ws.request("not json")
+            assert (reply["type"], reply["data"]["code"]) == ("error", "INVALID_JSON")
+            await lent_now(loans)
+            reply = await ws.request('{"type":"step","data":{"messag":"typo","block":"no"}}')
+            assert (reply["data"]["code"], reply["data"]["message"]) == ("VALIDATION_ERROR", "Invalid message")
+            assert reply["data"]["errors"]
+            await lent_now(loans)
+            reply = await ws.request('{"type":"bogus"}')
+            assert reply["data"]["code"] == "UNKNOWN_TYPE"
+            await lent_now(loans)
+            reply = await step(ws, "raise")
+            assert reply["data"]["code"] == "EXECUTION_ERROR"
+            assert "step raised on request" in reply["data"]["message"]
+            await lent_now(loans)
+            await ws.send_bytes(b'{"type":"state"}')  # a frame of the wrong kind for the dialect
+            reply = await ws.receive_json()
+            assert reply["data"]["code"] == "INVALID_JSON"
+            assert "binary" in reply["data"]["message"]
+            await step(ws, "two")
+            # The same environment all along.
+            assert await ws.request('{"type":"state"}') == {
+                "type": "state",
+                "data": {"episode_id": "ep", "step_count": 2},
+            }
+            assert len(PlainEnv.built) == 1
+            check_lent(loans, at_least=5)
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_an_oversized_message_closes_only_its_own_session(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with (
+            plain_server(max_message_size=4096) as server,
+            RawWebSocket.connect(server.ws_url) as bystander,
+        ):
+            await step(bystander, "before")
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                await step(ws, "small")
+                await lent_now(loans)
+                await ws.send_text('{"type":"step","data":{"message":"' + "x" * 5000 + '"}}')
+                assert (await ws.expect_close()).code == 1009
+            assert (await step(bystander, "after"))["data"]["observation"]["echoed"] == "after"
+            await wait_until(lambda: registry_of(server).active == 1, "only the bystander is left")
+            assert PlainEnv.built[1].steps == ["small"]
+            check_lent(loans, at_least=2)
+            await bystander.close()
+
+
+@pytest.mark.anyio
+async def test_a_message_split_across_two_writes_is_answered(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await step(ws, "one")
+            for split in (1, 2, 5, 20):  # in the header, in the mask, in the payload
+                await lent_now(loans)
+                loan = loans[-1] if lends() else None
+                ws._protocol.send_text(b'{"type":"step","data":{"message":"split"}}')
+                frame = b"".join(ws._protocol.data_to_send())
+                await ws._stream.send(frame[:split])
+                if loan is not None:  # the thread read the start, and gave it back with the socket
+                    await wait_until(lambda: loan.stopped, "the loan ends at a partial frame")  # noqa: B023
+                await ws._stream.send(frame[split:])
+                assert (await ws.receive_json())["data"]["observation"]["echoed"] == "split"
+            assert PlainEnv.built[0].steps == ["one", "split", "split", "split", "split"]
+            check_lent(loans, at_least=5)
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_pipelined_requests_are_all_answered_in_order(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.request('{"type":"reset"}')
+            await lent_now(loans)
+            requests = [f'{{"type":"step","data":{{"message":"m{index}"}}}}' for index in range(30)]
+            requests[10] = '{"type":"state"}'
+            for request in requests:
+                ws._protocol.send_text(request.encode())
+            await ws._stream.send(b"".join(ws._protocol.data_to_send()))  # one write
+            for index in range(30):
+                reply = await ws.receive_json()
+                if index == 10:
+                    assert reply == {"type": "state", "data": {"episode_id": None, "step_count": 10}}
+                else:
+                    assert reply["data"]["observation"]["echoed"] == f"m{index}"
+            check_lent(loans)
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_a_slow_step_in_one_session_does_not_stall_another(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with (
+            plain_server() as server,
+            RawWebSocket.connect(server.ws_url) as slow,
+            RawWebSocket.connect(server.ws_url) as quick,
+        ):
+            await step(slow, "first")
+            await slow.send_text('{"type":"step","data":{"message":"blocked","block":true}}')
+            await anyio.to_thread.run_sync(PlainEnv.entered.wait, WAIT)
+            await quick.request('{"type":"reset"}')
+            for index in range(10):
+                assert (await step(quick, f"q{index}"))["data"]["observation"]["echoed"] == f"q{index}"
+            PlainEnv.gate.set()
+            assert (await slow.receive_json())["data"]["observation"]["echoed"] == "blocked"
+            assert (await step(slow, "last"))["data"]["observation"]["echoed"] == "last"
+            check_lent(loans, at_least=2)
+            await slow.close()
+            await quick.close()
+
+
+@pytest.mark.anyio
+async def test_an_idle_session_is_reaped_while_its_socket_is_lent(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server(session_idle_timeout=0.2) as server, RawWebSocket.connect(server.ws_url) as ws:
+            await step(ws, "one")
+            await lent_now(loans)
+            closed = await ws.expect_close()
+            assert (closed.code, "idle" in closed.reason) == (1001, True)
+            await wait_until(lambda: registry_of(server).active == 0, "the session ends")
+            assert PlainEnv.closed == PlainEnv.built
+            check_lent(loans)
+
+
+@pytest.mark.anyio
+async def test_a_server_shutting_down_ends_a_lent_session_at_once(loans: list[SocketLoan]) -> None:
+    codes: list[tuple[int | None, str]] = []
+
+    async def hold_session(url: str, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with RawWebSocket.connect(url) as ws:
+            await step(ws, "one")
+            await lent_now(loans)
+            task_status.started()
+            closed = await ws.expect_close()
+            codes.append((closed.code, closed.reason))
+
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as task_group:
+            # A grace period longer than the test's bound: the session must be asked to end at once.
+            async with plain_server(shutdown_timeout=10 * WAIT) as server:
+                await task_group.start(hold_session, server.ws_url)
+    assert codes == [(1001, "server shutting down")]
+    assert PlainEnv.closed == PlainEnv.built
+    check_lent(loans)
+
+
+@pytest.mark.anyio
+async def test_a_client_gone_while_its_socket_is_lent_frees_its_slot(loans: list[SocketLoan]) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server(max_sessions=1) as server:
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                await step(ws, "one")
+                await lent_now(loans)
+            # The TCP connection is closed, with no closing handshake.
+            await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
+            assert PlainEnv.closed == PlainEnv.built
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                assert (await step(ws, "next"))["data"]["observation"]["echoed"] == "next"
+                await ws.close()
+            check_lent(loans, at_least=2)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pending", [False, True], ids=["nothing-pending", "a-step-pending"])
+async def test_a_resumable_session_taken_over_while_lent_loses_nothing(
+    loans: list[SocketLoan], pending: bool
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, resumable_ws(server.ws_url) as old:
+            token = (await old.receive_json())["data"]["resume_token"]
+            assert (await old.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
+            assert (await step(old, "two", 2))["id"] == 2
+            await lent_now(loans)
+            if pending:  # sent, its reply not read: the takeover races with its step
+                await old.send_text('{"type":"step","id":3,"data":{"message":"three"}}')
+            async with resumable_ws(server.ws_url, token) as new:
+                session = await new.receive_json()
+                assert session["type"] == "session"
+                last = session["data"]["last_request_id"]
+                replayed = await new.receive_json()
+                assert replayed["id"] == last
+                if pending and last == 2:  # the step arrived after the takeover: sent again
+                    replayed = await step(new, "three", 3)
+                if pending:
+                    assert (replayed["id"], replayed["data"]["observation"]["echoed"]) == (3, "three")
+                    # Sent again anyway: answered from the kept reply, not run again.
+                    assert await step(new, "three", 3) == replayed
+                assert (await step(new, "four", 4))["id"] == 4
+                state = await new.request('{"type":"state","id":5}')
+                assert state["data"]["step_count"] == (3 if pending else 2)
+                assert PlainEnv.built[0].steps == (["two", "three", "four"] if pending else ["two", "four"])
+                assert len(PlainEnv.built) == 1
+                check_lent(loans)
+                await new.send_text('{"type":"close"}')
+                await new.close()
+
+
+def session_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "openenv-session"}
+
+
+@pytest.mark.anyio
+async def test_sessions_served_on_lent_sockets_leave_no_threads_behind(loans: list[SocketLoan]) -> None:
+    before = session_threads()
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server:
+            for index in range(50):
+                async with RawWebSocket.connect(server.ws_url) as ws:
+                    await step(ws, f"m{index}")
+                    if index % 2:
+                        await ws.send_text('{"type":"close"}')
+                        await ws.close()
+                    # else: the connection is dropped while lent
+            await wait_until(lambda: registry_of(server).active == 0, "every session ends")
+            await wait_until(lambda: session_threads() <= before, "every session's thread is gone")
+    assert len(PlainEnv.closed) == 50
+    check_lent(loans, at_least=50)
