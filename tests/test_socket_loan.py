@@ -740,6 +740,7 @@ async def test_a_resumable_session_taken_over_while_lent_loses_nothing(loans: li
             assert (await old.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
             assert (await step(old, "two", 2))["id"] == 2
             await lent_now(loans)
+            lent_before = len(loans) if lends() else 0
             if pending:  # sent, its reply not read: the takeover races with its step
                 await old.send_text('{"type":"step","id":3,"data":{"message":"three"}}')
             async with resumable_ws(server.ws_url, token) as new:
@@ -754,7 +755,10 @@ async def test_a_resumable_session_taken_over_while_lent_loses_nothing(loans: li
                     assert (replayed["id"], replayed["data"]["observation"]["echoed"]) == (3, "three")
                     # Sent again anyway: answered from the kept reply, not run again.
                     assert await step(new, "three", 3) == replayed
-                assert (await step(new, "four", 4))["id"] == 4
+                four = await step(new, "four", 4)
+                assert four["id"] == 4
+                await lent_now(loans, count=lent_before + 1)  # the new connection's socket is lent
+                assert await step(new, "four", 4) == four  # the same, on the lent socket
                 state = await new.request('{"type":"state","id":5}')
                 assert state["data"]["step_count"] == (3 if pending else 2)
                 assert PlainEnv.built[0].steps == (["two", "three", "four"] if pending else ["two", "four"])
