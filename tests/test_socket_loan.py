@@ -452,11 +452,13 @@ class PlainEnv(Environment[LoanAction, LoanObservation, State]):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_plain_env() -> None:
+def _fresh_plain_env() -> Iterator[None]:
     PlainEnv.built.clear()
     PlainEnv.closed.clear()
     PlainEnv.entered.clear()
     PlainEnv.gate.clear()
+    yield
+    PlainEnv.gate.set()  # a test that failed mid-step leaves no thread waiting
 
 
 @pytest.fixture
@@ -733,8 +735,10 @@ async def test_a_client_gone_while_its_socket_is_lent_frees_its_slot(loans: list
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("pending", [False, True], ids=["nothing-pending", "a-step-pending"])
-async def test_a_resumable_session_taken_over_while_lent_loses_nothing(loans: list[SocketLoan], pending: bool) -> None:
+@pytest.mark.parametrize("pending", [None, "sent", "running"], ids=["nothing-pending", "a-step-sent", "a-step-running"])
+async def test_a_resumable_session_taken_over_while_lent_loses_nothing(
+    loans: list[SocketLoan], pending: str | None
+) -> None:
     with anyio.fail_after(WAIT):
         async with plain_server() as server, resumable_ws(server.ws_url) as old:
             token = (await old.receive_json())["data"]["resume_token"]
@@ -743,18 +747,29 @@ async def test_a_resumable_session_taken_over_while_lent_loses_nothing(loans: li
             await lent_now(loans)
             lent_before = len(loans) if lends() else 0
             old_loan = loans[-1] if lends() else None
-            if pending:  # sent, its reply not read: the takeover races with its step
+            if pending == "sent":  # its reply not read: the takeover races with its step
                 await old.send_text('{"type":"step","id":3,"data":{"message":"three"}}')
+            elif pending == "running":  # the takeover comes mid-step: the reply must go to the new connection
+                await old.send_text('{"type":"step","id":3,"data":{"message":"three","block":true}}')
+                await anyio.to_thread.run_sync(PlainEnv.entered.wait, WAIT)
             async with resumable_ws(server.ws_url, token) as new:
                 session = await new.receive_json()
                 assert session["type"] == "session"
                 if old_loan is not None:  # taken from the old connection's thread before anything is sent
                     assert old_loan.stopped
                 last = session["data"]["last_request_id"]
-                replayed = await new.receive_json()
-                assert replayed["id"] == last
-                if pending and last == 2:  # the step arrived after the takeover: sent again
+                replayed = await new.receive_json()  # the last reply
+                if pending == "running":
+                    assert (last, replayed["id"]) == (3, 2)
+                    PlainEnv.gate.set()
+                    replayed = await new.receive_json()
+                elif pending == "sent" and last == 3 and replayed["id"] == 2:  # taken over mid-step
+                    replayed = await new.receive_json()
+                elif pending == "sent" and last == 2:  # the step arrived after the takeover: sent again
+                    assert replayed["id"] == 2
                     replayed = await step(new, "three", 3)
+                else:
+                    assert replayed["id"] == last
                 if pending:
                     assert (replayed["id"], replayed["data"]["observation"]["echoed"]) == (3, "three")
                     # Sent again anyway: answered from the kept reply, not run again.
