@@ -11,6 +11,7 @@ every test must pass the same.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -23,6 +24,7 @@ import anyio.abc
 import pytest
 from websockets.frames import Frame, Opcode
 
+import transports.runner
 from openenv import Action, Observation, State
 from openenv.server import Environment
 from tests.helpers import wait_until
@@ -657,6 +659,34 @@ async def test_pipelined_requests_are_all_answered_in_order(loans: list[SocketLo
                 else:
                     assert reply["data"]["observation"]["echoed"] == f"m{index}"
             check_lent(loans)
+            await ws.close()
+
+
+@pytest.mark.anyio
+async def test_requests_after_a_ping_in_the_same_write_are_all_answered(
+    loans: list[SocketLoan], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No keepalive within the test's bound: a request left waiting behind a loan would stall the test.
+    monkeypatch.setattr(transports.runner, "_WS_PING_INTERVAL", 10 * WAIT)
+    with anyio.fail_after(WAIT):
+        async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
+            await ws.request('{"type":"reset"}')
+            for round_ in range(3):
+                await lent_now(loans)
+                ws._protocol.send_text(b'{"type":"step","data":{"message":"a"}}')
+                ws._protocol.send_ping(b"between")
+                for message in ("b", "c"):
+                    ws._protocol.send_text(f'{{"type":"step","data":{{"message":"{message}"}}}}'.encode())
+                ws._protocol.send_text(b'{"type":"state"}')
+                await ws._stream.send(b"".join(ws._protocol.data_to_send()))  # one write
+                frames: list[Frame] = []
+                while len([frame for frame in frames if frame.opcode is Opcode.TEXT]) < 4:
+                    frames.append(await next_frame(ws))
+                assert [frame.data for frame in frames if frame.opcode is Opcode.PONG] == [b"between"]
+                replies = [json.loads(bytes(frame.data)) for frame in frames if frame.opcode is Opcode.TEXT]
+                assert [reply["data"]["observation"]["echoed"] for reply in replies[:3]] == ["a", "b", "c"]
+                assert replies[3]["data"]["step_count"] == 3 * (round_ + 1)
+            check_lent(loans, at_least=3)
             await ws.close()
 
 
