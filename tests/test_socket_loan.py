@@ -344,6 +344,76 @@ def test_on_sent_sees_each_reply_under_the_loans_lock(lent: Callable[..., Lent])
     assert sent == [(b"re:a", True), (b"re:b", True)]
 
 
+def test_a_long_request_hands_the_rest_of_the_connection_back_at_once(lent: Callable[..., Lent]) -> None:
+    pair = lent()
+    stepping, may_finish = threading.Event(), threading.Event()
+    after = client_frame(b"after") + client_frame(b"and more")
+
+    def on_frame(is_text: bool, payload: bytes) -> bytes | None:
+        if not pair.loan.begin():
+            return None
+        stepping.set()
+        assert may_finish.wait(WAIT)
+        return echo(is_text, payload)
+
+    pair.client.sendall(client_frame(b"slow") + after)
+    pair.start(on_frame)
+    assert stepping.wait(WAIT)
+    assert not pair.loan.release_if_running(10 * WAIT)  # not running that long yet
+    assert pair.loan.release_if_running(0.0)
+    assert pair.given_back == [after]  # at once, while the request still runs
+    assert pair.loan.stopped
+    assert not pair.loan.release_if_running(0.0)
+    may_finish.set()
+    assert pair.returned() == b"re:slow"  # for the event loop to send
+    pair.loan.end()
+    assert pair.given_back == [after]  # given back once
+    assert nothing_to_read(pair.client)
+
+
+def test_a_loan_answering_nothing_is_not_released(lent: Callable[..., Lent]) -> None:
+    pair = lent()
+    waiting = threading.Event()
+
+    def on_idle() -> bool:
+        waiting.set()
+        return True
+
+    def on_frame(is_text: bool, payload: bytes) -> bytes | None:
+        return echo(is_text, payload) if pair.loan.begin() else None
+
+    pair.start(on_frame, on_idle)
+    assert waiting.wait(WAIT)
+    assert not pair.loan.release_if_running(0.0)  # waiting for the client
+    pair.client.sendall(client_frame(b"one"))
+    assert receive_frame(pair.client)[1] == b"re:one"
+    assert not pair.loan.release_if_running(0.0)  # answered: running no more
+    assert not pair.loan.stopped
+    pair.client.shutdown(socket.SHUT_WR)
+    assert pair.returned() is None
+    assert pair.given_back_at_end() == b""
+
+
+def test_a_request_begun_after_stop_goes_back_unanswered(lent: Callable[..., Lent]) -> None:
+    pair = lent()
+    read, may_begin = threading.Event(), threading.Event()
+    frames = client_frame(b"late") + client_frame(b"later")
+
+    def on_frame(is_text: bool, payload: bytes) -> bytes | None:
+        read.set()
+        assert may_begin.wait(WAIT)
+        return echo(is_text, payload) if pair.loan.begin() else None
+
+    pair.client.sendall(frames)
+    pair.start(on_frame)
+    assert read.wait(WAIT)
+    pair.loan.stop()
+    may_begin.set()
+    assert pair.returned() is None
+    assert pair.given_back_at_end() == frames
+    assert nothing_to_read(pair.client)
+
+
 @pytest.mark.parametrize("finish", ["stop", "end"])
 def test_the_rest_of_a_reply_not_written_whole_is_written_back_first(lent: Callable[..., Lent], finish: str) -> None:
     pair = lent()
@@ -706,6 +776,12 @@ async def test_a_slow_step_in_one_session_does_not_stall_another(loans: list[Soc
             await lent_now(loans, count=2)  # the slow session's loan is the first
             for index in range(10):
                 assert (await step(quick, f"q{index}"))["data"]["observation"]["echoed"] == f"q{index}"
+            if lends():  # a step that keeps the thread long gives the connection back: pings are answered
+                await wait_until(lambda: loans[0].stopped, "the slow session's loan is released")
+                slow._protocol.send_ping(b"still there?")
+                await slow._flush()
+                pong = await next_frame(slow)
+                assert (pong.opcode, pong.data) == (Opcode.PONG, b"still there?")
             PlainEnv.gate.set()
             assert (await slow.receive_json())["data"]["observation"]["echoed"] == "blocked"
             assert (await step(slow, "last"))["data"]["observation"]["echoed"] == "last"
