@@ -70,6 +70,13 @@ class _Call:
         self.completed = False
         self.waiter: anyio.Event | None = None
 
+    def outcome(self) -> Any:
+        """What the function returned, or raise what it raised."""
+        if self.error is not None:
+            error, self.error = self.error, None  # no cycle through the traceback
+            raise error
+        return self.result
+
 
 class SessionWorker:
     """Runs one session's plain calls on one dedicated thread, in order.
@@ -131,10 +138,7 @@ class SessionWorker:
         if not (self._quick and call.finished.acquire(timeout=INLINE_WAIT)):
             await _wait_for(call)
         self._quick = call.ran_for < INLINE_WAIT
-        if call.error is not None:
-            error, call.error = call.error, None  # no cycle through the traceback
-            raise error
-        return call.result
+        return call.outcome()
 
     async def run_until_stopped(self, function: Callable[[], Any], stop: Callable[[], object]) -> Any:
         """Run a long call on the session's thread, one that ends when ``stop`` is called.
@@ -161,10 +165,7 @@ class SessionWorker:
         call = _Call(function, (), {})
         calls.put(call)
         await _wait_for(call, on_cancel=stop)
-        if call.error is not None:
-            error, call.error = call.error, None  # no cycle through the traceback
-            raise error
-        return call.result
+        return call.outcome()
 
     def serving(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """Wrap a coroutine function so that `run_on_session_thread` calls made inside it use this worker.
