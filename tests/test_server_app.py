@@ -120,6 +120,22 @@ class RawWebSocket:
             await self._flush()  # pongs
             self._frames.extend(self._protocol.events_received())
 
+    async def ping(self, payload: bytes = b"ping") -> None:
+        """Ping the server and wait for the pong; data frames that come meanwhile stay for `receive`."""
+        self._protocol.send_ping(payload)
+        await self._flush()
+        while True:
+            for index, frame in enumerate(self._frames):
+                if frame.opcode is Opcode.PONG and bytes(frame.data) == payload:
+                    del self._frames[index]
+                    return
+            try:
+                data = await self._stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise WebSocketClosed(None, "connection lost") from None
+            self._protocol.receive_data(data)
+            self._frames.extend(self._protocol.events_received())
+
     async def receive_json(self) -> Any:
         frame = await self.receive()
         assert isinstance(frame, str), f"expected a text frame, got {frame!r}"
