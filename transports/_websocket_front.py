@@ -17,12 +17,13 @@ the app (pongs, close replies): they are written before anything more is read.
 
 The app's own ``receive`` reads the socket: no task stands between a message
 and the app. While the app is elsewhere (a step running), nothing would read,
-and a client's keepalive ping would go unanswered until the step ended; so
-once the app has been away from ``receive`` for `AWAY_BEFORE_READING` seconds,
-a task of the connection reads for it: it answers pings and closes, and queues
-messages until `QUEUED_MESSAGES` wait. The app's next ``receive`` that must
-read stops that task's read first (a read not yet returned is cancelled: trio's
-reads lose nothing when cancelled), so one reader reads at a time.
+and a client's keepalive ping would go unanswered until the step ended; so a
+task beside the app looks every `AWAY_BEFORE_READING` seconds, and once the
+app has stayed away from ``receive`` since its last look, reads for it: it
+answers pings and closes, and queues messages until `QUEUED_MESSAGES` wait.
+The app's next ``receive`` that must read stops that read first (a wait for
+bytes is cancelled: trio's reads lose nothing when cancelled), so one reader
+reads at a time.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ HEAD_LIMIT = 16 * 1024
 """The most bytes a request head may take before it is handed on as it is (hypercorn refuses it)."""
 
 AWAY_BEFORE_READING = 1.0
-"""Seconds the app may stay away from ``receive`` before the connection reads for it (answering pings)."""
+"""Seconds (up to twice that) the app may stay away from ``receive`` before the connection reads for it."""
 
 QUEUED_MESSAGES = 2
 """Messages read for an app that is away after which reading stops until it takes them (as uvicorn's)."""
@@ -210,22 +211,20 @@ class _Connection:
             self.receives += 1
 
     async def read_while_app_is_away(self) -> None:
-        """Run beside the app: read for it whenever it stays away from ``receive`` (cancel it once the app is done).
+        """Run beside the app: read for it whenever it stays away from ``receive``; ends with the connection.
 
         Every `AWAY_BEFORE_READING` seconds it looks: an app that has not been in
-        ``receive`` since the last look gets the socket read for it.
+        ``receive`` since the last look gets the socket read for it. Cancel it
+        once the app has returned (`finish` stops a read in progress first).
         """
         seen = self.receives
-        while True:
+        while not self.app_done and not self.ended:
             await anyio.sleep(AWAY_BEFORE_READING)
             if self.in_receive or self.receives != seen:
                 seen = self.receives
-                continue
-            if self.app_done or self.ended:
-                return
-            if self.accepted:  # before the handshake's answer there are no messages to read
+            elif self.accepted:  # before the handshake's answer there are no messages to read
                 await self._read_for_app()
-            seen = self.receives
+                seen = self.receives
 
     async def _read_for_app(self) -> None:
         """Read, answer, queue: until `QUEUED_MESSAGES` wait, the connection ends, or the app reads itself."""
