@@ -13,6 +13,7 @@ import base64
 import logging
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -26,6 +27,7 @@ from websockets.uri import parse_uri
 
 import openenv
 from openenv import EnvClient, State
+from openenv.server import Environment
 from tests.test_server_app import (
     MessageAction,
     MessageObservation,
@@ -531,6 +533,70 @@ async def test_a_ping_flood_from_a_client_that_never_reads_is_held_back(server_n
                     stalled = scope.cancelled_caught
                 assert stalled, f"{sent} bytes of pings were read without backpressure"
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+
+
+# -- a ping while a step runs -------------------------------------------------------------
+
+
+class BlockingPlainEnv(Environment[MessageAction, MessageObservation, State]):
+    """An echo environment of plain methods whose ``step`` blocks its thread until the test opens the gate."""
+
+    entered: ClassVar[threading.Event] = threading.Event()
+    gate: ClassVar[threading.Event] = threading.Event()
+
+    def reset(self, **kwargs: Any) -> MessageObservation:
+        return MessageObservation()
+
+    def step(self, action: MessageAction) -> MessageObservation:
+        if action.message == "block":
+            BlockingPlainEnv.entered.set()
+            BlockingPlainEnv.gate.wait(LIMIT)  # bounded: a test that fails still lets the thread go
+        return MessageObservation(echoed_message=action.message)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+class BlockingAsyncEnv(WireEchoEnv):
+    """The echo environment whose ``step``, a coroutine, awaits the test's gate (set per test: events of its loop)."""
+
+    entered: ClassVar[anyio.Event]
+    gate: ClassVar[anyio.Event]
+
+    async def step(self, action: MessageAction) -> MessageObservation:
+        if action.message == "block":
+            BlockingAsyncEnv.entered.set()
+            await BlockingAsyncEnv.gate.wait()
+        return MessageObservation(echoed_message=action.message)
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-step", "async-step"])
+async def test_a_ping_is_answered_while_a_long_step_runs(server_name: ServerName, plain: bool) -> None:
+    """A client's keepalive ping gets its pong before the step ends, or a long step would cost the connection."""
+    BlockingPlainEnv.entered.clear()
+    BlockingPlainEnv.gate.clear()
+    BlockingAsyncEnv.entered, BlockingAsyncEnv.gate = anyio.Event(), anyio.Event()
+    factory = BlockingPlainEnv if plain else BlockingAsyncEnv
+    try:
+        with anyio.fail_after(LIMIT):
+            async with serving(server_name, factory) as server, RawWebSocket.connect(server.ws_url) as ws:
+                assert (await ws.request('{"type":"reset"}'))["type"] == "observation"
+                await ws.send_text('{"type":"step","data":{"message":"block"}}')
+                if plain:
+                    await anyio.to_thread.run_sync(BlockingPlainEnv.entered.wait, LIMIT)
+                else:
+                    await BlockingAsyncEnv.entered.wait()
+                await ws.ping(b"while stepping")
+                BlockingPlainEnv.gate.set()
+                BlockingAsyncEnv.gate.set()
+                assert (await ws.receive_json())["data"]["observation"]["echoed_message"] == "block"
+                reply = await ws.request('{"type":"step","data":{"message":"after"}}')
+                assert reply["data"]["observation"]["echoed_message"] == "after"
+                await ws.ping(b"after")
+                await ws.close()
+    finally:
+        BlockingPlainEnv.gate.set()
 
 
 # -- defect 7: connections that never finish their request headers ----------------------

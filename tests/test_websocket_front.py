@@ -8,6 +8,7 @@ handshake; bad UTF-8 is a hostile-client test). The server runs on trio only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 
 from tests.test_server_app import RawWebSocket, WebSocketClosed, WireEchoEnv
+from transports import _websocket_front as front
 from transports._websocket_front import HEAD_LIMIT, is_websocket_upgrade
 from transports.runner import RunningServer, serve
 
@@ -212,3 +214,127 @@ async def test_an_app_that_only_sends_still_lets_other_tasks_run() -> None:
             with pytest.raises(WebSocketClosed):
                 await ws.receive()
     assert endpoint.others_ran_during_the_burst is True
+
+
+# -- reading for an app that is away from receive (a step running) -----------------------
+
+
+@pytest.fixture
+def soon_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection reads for an app away from ``receive`` after a hundredth of a second, not a whole one."""
+    monkeypatch.setattr(front, "AWAY_BEFORE_READING", 0.01)
+
+
+class _AwayThenEcho:
+    """An ASGI WebSocket endpoint that accepts, stays away from ``receive`` until ``back`` is set, then echoes.
+
+    It notes the messages it gets and the close code that ends the connection; with ``leave``, it
+    returns once back instead of echoing.
+    """
+
+    def __init__(self, *, leave: bool = False) -> None:
+        self.back = anyio.Event()
+        self.leave = leave
+        self.received: list[str] = []
+        self.codes: list[int] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await self.back.wait()
+        if self.leave:
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                self.codes.append(message["code"])
+                return
+            self.received.append(message["text"])
+            with contextlib.suppress(OSError):  # the client may have closed meanwhile
+                await send({"type": "websocket.send", "text": message["text"]})
+
+
+@asynccontextmanager
+async def _away(endpoint: _AwayThenEcho, **options: Any) -> AsyncIterator[RawWebSocket]:
+    app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
+    async with serve(app, server="hypercorn+websockets", **options) as server:
+        try:
+            async with RawWebSocket.connect(server.ws_url) as ws:
+                yield ws
+        finally:
+            endpoint.back.set()  # however the test ends, the app comes back and the server can stop
+
+
+async def test_the_app_away_has_its_pings_answered_and_gets_every_message_after(soon_away: None) -> None:
+    endpoint = _AwayThenEcho()
+    with anyio.fail_after(LIMIT):
+        async with _away(endpoint) as ws:
+            await ws.send_text("one")
+            await ws.ping(b"first")  # read for the app, which is away: "one" waits for it
+            await ws.ping(b"second")
+            endpoint.back.set()
+            assert await ws.receive() == "one"
+            # The app reads for itself again: the read made for it while it was away gave way.
+            await ws.send_text("two")
+            assert await ws.receive() == "two"
+            await ws.ping(b"third")
+            await ws.close(4000)
+    assert endpoint.received == ["one", "two"]
+    assert endpoint.codes == [4000]
+
+
+async def test_a_close_while_the_app_is_away_is_answered_and_reaches_the_app(soon_away: None) -> None:
+    endpoint = _AwayThenEcho()
+    with anyio.fail_after(LIMIT):
+        async with _away(endpoint) as ws:
+            await ws.send_text("before closing")
+            ws._protocol.send_close(4001, "bye")
+            await ws._flush()
+            # The server's half of the closing handshake comes while the app is still away.
+            assert (await ws.expect_close()).code == 4001
+            endpoint.back.set()
+    assert endpoint.received == ["before closing"]
+    assert endpoint.codes == [4001]
+
+
+async def test_a_message_too_large_while_the_app_is_away_ends_the_connection_with_1009(soon_away: None) -> None:
+    endpoint = _AwayThenEcho()
+    with anyio.fail_after(LIMIT):
+        async with _away(endpoint, max_message_size=1024) as ws:
+            await ws.ping(b"reading")
+            await ws.send_text("x" * 2048)
+            assert (await ws.expect_close()).code == 1009
+
+
+async def test_the_app_returning_while_read_for_ends_the_read_and_the_connection(soon_away: None) -> None:
+    endpoint = _AwayThenEcho(leave=True)
+    with anyio.fail_after(LIMIT):
+        async with _away(endpoint) as ws:
+            await ws.ping()  # a read for the app now waits for more bytes
+            endpoint.back.set()
+            assert (await ws.expect_close()).code == 1000
+
+
+@pytest.mark.parametrize("flood", ["messages", "pings"])
+async def test_reading_for_an_app_away_is_bounded(soon_away: None, flood: str) -> None:
+    """Messages wait for the app up to a bound, pongs are written before more is read: a flooder is held back."""
+    limit = 64 * 1024 * 1024  # far beyond what the socket buffers on the way hold
+    endpoint = _AwayThenEcho()
+    with anyio.fail_after(LIMIT):
+        async with _away(endpoint) as ws:
+            await ws.ping()  # the connection reads for the app: it is away
+            protocol = ws._protocol
+            for _ in range(1000):
+                if flood == "messages":
+                    protocol.send_text(b"m" * 1000)
+                else:
+                    protocol.send_ping(b"p" * 125)
+            chunk = b"".join(protocol.data_to_send())
+            sent = 0
+            stalled = False
+            while sent < limit and not stalled:
+                with anyio.move_on_after(2) as scope:  # a send that makes no progress: held back
+                    await ws._stream.send(chunk)
+                    sent += len(chunk)
+                stalled = scope.cancelled_caught
+            assert stalled, f"{sent} bytes of {flood} were read for an app away without backpressure"

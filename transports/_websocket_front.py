@@ -14,6 +14,16 @@ bounds is bounded here too: the request head (`HEAD_LIMIT` bytes, within the
 configured keep-alive timeout, else the connection is closed), the size of a
 message (close code 1009), and what a client makes the server write without
 the app (pongs, close replies): they are written before anything more is read.
+
+The app's own ``receive`` reads the socket: no task stands between a message
+and the app. While the app is elsewhere (a step running), nothing would read,
+and a client's keepalive ping would go unanswered until the step ended; so a
+task beside the app looks every `AWAY_BEFORE_READING` seconds, and once the
+app has stayed away from ``receive`` since its last look, reads for it: it
+answers pings and closes, and queues messages until `QUEUED_MESSAGES` wait.
+The app's next ``receive`` that must read stops that read first (a wait for
+bytes is cancelled: trio's reads lose nothing when cancelled), so one reader
+reads at a time.
 """
 
 from __future__ import annotations
@@ -33,12 +43,27 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-__all__ = ["HEAD_LIMIT", "ClientDisconnected", "ReplayedStream", "is_websocket_upgrade", "read_head", "serve_websocket"]
+__all__ = [
+    "AWAY_BEFORE_READING",
+    "HEAD_LIMIT",
+    "QUEUED_MESSAGES",
+    "ClientDisconnected",
+    "ReplayedStream",
+    "is_websocket_upgrade",
+    "read_head",
+    "serve_websocket",
+]
 
 logger = logging.getLogger("openenv.server")
 
 HEAD_LIMIT = 16 * 1024
 """The most bytes a request head may take before it is handed on as it is (hypercorn refuses it)."""
+
+AWAY_BEFORE_READING = 1.0
+"""Seconds (up to twice that) the app may stay away from ``receive`` before the connection reads for it."""
+
+QUEUED_MESSAGES = 2
+"""Messages read for an app that is away after which reading stops until it takes them (as uvicorn's)."""
 
 _READ_SIZE = 64 * 1024
 # Seconds a closing connection waits for the client's close frame, then its end of the socket.
@@ -160,17 +185,81 @@ class _Connection:
         self.response_body = bytearray()
         self.send_lock = anyio.Lock(fast_acquire=True)
         self.unyielded_writes = 0
+        self.in_receive = False  # the app is in receive: it reads for itself
+        self.receives = 0  # receive calls ended: the app came back since the watcher last looked
+        self.app_done = False  # the app has returned: nothing more is read for it
+        self.reading_for_app: anyio.Event | None = None  # set when the read for an away app stops
+        self.read_for_app_wait: anyio.CancelScope | None = None  # that read's wait for bytes
 
     async def receive(self) -> dict[str, Any]:
         """The app's next ASGI message: connect first, then the client's messages, then disconnect."""
         if not self.connect_sent:
             self.connect_sent = True
             return {"type": "websocket.connect"}
-        while not self.incoming:
-            if self.ended:
-                return {"type": "websocket.disconnect", "code": self._close_code()}
-            await self._read()
-        return self.incoming.popleft()
+        self.in_receive = True
+        try:
+            while not self.incoming:
+                if self.ended:
+                    return {"type": "websocket.disconnect", "code": self._close_code()}
+                if self.reading_for_app is not None:
+                    await self._stop_reading_for_app()
+                else:
+                    await self._read()
+            return self.incoming.popleft()
+        finally:
+            self.in_receive = False
+            self.receives += 1
+
+    async def read_while_app_is_away(self) -> None:
+        """Run beside the app: read for it whenever it stays away from ``receive``; ends with the connection.
+
+        Every `AWAY_BEFORE_READING` seconds it looks: an app that has not been in
+        ``receive`` since the last look gets the socket read for it. Cancel it
+        once the app has returned (`finish` stops a read in progress first).
+        """
+        seen = self.receives
+        while not self.app_done and not self.ended:
+            await anyio.sleep(AWAY_BEFORE_READING)
+            if self.in_receive or self.receives != seen:
+                seen = self.receives
+            elif self.accepted:  # before the handshake's answer there are no messages to read
+                await self._read_for_app()
+                seen = self.receives
+
+    async def _read_for_app(self) -> None:
+        """Read, answer, queue: until `QUEUED_MESSAGES` wait, the connection ends, or the app reads itself."""
+        self.reading_for_app = stopped = anyio.Event()
+        try:
+            while len(self.incoming) < QUEUED_MESSAGES and not self.ended and not self.in_receive and not self.app_done:
+                with anyio.CancelScope() as wait:
+                    self.read_for_app_wait = wait
+                    try:
+                        data = await self.stream.receive_some(_READ_SIZE)
+                    except Exception:  # as in _read: the socket broke or was closed
+                        data = b""
+                self.read_for_app_wait = None
+                if wait.cancelled_caught:
+                    return
+                self._take(data)
+                try:
+                    await self._flush()
+                except ClientDisconnected:
+                    return
+                if self.protocol.state is not State.OPEN:
+                    self.ended = True
+        finally:
+            self.read_for_app_wait = None
+            self.reading_for_app = None
+            stopped.set()
+
+    async def _stop_reading_for_app(self) -> None:
+        """Stop the read for an away app: its wait for bytes at once, what it read once answered."""
+        stopped = self.reading_for_app
+        if stopped is None:
+            return
+        if self.read_for_app_wait is not None:
+            self.read_for_app_wait.cancel()
+        await stopped.wait()
 
     def _close_code(self) -> int:
         code = self.protocol.close_rcvd.code if self.protocol.close_rcvd is not None else None
@@ -183,6 +272,13 @@ class _Connection:
         except Exception:  # trio's BrokenResourceError or ClosedResourceError, a reset
             data = b""
         self.unyielded_writes = 0  # a read yields, whether it waited or not
+        self._take(data)
+        await self._flush()
+        if self.protocol.state is not State.OPEN:
+            self.ended = True
+
+    def _take(self, data: bytes | bytearray) -> None:
+        """Feed what was read (``b""``: the end) to the protocol; queue the messages it completes."""
         if data:
             self.protocol.receive_data(data)
         else:
@@ -201,9 +297,6 @@ class _Connection:
             if event.fin:
                 self._queue_message(b"".join(self.fragments) if len(self.fragments) > 1 else self.fragments[0])
                 self.fragments = []
-        await self._flush()
-        if self.protocol.state is not State.OPEN:
-            self.ended = True
 
     def _queue_message(self, payload: bytes) -> None:
         if not self.fragment_text:
@@ -339,7 +432,9 @@ class _Connection:
             code: The close code, if the app left the connection open.
         """
         protocol = self.protocol
+        self.app_done = True
         try:
+            await self._stop_reading_for_app()
             with contextlib.suppress(ClientDisconnected):
                 if protocol.state is State.OPEN:
                     protocol.send_close(code)
@@ -412,13 +507,17 @@ async def serve_websocket(
         "extensions": {"websocket.http.response": {}},
     }
     code = _NORMAL_CLOSURE
-    try:
-        await app(scope, connection.receive, connection.send)
-    except Exception:  # the app's failure ends its connection, never the server
-        logger.exception("error in the ASGI app serving a WebSocket connection")
-        code = _INTERNAL_ERROR
-    finally:
+    async with anyio.create_task_group() as beside_the_app:
+        beside_the_app.start_soon(connection.read_while_app_is_away)
         try:
-            await connection.finish(code)
-        except Exception:
-            logger.exception("error closing a WebSocket connection")
+            await app(scope, connection.receive, connection.send)
+        except Exception:  # the app's failure ends its connection, never the server
+            logger.exception("error in the ASGI app serving a WebSocket connection")
+            code = _INTERNAL_ERROR
+        finally:
+            try:
+                await connection.finish(code)  # stops any read for the app first
+            except Exception:
+                logger.exception("error closing a WebSocket connection")
+            finally:
+                beside_the_app.cancel_scope.cancel()
