@@ -130,11 +130,7 @@ class SessionWorker:
             RuntimeError: The worker is closed.
             BaseException: Whatever ``function`` raised.
         """
-        if self._closed:
-            raise RuntimeError("the session's worker is closed")
-        calls = self._calls if self._calls is not None else self._start()
-        call = _Call(function, args, kwargs)
-        calls.put(call)
+        call = self._queue(function, args, kwargs)
         if not (self._quick and call.finished.acquire(timeout=INLINE_WAIT)):
             await _wait_for(call)
         self._quick = call.ran_for < INLINE_WAIT
@@ -159,13 +155,18 @@ class SessionWorker:
             RuntimeError: The worker is closed.
             BaseException: Whatever ``function`` raised.
         """
+        call = self._queue(function, (), {})
+        await _wait_for(call, on_cancel=stop)
+        return call.outcome()
+
+    def _queue(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """Hand a call to the thread (started by the first one); raise if the worker is closed."""
         if self._closed:
             raise RuntimeError("the session's worker is closed")
         calls = self._calls if self._calls is not None else self._start()
-        call = _Call(function, (), {})
+        call = _Call(function, args, kwargs)
         calls.put(call)
-        await _wait_for(call, on_cancel=stop)
-        return call.outcome()
+        return call
 
     def serving(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """Wrap a coroutine function so that `run_on_session_thread` calls made inside it use this worker.

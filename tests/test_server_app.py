@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any, ClassVar
 
@@ -97,6 +97,23 @@ class RawWebSocket:
     async def send_bytes(self, data: bytes) -> None:
         self._protocol.send_binary(data)
         await self._flush()
+
+    async def flood(self, frames: Callable[[ClientProtocol], object], limit: int) -> int:
+        """Send what ``frames`` queues on the protocol, over and over, until a send stalls; the bytes sent.
+
+        A send that makes no progress for 2 s counts as held back (the server
+        stopped reading); past ``limit`` bytes sent, the flood stops anyway.
+        """
+        frames(self._protocol)
+        chunk = b"".join(self._protocol.data_to_send())
+        sent = 0
+        while sent < limit:
+            with anyio.move_on_after(2) as scope:
+                await self._stream.send(chunk)
+                sent += len(chunk)
+            if scope.cancelled_caught:
+                return sent
+        raise AssertionError(f"{sent} bytes were read without backpressure")
 
     async def receive(self) -> str | bytes:
         """The next data frame; raises `WebSocketClosed` once the server has closed."""
