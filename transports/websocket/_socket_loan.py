@@ -101,7 +101,9 @@ class SocketLoan:
         self._given_back = False
         self._ended = False
         self._unread = b""  # what the thread read and left, from the first frame it did not answer
-        self._rest = b""  # what it read after the frame it is answering now
+        # The read in hand and where the frame being answered ends in it: the rest is what it read after that frame.
+        self._read: bytes = b""
+        self._read_after = 0
         self._running_since: float | None = None
         self._unwritten = b""
         self._wake_read, self._wake_write = _wake_up_descriptors()
@@ -152,16 +154,19 @@ class SocketLoan:
                     return None  # the protocol reads the error again, and reports it
             if not data:
                 return None  # the end of the stream: the protocol reads it again
+            self._read = data
             position = 0
             while position < len(data):
                 frame = next_data_frame(data, position, self._max_size, masked=True)
-                if frame is not None:
-                    self._rest = data[frame[2] :]
-                reply = None if frame is None else on_frame(frame[0], frame[1])
-                if frame is None or reply is None:
+                if frame is None:
+                    self._unread = data[position:]
+                    return None
+                is_text, payload, self._read_after = frame
+                reply = on_frame(is_text, payload)
+                if reply is None:
                     self._unread = data[position:]  # not begun: nothing was given back early
                     return None
-                is_text, _, position = frame
+                position = self._read_after
                 outcome = self._write(server_data_frame(reply, text=is_text), reply, on_sent)
                 if outcome != _WRITTEN:
                     if not self._given_back:
@@ -219,7 +224,7 @@ class SocketLoan:
                 return False
             self._stopped = True
             self._given_back = True
-            rest, self._rest = self._rest, b""
+            rest = self._read[self._read_after :]
         self._give_back(rest)
         return True
 
