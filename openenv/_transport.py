@@ -23,14 +23,27 @@ class Transport(ABC):
     - ``async with transport:`` connects (`__aenter__`) and closes (`__aexit__`,
       which calls `aclose`). Failing to connect raises `ConnectError`. Entering
       and leaving may happen in different tasks and under different cancel scopes
-      (a client connected in one task is closed from another), so a transport
-      runs its background tasks (a reader that answers pings, say) with
-      `openenv.channel.start_background`, never in a task group it keeps open.
+      (a client connected in one task is closed from another).
+    - **A transport starts no task of its own.** Its I/O is done by the calls
+      made on it: `receive` reads (the first of several callers waiting may read
+      for all of them), `send` and `aclose` write. Work that must go on while
+      nobody calls (answering a server's pings, pinging a quiet server, noticing
+      a dropped connection) is `keep`, which the transport's *owner* runs in a
+      task of its own, in a task group the owner holds: the client entered with
+      ``async with``, an `EnvPool`, the blocking facades. A transport works
+      without it: a client opened with ``await client.connect()`` has no owner,
+      and its idle work waits for its next call.
     - `send` hands one whole frame to the channel. It either sends it whole or
       fails; if it is interrupted part-way, the channel is broken and later calls
-      raise `ConnectionClosed`.
+      raise `ConnectionClosed` (unless the transport resumes the channel: then
+      the frame is sent again). A transport that carries many sessions may hold
+      a frame until the next `receive` or `aclose` of any of them, so that the
+      frames of one turn of the event loop travel together.
     - `receive` returns the next frame from the server. When the peer closes the
       channel, or the network breaks it, it raises `ConnectionClosed`.
+    - `keep` does the transport's idle work until the channel is closed (or
+      returns at once if it has none; the default). Its owner cancels it before
+      leaving the task group it runs in.
     - `aclose` closes the channel; it is idempotent and never raises for an
       already-broken channel. After it, `send` and `receive` raise `ConnectionClosed`.
 
@@ -61,7 +74,7 @@ class Transport(ABC):
                 return self
 
             async def __aexit__(self, *exc_info: object) -> None:
-                await self.inner.__aexit__(None, None, None)  # stops the inner one's tasks too
+                await self.inner.__aexit__(None, None, None)
 
             async def send(self, frame: bytes) -> None:
                 await self.inner.send(frame)
@@ -71,6 +84,9 @@ class Transport(ABC):
                 frame = await self.inner.receive()
                 self.frames += 1
                 return frame
+
+            async def keep(self) -> None:
+                await self.inner.keep()  # the inner one's idle work, run by the client's owner
 
             async def aclose(self) -> None:
                 await self.inner.aclose()
@@ -108,7 +124,7 @@ class Transport(ABC):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close the channel (see `aclose`); a transport with background tasks also stops them here.
+        """Close the channel (see `aclose`).
 
         Args:
             exc_type: The type of the exception that ended the block, if any.
@@ -141,6 +157,16 @@ class Transport(ABC):
             ConnectionClosed: The peer closed the channel, or it broke, or
                 `aclose` was called.
             ProtocolError: The peer sent something that is not a frame.
+        """
+
+    async def keep(self) -> None:  # noqa: B027 - optional: most transports have no idle work
+        """Do the channel's idle work until it is closed; the default has none and returns at once.
+
+        The transport's owner runs it in a task of its own from connect to
+        close and cancels it when done. It must never raise: what goes wrong
+        is reported to the next `send` or `receive`. A transport's idle work is
+        what must happen while nobody calls: answering the server's pings,
+        pinging a quiet server, noticing and resuming a dropped connection.
         """
 
     @abstractmethod

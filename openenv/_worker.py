@@ -28,6 +28,7 @@ public way to make a thread of one's own find the event loop by itself.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import queue
@@ -42,21 +43,40 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-__all__ = ["INLINE_WAIT", "SessionWorker", "run_on_session_thread"]
+__all__ = ["INLINE_WAIT", "Call", "CallBatch", "SessionWorker", "run_on_session_thread", "wait_for"]
 
 INLINE_WAIT = 200e-6
 """Seconds the event loop may wait, blocked, for a call it expects to be quick."""
 
 
-class _Call:
+class Call:
     """One call handed to the thread, and what came of it."""
 
-    __slots__ = ("args", "completed", "error", "finished", "function", "guard", "kwargs", "ran_for", "result", "waiter")
+    __slots__ = (
+        "args",
+        "batch",
+        "completed",
+        "error",
+        "finished",
+        "function",
+        "guard",
+        "kwargs",
+        "ran_for",
+        "result",
+        "waiter",
+    )
 
-    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch: CallBatch | None = None,
+    ) -> None:
         self.function = function
         self.args = args
         self.kwargs = kwargs
+        self.batch = batch
         self.result: Any = None
         self.error: BaseException | None = None
         self.ran_for = 0.0  # seconds the function took, measured on the thread
@@ -78,6 +98,66 @@ class _Call:
         return self.result
 
 
+class CallBatch:
+    """Calls handed to many sessions' threads at once, waited for together: one wake-up for them all.
+
+    Handing each call to its thread and awaiting it alone would wake the event
+    loop once per call; a batch wakes it once, when its last call finishes (or
+    `wait`'s time runs out first, so that slow calls do not hold up the quick).
+
+    Use it on the event loop that hands the calls over.
+    """
+
+    __slots__ = ("_done", "_left", "_lock", "_token", "calls")
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self._left = 0
+        self._lock = threading.Lock()
+        self._done: anyio.Event | None = None
+        self._token = anyio.lowlevel.current_token()
+
+    def _add(self, call: Call) -> None:
+        with self._lock:
+            self._left += 1
+        self.calls.append(call)
+
+    def _finished_one(self) -> None:
+        """On a session's thread: one call is over; the last one wakes the event loop if it waits."""
+        with self._lock:
+            self._left -= 1
+            done = self._done if self._left == 0 else None
+        if done is not None:
+            with contextlib.suppress(anyio.RunFinishedError):
+                anyio.from_thread.run_sync(done.set, token=self._token)
+
+    async def wait(self, seconds: float) -> None:
+        """Return once every call has finished, or after ``seconds`` (then some may still run).
+
+        Quick calls are waited for on the spot, blocking the event loop for at
+        most `INLINE_WAIT`, as `SessionWorker.run` waits for one: waking the
+        event loop from a thread costs more than most calls.
+
+        Args:
+            seconds: The most to wait.
+        """
+        deadline = time.perf_counter() + INLINE_WAIT
+        for call in self.calls:
+            if call.completed:
+                continue
+            left = deadline - time.perf_counter()
+            if left <= 0 or not call.finished.acquire(timeout=left):
+                break
+        with self._lock:
+            if self._left == 0:
+                return
+            done = self._done = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await done.wait()
+        with self._lock:
+            self._done = None
+
+
 class SessionWorker:
     """Runs one session's plain calls on one dedicated thread, in order.
 
@@ -90,7 +170,7 @@ class SessionWorker:
 
     def __init__(self, *, name: str = "openenv-session") -> None:
         self._name = name
-        self._calls: queue.SimpleQueue[_Call | None] | None = None
+        self._calls: queue.SimpleQueue[Call | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._quick = True  # whether the previous call ran within INLINE_WAIT
@@ -100,8 +180,8 @@ class SessionWorker:
         """The thread, once the first call has started it (``None`` before)."""
         return self._thread
 
-    def _start(self) -> queue.SimpleQueue[_Call | None]:
-        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+    def _start(self) -> queue.SimpleQueue[Call | None]:
+        calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         token = anyio.lowlevel.current_token()
         # A daemon: an environment stuck in a call must not keep the process alive.
         thread = threading.Thread(target=_run_calls, args=(calls, token), name=self._name, daemon=True)
@@ -159,12 +239,31 @@ class SessionWorker:
         await _wait_for(call, on_cancel=stop)
         return call.outcome()
 
-    def _queue(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    def start(self, batch: CallBatch, function: Callable[..., Any], *args: Any) -> Call:
+        """Hand ``function(*args)`` to the session's thread as part of ``batch``, without waiting.
+
+        Wait for it with ``batch.wait``, then read it with its ``outcome()`` once
+        it is ``completed`` (else await `wait_for`).
+
+        Raises:
+            RuntimeError: The worker is closed.
+        """
+        return self._queue(function, args, {}, batch)
+
+    def _queue(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch: CallBatch | None = None,
+    ) -> Call:
         """Hand a call to the thread (started by the first one); raise if the worker is closed."""
         if self._closed:
             raise RuntimeError("the session's worker is closed")
         calls = self._calls if self._calls is not None else self._start()
-        call = _Call(function, args, kwargs)
+        call = Call(function, args, kwargs, batch)
+        if batch is not None:
+            batch._add(call)
         calls.put(call)
         return call
 
@@ -229,7 +328,19 @@ async def run_on_session_thread(function: Callable[..., Any], *args: Any, **kwar
     return await worker.run(function, *args, **kwargs)
 
 
-async def _wait_for(call: _Call, *, on_cancel: Callable[[], object] | None = None) -> None:
+async def wait_for(call: Call) -> Any:
+    """Wait for a call handed over with `SessionWorker.start` (letting other tasks run); return its outcome.
+
+    A cancellation waits for the call all the same, then goes on.
+
+    Raises:
+        BaseException: Whatever the call raised.
+    """
+    await _wait_for(call)
+    return call.outcome()
+
+
+async def _wait_for(call: Call, *, on_cancel: Callable[[], object] | None = None) -> None:
     """Await ``call`` on the event loop, letting other tasks run until the thread has run it.
 
     A cancellation waits for the call all the same; with ``on_cancel``, that is
@@ -254,7 +365,7 @@ async def _wait_for(call: _Call, *, on_cancel: Callable[[], object] | None = Non
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
-def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
+def _run_calls(calls: queue.SimpleQueue[Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
     """The thread: run calls in order until the ``None`` that ends it."""
     while True:
         call = calls.get()
@@ -270,6 +381,8 @@ def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.Eve
             call.completed = True
             waiter = call.waiter
         call.finished.release()
+        if call.batch is not None:
+            call.batch._finished_one()
         if waiter is not None:
             try:
                 anyio.from_thread.run_sync(waiter.set, token=token)

@@ -29,9 +29,9 @@ from openenv.server import ServerSession, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
-from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
+from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
+from ._subprotocols import LINK_SUBPROTOCOLS, RESUME_HEADER, SPOKEN, dialect_of
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -41,6 +41,7 @@ logger = logging.getLogger("openenv.server")
 NORMAL_CLOSURE = 1000
 GOING_AWAY = 1001
 INTERNAL_ERROR = 1011
+_POLICY_VIOLATION = 1008
 
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
@@ -67,7 +68,7 @@ def select_subprotocol(offered: Iterable[str]) -> str | None:
         The first of them that this server speaks, or ``None`` (plain OpenEnv).
     """
     for name in offered:
-        if name in SUBPROTOCOLS or name in RESUMABLE_SUBPROTOCOLS:
+        if name in SPOKEN:
             return name
     return None
 
@@ -122,7 +123,7 @@ class WebSocketEndpoint:
             `openenv.server.ServerSession`).
         resume_timeout: Seconds a resumable session (one whose client offered
             a resumable subprotocol) waits for its client to come back after
-            its connection drops; see `transports.websocket._resume`.
+            its connection drops; see `transports.websocket._link_server`.
     """
 
     def __init__(
@@ -137,7 +138,7 @@ class WebSocketEndpoint:
         self.registry = registry
         self.error_details = error_details
         self.resume_timeout = resume_timeout
-        self._resumable: dict[str, ResumableLink] = {}
+        self._links: dict[str, ServerLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket connection (the ASGI entry point).
@@ -156,25 +157,37 @@ class WebSocketEndpoint:
         if message["type"] != "websocket.connect":
             return
         subprotocol = select_subprotocol(scope.get("subprotocols") or ())
-        resumable = subprotocol is not None and subprotocol in RESUMABLE_SUBPROTOCOLS
-        if subprotocol is None:
-            dialect = PLAIN
-        else:
-            dialect = RESUMABLE_SUBPROTOCOLS[subprotocol] if resumable else SUBPROTOCOLS[subprotocol]
+        dialect = dialect_of(subprotocol)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
-        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
-        if not resumable:
-            await self._serve_connection(receive, send, dialect, lend)
+        if subprotocol in LINK_SUBPROTOCOLS:
+            token = _header(scope, _RESUME)
+            await self._serve_link(LinkConnection(receive, send), dialect, None if token is None else token.decode())
             return
-        connection = Connection(receive, send, lend)
-        token = _header(scope, _RESUME)
+        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
+        await self._serve_connection(receive, send, dialect, lend)
+
+    async def _serve_link(self, connection: LinkConnection, dialect: Dialect, token: str | None) -> None:
+        """Host a new link on the connection, or (given a token) carry an existing one on it."""
         if token is None:
-            await self._serve_resumable(connection, dialect)
-        else:
-            await self._resume(connection, token.decode("latin-1"), dialect)
+            link = ServerLink(
+                self.factory,
+                registry=self.registry,
+                dialect=dialect,
+                error_details=self.error_details,
+                resume_timeout=self.resume_timeout,
+                on_end=lambda ended: self._links.pop(ended.token, None),
+            )
+            self._links[link.token] = link
+            await link.run(connection)
+            return
+        existing = self._links.get(token)
+        if existing is None or existing.dialect != dialect:
+            await _close(connection.send, _POLICY_VIOLATION, "no link to resume: its token is unknown or expired")
+            return
+        await existing.take_over(connection)
 
     async def _serve_connection(
         self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None
@@ -224,106 +237,6 @@ class WebSocketEndpoint:
                 return  # FACTORY_ERROR sent: see _turn_away
         await _close(asgi_send, close_code, reason)
 
-    async def _serve_resumable(self, first: Connection, dialect: Dialect) -> None:
-        """Host a resumable session: it lives on until its client closes it or fails to come back in time."""
-        registry = self.registry
-        scope = anyio.CancelScope()
-        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
-        if lease is None:
-            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect))
-            return
-        link = ResumableLink(first, dialect, self.resume_timeout)
-        self._resumable[link.token] = link
-        binary = dialect.encoding == "msgpack"
-
-        async def receive_frame() -> bytes:
-            while True:
-                if lease.close_reason is not None:
-                    raise ConnectionClosed(lease.close_reason)
-                lease.touch()  # waiting for the client: the idle clock runs
-                message = await link.receive()
-                lease.mark_busy()
-                if message is None or message["type"] != "websocket.receive":
-                    continue  # replaced, or gone: wait for the next connection
-                frame = message.get("bytes") if binary else message.get("text")
-                if frame is None:
-                    assert link.current is not None
-                    wrong = message.get("text") or "" if binary else message.get("bytes") or b""
-                    await link.send_raw(link.current, _wrong_frame_error(dialect, wrong))
-                    continue
-                data = frame if binary else frame.encode()
-                if await link.take(data):
-                    return data  # type: ignore[no-any-return]
-
-        async def serve_on_thread(session: ServerSession) -> bytes | None:
-            connection = link.current
-            if connection is None or connection.lend is None:
-                return None
-            link.lent = loan = connection.lend()
-            if loan is None:
-                return None
-            try:
-                return await _serve_on_loan(loan, lease, dialect, session, link)
-            finally:
-                link.lent = None
-
-        close_code, reason = NORMAL_CLOSURE, ""
-        try:
-            await link.send_raw(first, link.session_frame())
-            with scope:
-                await _in_own_task(
-                    functools.partial(
-                        host_session,
-                        self.factory,
-                        receive_frame,
-                        link.send,
-                        dialect=dialect,
-                        error_details=self.error_details,
-                        on_end=lease.vacate,
-                        serve_on_thread=serve_on_thread if first.lend is not None else None,
-                    )
-                )
-            if lease.close_reason is not None:
-                close_code, reason = GOING_AWAY, lease.close_reason
-        except Exception:
-            logger.exception("WebSocket session failed")
-            close_code, reason = INTERNAL_ERROR, "session error"
-            if link.current is not None:
-                await link.send(session_failed_frame(dialect))
-        finally:
-            lease.release()
-            del self._resumable[link.token]
-            last = link.current
-            link.current = None
-            try:
-                # After a close request the client closes first (see _serve_connection).
-                if last is not None and (
-                    close_code != NORMAL_CLOSURE
-                    or not await _client_closes(last.receive, _CLOSE_GRACE, on_request=False)
-                ):
-                    await _close(last.send, close_code, reason)
-            finally:  # whatever happens, the connection that resumed the session is let go
-                if last is not None:
-                    last.released.set()
-                first.released.set()
-
-    async def _resume(self, connection: Connection, token: str, dialect: Dialect) -> None:
-        """Take a resumable session over on a new connection, until the session ends or moves again."""
-        link = self._resumable.get(token)
-        if link is None or link.dialect != dialect:
-            frame = encode_fatal_error(
-                dialect, "SESSION_ERROR", "no session to resume: its token is unknown or expired"
-            )
-            await _turn_away(connection.receive, connection.send, dialect, frame)
-            return
-        previous = await link.attach(connection)
-        if previous is not None and not previous.disconnected:
-            await _close(previous.send, GOING_AWAY, "the session moved to another connection")
-        await connection.released.wait()
-        if connection.disconnected is False and link.current is not connection:
-            # Replaced by yet another connection: this one is done.
-            await _close(connection.send, GOING_AWAY, "the session moved to another connection")
-
 
 async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a session in a task of its own, and wait for it.
@@ -348,43 +261,28 @@ async def _serve_on_thread(
 
 
 async def _serve_on_loan(
-    loan: SocketLoan,
-    lease: SessionLease,
-    dialect: Dialect,
-    session: ServerSession,
-    link: ResumableLink | None = None,
+    loan: SocketLoan, lease: SessionLease, dialect: Dialect, session: ServerSession
 ) -> bytes | None:
     """Answer requests on the session's thread with the lent socket until the loan must end; then end it.
 
-    On a resumable session, ``link`` notes each request and keeps each reply,
-    as `ResumableLink.take` and `ResumableLink.send` do on the event loop.
     Returns a reply the loan was stopped before sending (see `SocketLoan.serve`).
     """
     binary = dialect.encoding == "msgpack"
     begin = loan.begin
 
-    def admit(request_id: int | None) -> bool:
-        if link is None:
-            return begin()
-        if not link.is_new(request_id) or not begin():
-            return False  # a request sent again goes to ResumableLink.take
-        link.note(request_id)
-        return True
-
     def on_frame(is_text: bool, payload: bytes) -> bytes | None:
         if is_text is binary:
             return None  # a frame of the wrong kind: the event loop answers it
         lease.mark_busy()
-        return session.handle_on_thread(payload, admit)
+        return session.handle_on_thread(payload, lambda request_id: begin())
 
     def on_idle() -> bool:
         lease.touch()  # before looking at close_reason: see SessionLease.ask_to_end
         return lease.close_reason is None
 
     try:
-        on_sent = None if link is None else link.replied
         unsent: bytes | None = await session.run_on_thread(
-            functools.partial(loan.serve, on_frame, on_idle, on_sent), loan.stop
+            functools.partial(loan.serve, on_frame, on_idle, None), loan.stop
         )
     finally:
         loan.end()

@@ -1,0 +1,773 @@
+"""A WebSocket connection, client side, that carries one session or many, driven by the calls made on it.
+
+A `Link` runs no task of its own. Its socket is read by whoever waits on it: the
+first session waiting in `Link.receive` reads for every session of the link
+(the *reader*) and hands each its frames; the others wait for theirs, and one
+of them takes the reading over when the reader has what it came for. Writes go
+through one lock. So a link may be opened in one task, used from many and closed
+from any, under any cancel scope, and it costs a lone session nothing.
+
+While nobody waits, the socket is read by the link's *keeper*: `Link.keep`, the
+idle work a client's owner (its ``async with`` block, an `openenv.EnvPool`, the
+blocking facade) runs in a task group of its own. The keeper starts reading only
+once nobody has read for `IDLE_READ` seconds, so that the server's pings are
+answered while every session thinks; it pings the server when the connection
+has been quiet, and notices a drop. One keeper is at work per link; the others
+wait their turn.
+
+A link speaks one of two framings. On a ``v2`` subprotocol (`LINK_SUBPROTOCOLS`)
+it is shared: every message is an envelope (`transports._envelope`), frames that
+sessions send in one turn of the event loop leave together, and a dropped
+connection is replaced by a new one that takes every session over (with
+``resume``). On any other it carries one session, whose frames are the messages
+themselves, and ends with its connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
+import anyio
+import anyio.lowlevel
+import msgspec
+from anyio.abc import ByteStream, SocketAttribute
+from websockets.client import ClientProtocol
+from websockets.exceptions import PayloadTooBig
+from websockets.exceptions import ProtocolError as WebSocketProtocolError
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import Event, State
+
+from openenv import (
+    AuthenticationError,
+    Clock,
+    ConnectError,
+    ConnectionClosed,
+    OpenEnvError,
+    ProtocolError,
+)
+
+from .._envelope import End, EnvelopeCodec, Hello, Resumed
+from .._link_state import ClientLinkState, LinkProtocolError
+from .._network_client import STREAM_ERRORS, describe
+from ._handshake import READ_SIZE, Handshaken, close_quietly
+
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
+
+IDLE_READ = 1.0
+"""Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
+
+RECEIVE_BUFFER = 64
+"""The most frames a session may hold unread; a server sending more breaks the protocol."""
+
+# The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
+PEER_PROTOCOL_ERRORS = (WebSocketProtocolError, PayloadTooBig, UnicodeDecodeError)
+
+# Seconds between attempts to resume a dropped link: doubled each time, up to the maximum.
+_FIRST_RETRY_DELAY = 0.05
+_MAX_RETRY_DELAY = 1.0
+
+Reconnect = Callable[[str], Awaitable[Handshaken]]
+"""Opens a new connection presenting a link's token (the ``OpenEnv-Resume`` header)."""
+
+
+def _send_now(fd: int, data: bytes) -> int:
+    """Write what a non-blocking socket takes at once; the number of bytes written."""
+    try:
+        return os.write(fd, data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failure to connect was a refusal (nothing listens on the port) at every address tried."""
+    cause = exc.__cause__
+    while cause is not None and not isinstance(cause, ConnectionRefusedError):
+        inner = getattr(cause, "exceptions", None)
+        if inner:
+            return all(isinstance(e, ConnectionRefusedError) or _refused(e) for e in inner)
+        cause = cause.__cause__
+    return cause is not None
+
+
+class LinkChannel:
+    """One session's side of a link: its frames from the server, and how its channel ended.
+
+    Attributes:
+        number: The channel's number on the link (1 for the one session of an unshared link).
+        frames: Frames from the server, not yet taken by the session.
+        ended: Why nothing more will come, once the session's channel has ended.
+    """
+
+    __slots__ = ("ended", "frames", "number", "waiter")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.frames: deque[bytes] = deque()
+        self.ended: ConnectionClosed | ProtocolError | None = None
+        # Set to wake the session waiting in receive: a frame came, or it is to read now.
+        self.waiter: anyio.Event | None = None
+
+    def wake(self) -> None:
+        """Wake the session if it waits in `Link.receive`."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
+
+
+class Link:
+    """One open WebSocket connection carrying its sessions' frames; see the module's docstring.
+
+    Args:
+        handshaken: The connection, past the upgrade.
+        url: The WebSocket URL, for the messages.
+        subprotocol: The subprotocol the server selected (``None``: plain OpenEnv).
+        envelope: The envelope codec on a ``v2`` subprotocol; ``None`` for a
+            connection of one session.
+        binary: Send binary messages (MessagePack) instead of text ones.
+        close_timeout: Seconds the server gets to end the TCP connection after a close frame.
+        ping_interval: Seconds of quiet after which the keeper pings the server (``None``: never).
+        ping_timeout: Seconds a pong may take before the connection counts as dead (``None``: forever).
+        reconnect: Opens a connection that takes the link over after a drop;
+            ``None``: a dropped link ends every session on it.
+        resume_timeout: Seconds to keep trying to resume after a drop; ``None``:
+            as long as the server keeps the sessions (its `Hello` says).
+        clock: Where the keeper's and the resumption's waits are measured.
+        on_idle: Called once when the link ends, or its last session leaves
+            (a registry of shared links forgets it there).
+    """
+
+    def __init__(
+        self,
+        handshaken: Handshaken,
+        *,
+        url: str,
+        subprotocol: str | None,
+        envelope: EnvelopeCodec | None,
+        binary: bool,
+        close_timeout: float,
+        ping_interval: float | None,
+        ping_timeout: float | None,
+        reconnect: Reconnect | None,
+        resume_timeout: float | None,
+        clock: Clock,
+        on_idle: Callable[[Link], object] = lambda link: None,
+    ) -> None:
+        self.url = url
+        self.subprotocol = subprotocol
+        self.shared = envelope is not None
+        self._close_timeout = close_timeout
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
+        self._reconnect = reconnect
+        self._resume_timeout = resume_timeout
+        self._clock = clock
+        self._on_idle: Callable[[Link], object] | None = on_idle
+        self._binary = binary
+        self._envelope = envelope
+        self._state = (
+            None if envelope is None else ClientLinkState(envelope, deliver=self._deliver, end=self._end_channel)
+        )
+        self._channels: dict[int, LinkChannel] = {}
+        self._waiting: dict[int, LinkChannel] = {}  # sessions waiting in receive, not reading
+        self._reading = False  # a session (or the keeper) reads the socket
+        self._last_read = clock.now()  # when the socket was last read (or begun to be)
+        self._last_received = clock.now()  # when bytes last came from the server
+        self._coalescing = False  # a session lets the others of this turn post their frames
+        self._write_lock = anyio.Lock(fast_acquire=True)
+        self._keeping = False  # a keeper is at work
+        self._keeper_turn: anyio.Event | None = None  # set when the keeper at work stops
+        self._pong: tuple[bytes, anyio.Event] | None = None  # the keeper's ping awaiting its pong
+        self._token: str | None = None  # the link's resume token, from the server's Hello
+        self._server_resume_timeout = 0.0
+        self._broken: BaseException | None = None  # the connection dropped; not yet replaced
+        self._ended: ConnectionClosed | ProtocolError | None = None  # the link is over, for good
+        self._closing = False
+        self._gone = anyio.Event()  # set once the connection in use has ended (closed, broken)
+        self.resumes = 0
+        self._take_over(handshaken)
+
+    def __repr__(self) -> str:
+        kind = "shared" if self.shared else "one-session"
+        return f"<{type(self).__name__} {kind} {self.url} sessions={len(self._channels)}>"
+
+    # -- the connection ------------------------------------------------------------
+
+    def _take_over(self, handshaken: Handshaken) -> None:
+        """Use a new connection from now on (the first one, or one that resumed the link)."""
+        self._stream: ByteStream = handshaken.stream
+        self._protocol: ClientProtocol = handshaken.protocol
+        self._send_data = self._protocol.send_binary if self._binary else self._protocol.send_text
+        # The descriptor of the plain TCP socket under the stream, written to directly
+        # while it takes every write whole; None for TLS, and once a write did not fit.
+        self._fd: int | None = None if handshaken.tls else self._stream.extra(SocketAttribute.raw_socket).fileno()
+        self._partial = bytearray()  # a data message arriving in fragments
+        self._broken = None
+        if self._gone.is_set():
+            self._gone = anyio.Event()
+        self._last_received = self._clock.now()
+        self._handle_events(handshaken.early_events)
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions ride the link now."""
+        return len(self._channels)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the link is over for good (closed, or dropped and not resumed)."""
+        return self._ended is not None
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def open(self) -> LinkChannel:
+        """Open a session on the link: a channel of its own (its `Open` leaves with the next frames).
+
+        Returns:
+            The session's channel.
+
+        Raises:
+            ConnectionClosed: The link is over, or carries one session and has it already.
+        """
+        if self._ended is not None:
+            raise self._ended_error()
+        if self._state is None:
+            if self._channels:
+                raise ConnectionClosed(f"the connection to {self.url} carries one session only")
+            channel = LinkChannel(1)
+        else:
+            channel = LinkChannel(self._state.open().number)
+        self._channels[channel.number] = channel
+        return channel
+
+    async def send(self, channel: LinkChannel, frame: bytes) -> None:
+        """Send one of a session's frames.
+
+        On a shared link with other sessions, the frame waits until a session
+        of the link waits for a reply or closes: the frames of one turn of the
+        event loop leave as one message.
+
+        Raises:
+            ConnectionClosed: The session's channel has ended, or the link broke
+                and is not being resumed.
+        """
+        if channel.ended is not None:
+            raise _fresh(channel.ended)
+        state = self._state
+        if state is None:
+            async with self._write_lock:
+                self._check_writable()
+                self._send_data(frame)
+                await self._write_pending()
+            return
+        channel_state = state.channels.get(channel.number)
+        if channel_state is None:  # ended by the server while the caller got here
+            raise _fresh(channel.ended or self._ended_error())
+        state.post(channel_state, msgspec.Raw(frame))
+        if len(self._channels) == 1:
+            await self._flush()
+
+    async def receive(self, channel: LinkChannel) -> bytes:
+        """The next frame for a session: read by this call, or by another session's.
+
+        Frames that came before the channel ended are returned first.
+
+        Raises:
+            ConnectionClosed: The channel has ended (the server ended the
+                session, the link broke and was not resumed, or it was closed).
+            ProtocolError: The server broke the protocol.
+        """
+        frames = channel.frames
+        while True:
+            if frames:
+                return frames.popleft()
+            if channel.ended is not None:
+                raise _fresh(channel.ended)
+            state = self._state
+            if state is not None and state.has_outgoing:
+                if len(self._channels) > 1 and not self._coalescing:
+                    # Let the other sessions that run in this turn post theirs first: one message for all.
+                    self._coalescing = True
+                    try:
+                        await anyio.lowlevel.checkpoint()
+                    finally:
+                        self._coalescing = False
+                        # Even when cancelled: the others' frames wait for this flush.
+                        with (
+                            anyio.CancelScope(shield=True),
+                            anyio.move_on_after(self._close_timeout),
+                            contextlib.suppress(OpenEnvError),
+                        ):
+                            await self._flush()
+                    continue
+                if not self._coalescing:
+                    await self._flush()
+                    continue
+            if not self._reading:
+                await self._read_for(channel)
+                continue
+            waiter = channel.waiter = anyio.Event()
+            self._waiting[channel.number] = channel
+            try:
+                await waiter.wait()
+            finally:
+                channel.waiter = None
+                self._waiting.pop(channel.number, None)
+
+    async def leave(self, channel: LinkChannel) -> None:
+        """A session is done with the link: send what it posted; close the link if it was the last.
+
+        Idempotent; shielded and bounded (by ``close_timeout``), under any cancel scope.
+        """
+        if self._channels.pop(channel.number, None) is None:
+            return
+        if channel.ended is None:
+            channel.ended = ConnectionClosed(f"the WebSocket session to {self.url} was closed by the client")
+        channel.wake()
+        with anyio.CancelScope(shield=True):
+            if self._channels:
+                with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
+                    await self._flush()  # its close request, say
+                return
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the link: send what is posted, the closing handshake (1000), then the socket.
+
+        Every session still on it is ended. Idempotent; shielded and bounded.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        self._forget()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
+            with contextlib.suppress(OpenEnvError):
+                await self._flush()
+            with contextlib.suppress(OpenEnvError):
+                async with self._write_lock:
+                    if self._broken is None and self._protocol.state is State.OPEN:
+                        self._protocol.send_close(CloseCode.NORMAL_CLOSURE)
+                        await self._write_pending()
+            # The server echoes the close and ends the TCP connection: read until it does,
+            # unless a session (or the keeper) reads already.
+            if self._reading:
+                await self._gone.wait()
+            else:
+                self._reading = True
+                try:
+                    while not self._gone.is_set():
+                        await self._read_some()
+                finally:
+                    self._reading = False
+        self._end_all(ConnectionClosed(f"the WebSocket connection to {self.url} was closed by the client"))
+        await close_quietly(self._stream)
+
+    def _forget(self) -> None:
+        on_idle, self._on_idle = self._on_idle, None
+        if on_idle is not None:
+            on_idle(self)
+
+    # -- the keeper ----------------------------------------------------------------------
+
+    async def keep(self) -> None:
+        """The link's idle work, until it ends: read it while nobody does, ping a quiet server.
+
+        Run by a session's owner in a task of its own and cancelled when the owner
+        is done; one keeper works at a time, the others wait their turn.
+        """
+        while self._ended is None and not self._closing:
+            if not self._keeping:
+                self._keeping = True
+                try:
+                    await self._keep()
+                finally:
+                    self._keeping = False
+                    turn, self._keeper_turn = self._keeper_turn, None
+                    if turn is not None:
+                        turn.set()
+                return
+            turn = self._keeper_turn
+            if turn is None:
+                turn = self._keeper_turn = anyio.Event()
+            await turn.wait()
+
+    async def _keep(self) -> None:
+        clock = self._clock
+        interval = self._ping_interval
+        while self._ended is None and not self._closing:
+            now = clock.now()
+            if self._broken is not None and not self._reading:
+                self._reading = True
+                try:
+                    await self._recover()
+                finally:
+                    self._release_reading()
+                continue
+            if interval is not None and now - self._last_received >= interval:
+                await self._ping()
+                continue
+            wake_at = self._last_received + interval if interval is not None else math.inf
+            if not self._reading and not self._waiting and now - self._last_read >= IDLE_READ:
+                await self._read_while_idle(wake_at)
+                continue
+            await clock.sleep(min(IDLE_READ, wake_at - now))
+
+    async def _read_while_idle(self, until: float) -> None:
+        """Read as the keeper until a session waits for the reading, or ``until`` (a ping is due)."""
+        self._reading = True
+        try:
+            with self._clock.cancel_scope(deadline=until):
+                while self._ended is None and not self._waiting and self._broken is None:
+                    await self._read_some()
+        finally:
+            self._release_reading()
+
+    async def _ping(self) -> None:
+        """Ping the server; if no pong (nor anything else) comes within the timeout, drop the connection."""
+        payload = os.urandom(4)
+        pong = anyio.Event()
+        self._pong = (payload, pong)
+        try:
+            async with self._write_lock:
+                if self._broken is not None or self._protocol.state is not State.OPEN:
+                    return
+                self._protocol.send_ping(payload)
+                await self._write_pending()
+            with self._clock.move_on_after(self._ping_timeout) as scope:
+                if self._reading:
+                    await pong.wait()
+                else:
+                    self._reading = True
+                    try:
+                        while not pong.is_set() and self._broken is None and self._ended is None:
+                            await self._read_some()
+                    finally:
+                        self._release_reading()
+            if scope.cancelled_caught:
+                self._break(
+                    ConnectionClosed(f"the server at {self.url} did not answer a ping within {self._ping_timeout} s")
+                )
+        finally:
+            self._pong = None
+            self._last_received = self._clock.now()
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def _read_for(self, channel: LinkChannel) -> None:
+        """Read for every session until ``channel`` has a frame or has ended."""
+        self._reading = True
+        try:
+            while not channel.frames and channel.ended is None:
+                if self._broken is not None:
+                    await self._recover()
+                    continue
+                await self._read_some()
+        finally:
+            self._release_reading()
+
+    def _release_reading(self) -> None:
+        """Stop reading; hand the reading to a session still waiting for a frame, if any."""
+        self._reading = False
+        self._last_read = self._clock.now()
+        for waiting in self._waiting.values():
+            if not waiting.frames:
+                waiting.wake()
+                return
+
+    async def _read_some(self) -> None:
+        """Read once from the socket and act on what came; a failure breaks the connection (noted)."""
+        try:
+            data = await self._stream.receive(READ_SIZE)
+        except anyio.EndOfStream:
+            self._protocol.receive_eof()
+            self._after_events(self._protocol.events_received())
+            self._break(self._closed_error("the connection was lost without a WebSocket closing handshake"))
+            return
+        except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
+            self._break(ConnectionClosed(f"the connection to {self.url} broke: {describe(exc)}"), exc)
+            return
+        self._last_received = self._clock.now()
+        protocol = self._protocol
+        protocol.receive_data(data)
+        events = protocol.events_received()
+        if protocol.writes and not self._write_lock.locked():
+            # Pongs, a close echo: answered at once, unless a writer holds the lock (it writes them too).
+            with anyio.CancelScope(shield=True), contextlib.suppress(ConnectionClosed):
+                async with self._write_lock:
+                    await self._write_pending()
+        self._after_events(events)
+
+    def _after_events(self, events: list[Event]) -> None:
+        self._handle_events(events)
+        protocol = self._protocol
+        if protocol.close_rcvd is not None or protocol.state is State.CLOSED:
+            self._gone.set()
+        if protocol.state is not State.OPEN and self._broken is None:
+            if isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS):
+                text = f"the server at {self.url} broke the WebSocket protocol: {protocol.parser_exc}"
+                self._end_all(ProtocolError(text), protocol.parser_exc)
+            elif protocol.close_rcvd is not None:
+                self._end_all(
+                    ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
+                )
+
+    def _handle_events(self, events: list[Event]) -> None:
+        """Hand the data messages to the sessions; note the keeper's pong."""
+        for event in events:
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+                if event.fin:
+                    self._message(bytes(event.data))
+                else:
+                    self._partial = bytearray(event.data)
+            elif opcode is Opcode.CONT:  # the protocol checks the sequence
+                self._partial += event.data
+                if event.fin:
+                    message, self._partial = bytes(self._partial), bytearray()
+                    self._message(message)
+            elif opcode is Opcode.PONG:
+                pong = self._pong
+                if pong is not None and pong[0] == event.data:
+                    pong[1].set()
+            # PING: the protocol queued the pong. CLOSE: seen by the state change.
+
+    def _message(self, message: bytes) -> None:
+        state = self._state
+        if state is None:
+            self._deliver(1, message)
+            return
+        assert self._envelope is not None
+        try:
+            controls = state.take(self._envelope.decode(message))
+        except (msgspec.DecodeError, LinkProtocolError) as exc:
+            self._end_all(ProtocolError(f"the server at {self.url} sent a message that is not an envelope: {exc}"))
+            return
+        for control in controls:
+            if isinstance(control, Hello):
+                self._token = control.token
+                self._server_resume_timeout = control.resume_timeout
+            elif isinstance(control, Resumed):
+                state.resumed(control)
+                self._resumed = True
+
+    def _deliver(self, number: int, frame: bytes | msgspec.Raw) -> None:
+        channel = self._channels.get(number)
+        if channel is None:
+            return  # a session that has left: nobody waits for it
+        frames = channel.frames
+        if len(frames) >= RECEIVE_BUFFER:
+            self._end_all(
+                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_BUFFER} unread frames to one session")
+            )
+            return
+        frames.append(frame if type(frame) is bytes else bytes(frame))
+        channel.wake()
+
+    def _end_channel(self, number: int, end: End) -> None:
+        channel = self._channels.get(number)
+        if channel is not None and channel.ended is None:
+            text = f"the server at {self.url} ended the session ({end.code})"
+            channel.ended = ConnectionClosed(f"{text}: {end.reason}" if end.reason else text)
+            channel.wake()
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        """Send every posted entry, as one message."""
+        state = self._state
+        if state is None or not state.has_outgoing:
+            return
+        async with self._write_lock:
+            if self._broken is not None:
+                if self._reconnect is None:
+                    self._raise_broken()
+                return  # kept: sent again once the link is resumed
+            entries = state.outgoing()
+            if not entries:
+                return
+            self._check_writable()
+            assert self._envelope is not None
+            self._send_data(self._envelope.encode(entries))
+            await self._write_pending()
+
+    def _check_writable(self) -> None:
+        if self._ended is not None:
+            raise self._ended_error()
+        if self._broken is not None or self._protocol.state is not State.OPEN:
+            self._raise_broken()
+
+    async def _write_pending(self) -> None:
+        """Write every byte the protocol has queued; call with the write lock held.
+
+        A failure breaks the connection (noted); it raises `ConnectionClosed`
+        unless the link will be resumed (then what was posted is sent again).
+        """
+        protocol = self._protocol
+        try:
+            while protocol.writes:  # a loop: a reader may queue a pong while we wait on the socket
+                writes = protocol.data_to_send()
+                data = writes[0] if len(writes) == 1 else b"".join(writes)
+                if not data:
+                    continue  # b"" alone is the protocol asking for EOF: the socket is closed later
+                if self._fd is not None and protocol.state is not State.CLOSED:
+                    # Straight to the socket, which takes a small message whole: anyio's send
+                    # would add a pass through the event loop to every request. The descriptor
+                    # is ours while the protocol is not CLOSED (a closed one's number may be reused).
+                    sent = _send_now(self._fd, data)
+                    if sent == len(data):
+                        continue
+                    self._fd = None  # full: the rest, and every write after it, waits for room
+                    data = data[sent:]
+                await self._stream.send(data)
+        except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
+            self._break(ConnectionClosed(f"the connection to {self.url} broke while sending: {describe(exc)}"), exc)
+            if self._reconnect is None or self._token is None:
+                self._raise_broken()
+        except BaseException:
+            # Interrupted (cancelled) part-way: what reached the wire is unknown.
+            self._break(ConnectionClosed(f"a write to {self.url} was interrupted; the connection was abandoned"))
+            raise
+
+    # -- breaking, resuming, ending ------------------------------------------------------
+
+    def _break(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
+        """The connection is lost: resume the link later if it can be, else end every session now."""
+        if self._broken is not None or self._ended is not None:
+            return
+        if error.__cause__ is None and cause is not None:
+            error.__cause__ = cause
+        self._broken = error
+        self._gone.set()
+        self._protocol.receive_eof()  # the protocol is CLOSED after it; nothing more is written
+        self._protocol.data_to_send()
+        if self._closing or self._reconnect is None or self._token is None:
+            self._end_all(error)
+        for waiting in list(self._waiting.values()):  # whoever reads next resumes it
+            waiting.wake()
+
+    async def _recover(self) -> None:
+        """Replace a dropped connection with one that takes the link over; else end every session.
+
+        Called by whoever reads (a session, or the keeper) once the connection broke.
+        """
+        broken = self._broken
+        assert broken is not None
+        assert self._reconnect is not None
+        assert self._token is not None
+        stream = self._stream
+        with anyio.CancelScope(shield=True):
+            await close_quietly(stream)
+        why = str(broken)
+        budget = self._server_resume_timeout if self._resume_timeout is None else self._resume_timeout
+        clock = self._clock
+        deadline = clock.now() + budget
+        delay = _FIRST_RETRY_DELAY
+        last_error: OpenEnvError | None = None
+        while self._ended is None:
+            with clock.cancel_scope(deadline=deadline):
+                try:
+                    await self._resume_once()
+                    self.resumes += 1
+                    return
+                except AuthenticationError as exc:
+                    self._end_all(ConnectionClosed(f"{why}; the sessions could not be resumed: {exc}"), exc)
+                    return
+                except (ConnectError, ConnectionClosed) as exc:
+                    if self._stream is not stream:  # the attempt's own connection: let it go
+                        stream = self._stream
+                        await close_quietly(stream)
+                    if isinstance(exc, ConnectError) and _refused(exc):
+                        # Nothing listens on the port: the server's process, and the sessions with it, is gone.
+                        self._end_all(
+                            ConnectionClosed(
+                                f"{why}; the sessions could not be resumed: the server is gone (connection refused)"
+                            ),
+                            exc,
+                        )
+                        return
+                    last_error = exc
+                await clock.sleep(min(delay, max(0.0, deadline - clock.now())))
+                delay = min(delay * 2, _MAX_RETRY_DELAY)
+            if clock.now() >= deadline:
+                detail = f" (the last attempt: {last_error})" if last_error is not None else ""
+                self._end_all(
+                    ConnectionClosed(f"{why}; the sessions could not be resumed within {budget:g} s{detail}"),
+                    last_error,
+                )
+                return
+
+    async def _resume_once(self) -> None:
+        """One attempt: connect presenting the token, say what the client holds, wait for `Resumed`."""
+        assert self._reconnect is not None
+        assert self._token is not None
+        assert self._state is not None
+        handshaken = await self._reconnect(self._token)
+        async with self._write_lock:
+            self._resumed = False
+            self._take_over(handshaken)
+            assert self._envelope is not None
+            resume = self._state.resume()
+            self._send_data(self._envelope.encode([resume]))
+            await self._write_pending()
+        while not self._resumed:
+            if self._broken is not None:
+                raise ConnectionClosed(str(self._broken))
+            if self._ended is not None:
+                raise self._ended_error()
+            await self._read_some()
+        await self._flush()  # what the server lacks
+
+    def _end_all(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
+        """The link is over: every session's channel ends with ``error`` (a session's own end stays)."""
+        if self._ended is not None:
+            return
+        if error.__cause__ is None and cause is not None:
+            error.__cause__ = cause
+        self._ended = error
+        if self._broken is None:
+            self._broken = error
+        self._gone.set()
+        for channel in self._channels.values():
+            if channel.ended is None:
+                channel.ended = error
+            channel.wake()
+        turn, self._keeper_turn = self._keeper_turn, None
+        if turn is not None:
+            turn.set()
+        self._forget()
+
+    def _closed_error(self, default: str) -> ConnectionClosed | ProtocolError:
+        protocol = self._protocol
+        parser_exc = protocol.parser_exc
+        if isinstance(parser_exc, PEER_PROTOCOL_ERRORS):
+            return ProtocolError(f"the server at {self.url} broke the WebSocket protocol: {parser_exc}")
+        if protocol.close_rcvd is not None:
+            return ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
+        return ConnectionClosed(f"{default} ({self.url})")
+
+    def _ended_error(self) -> ConnectionClosed | ProtocolError:
+        error = self._ended
+        assert error is not None
+        return _fresh(error)
+
+    def _raise_broken(self) -> NoReturn:
+        error = self._ended or self._broken
+        if error is None:
+            error = self._closed_error("the connection was lost")
+        raise _fresh(error)  # type: ignore[arg-type]
+
+    _resumed = False
+
+
+def _fresh(error: ConnectionClosed | ProtocolError) -> ConnectionClosed | ProtocolError:
+    """A new exception like ``error`` (the same one raised twice would grow its traceback), from its cause."""
+    fresh = type(error)(str(error))
+    fresh.__cause__ = error.__cause__ or error
+    return fresh
