@@ -1,0 +1,426 @@
+"""The sessions of one link, server side, whatever carries its messages: admitted, stepped in batches, answered.
+
+A `LinkHost` takes the envelopes a client sends on a link (`take`) and posts its
+sessions' replies for the carrier to send (`transports._link_state.ServerLinkState`).
+It admits each session (a slot of the registry, as a connection of its own
+would take), builds its environment, and answers each envelope as one batch:
+
+- an ``async`` environment's reset or step runs in the carrier's task, at once,
+  when it does not wait (`openenv._inline`): no task, no wake-up per session.
+  The first time one waits, the host learns that this environment's steps
+  wait: that step is finished there (the carrier waits for it, once), and from
+  then on each session runs its frames in a task of its own, so that waiting
+  steps run concurrently;
+- a plain (``def``) environment's calls go to each session's own thread all at
+  once, and the carrier is woken once, when they are done
+  (`openenv._worker.CallBatch`). One that takes longer than `BATCH_WAIT` does
+  not hold the others' replies: it finishes in a task of its own, and its
+  reply follows;
+- every other frame (a close, an MCP call, a frame that does not decode) goes
+  through `openenv.server.ServerSession.handle`, in order with the session's others.
+
+Each session keeps the guarantees of a connection of its own: its frames are
+handled in order, one at a time; one session's bad input, crash or slow step
+reaches no other; its slot, idle timeout and capacity refusal are its own.
+
+The carrier (the WebSocket endpoint's `transports.websocket._link_server.ServerLink`,
+the HTTP long-polling endpoint) decides when posted entries leave: it is told
+through ``flush`` once replies are posted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import msgspec
+from anyio.abc import TaskGroup
+
+from openenv import Dialect
+from openenv._inline import Suspended, finish, start
+from openenv._worker import Call, CallBatch, wait_for
+from openenv.server import ServerSession, encode_fatal_error, factory_name
+
+from ._envelope import LINK_CHANNEL, EnvelopeCodec, Hello, Open, Resume
+from ._link_state import ServerLinkState
+from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
+
+__all__ = ["BATCH_WAIT", "MAX_WAITING_FRAMES", "LinkHost"]
+
+logger = logging.getLogger("openenv.server")
+
+BATCH_WAIT: Final = 0.002
+"""Seconds the server waits for a batch's plain steps before it sends the replies of those done."""
+
+MAX_WAITING_FRAMES: Final = 4096
+"""Frames a link may hold for sessions still busy before the server stops reading it."""
+
+# WebSocket close codes (RFC 6455), as a connection of its own would end with.
+NORMAL_CLOSURE: Final = 1000
+GOING_AWAY: Final = 1001
+
+_HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
+
+
+class _Session:
+    """One session of the link: its slot, its environment, and its frames waiting their turn."""
+
+    __slots__ = ("_settled", "frames", "lease", "number", "running", "session")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.lease: SessionLease | None = None
+        self.session: ServerSession | None = None
+        self.frames: deque[bytes] = deque()  # received, not yet handled (this one is busy, or not admitted yet)
+        self.running = False  # a frame of this session is being handled outside the link's task
+        self._settled: anyio.Event | None = None
+
+    def stop_running(self) -> None:
+        """Its frame is handled: nothing of the session runs outside the link's task now."""
+        self.running = False
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
+
+    async def wait_settled(self) -> None:
+        """Return once nothing of the session runs (its environment may then be closed)."""
+        while self.running:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+
+
+class LinkHost:
+    """The sessions of one link: see the module's docstring.
+
+    Args:
+        factory: Builds one environment per session.
+        registry: The app's session registry.
+        dialect: The dialect of the sessions' frames.
+        error_details: Whether error replies name the server's exceptions.
+        transport: The transport's name, for the registry's leases (``"websocket"``, ``"http"``).
+        flush: Called once replies were posted, to send them.
+
+    Attributes:
+        codec: The link's envelope codec.
+        state: The link's numbering, and the entries waiting to be sent.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        dialect: Dialect,
+        error_details: bool,
+        transport: str,
+        flush: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.dialect = dialect
+        self.codec = EnvelopeCodec(dialect.encoding)
+        self.state = ServerLinkState(self.codec)
+        self._factory = factory
+        self._registry = registry
+        self._error_details = error_details
+        self._transport = transport
+        self._flush = flush
+        self._sessions: dict[int, _Session] = {}
+        self._tasks: TaskGroup | None = None
+        self._flush_soon_pending = False
+        self._waiting_frames = 0  # frames held for busy sessions, across the link
+        self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
+        self._suspends = False  # the environment's calls wait: each session runs in a task of its own
+        self.shutting_down = False  # its last session was ended because the server stops
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions are open on the link."""
+        return len(self._sessions)
+
+    def hello(self, token: str, resume_timeout: float) -> None:
+        """Post the link's `Hello`: the first entry a client gets on a new link."""
+        self.state.post_control(LINK_CHANNEL, Hello(token=token, resume_timeout=resume_timeout))
+
+    async def host(self, carry: Callable[[], Awaitable[str]]) -> None:
+        """Run ``carry`` (the carrier's loop) with the sessions' tasks beside it; end every session after.
+
+        Args:
+            carry: Reads the client's messages into `take` until the link is
+                over; returns why, the reason every session still open ends with.
+        """
+        reason = "the link failed"
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                reason = await carry()
+            finally:
+                for session in list(self._sessions.values()):
+                    self._end(session, reason, GOING_AWAY)
+
+    async def room(self) -> None:
+        """Return once the sessions hold few enough waiting frames that another message may be read."""
+        while self._waiting_frames >= MAX_WAITING_FRAMES:
+            self._room = anyio.Event()
+            await self._room.wait()  # the client sends faster than the sessions step: hold it back
+
+    async def take(self, message: bytes) -> None:
+        """Take one message from the client and answer what can be answered at once.
+
+        Raises:
+            msgspec.DecodeError: It is not an envelope.
+            transports._link_state.LinkProtocolError: It breaks the link protocol.
+        """
+        await self._dispatch(self.state.take(self.codec.decode(message)))
+
+    def release_all(self) -> None:
+        """Give back every slot still held (after a failure of the carrier)."""
+        for session in self._sessions.values():
+            if session.lease is not None:
+                session.lease.release()
+
+    async def _dispatch(self, events: list[tuple[int, Any]]) -> None:
+        """Act on one envelope's entries, in order; the replies of those answered at once are posted."""
+        batch: _Batch | None = None
+        sessions = self._sessions
+        for number, item in events:
+            if type(item) is msgspec.Raw:
+                session = sessions.get(number)
+                if session is None:
+                    continue  # ended meanwhile: nobody to hand it to
+                if session.running or session.frames or session.session is None:
+                    session.frames.append(bytes(item))  # after those waiting, in order
+                    self._count_waiting(1)
+                    continue
+                batch = await self._handle(session, bytes(item), batch)
+            elif isinstance(item, Open):
+                self._open(number)
+            elif isinstance(item, Resume):
+                self.state.resumed(item)
+        if batch is not None:
+            await self._collect(batch)
+
+    async def _handle(self, session: _Session, frame: bytes, batch: _Batch | None) -> _Batch | None:
+        """Handle one frame of an idle session: at once, on its thread within ``batch``, or in a task."""
+        server_session = session.session
+        assert server_session is not None
+        assert session.lease is not None
+        session.lease.mark_busy()
+        if server_session.handles_on_thread:
+            if batch is None:
+                batch = _Batch()
+            session.running = True
+            batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
+            return batch
+        if self._suspends:
+            session.frames.appendleft(frame)
+            self._count_waiting(1)
+            self._run_in_task(session)
+            return batch
+        outcome = start(server_session.handle(frame))
+        if isinstance(outcome, Suspended):
+            # This environment's calls wait: finish this one here, then give each session a task.
+            self._suspends = True
+            session.running = True
+            try:
+                outcome = await finish(outcome)
+            finally:
+                session.stop_running()
+        self._replied(session, outcome)
+        return batch
+
+    async def _collect(self, batch: _Batch) -> None:
+        """Post the replies of a batch's plain calls; those still running finish in tasks of their own."""
+        await batch.calls.wait(BATCH_WAIT)
+        for session, call, frame in batch.started:
+            if session.number not in self._sessions:
+                session.stop_running()  # ended meanwhile: its reply has nobody to go to
+                continue
+            if not call.completed:
+                self._run_in_task(session, call=call, frame=frame)
+                continue
+            try:
+                reply = call.outcome()
+            except Exception:
+                logger.exception("a plain call failed on its session's thread")
+                reply = session_failed_frame(self.dialect)
+            if reply is None:  # not for the thread (a close, an MCP call): on the event loop, in order
+                session.frames.appendleft(frame)
+                self._count_waiting(1)
+                self._run_in_task(session)
+                continue
+            session.stop_running()
+            self._replied(session, reply)
+            if session.frames and session.number in self._sessions:
+                self._run_in_task(session)
+
+    def _replied(self, session: _Session, reply: bytes | None) -> None:
+        """Post a session's reply, and end the session if that was its close (or it was asked to end)."""
+        server_session, lease = session.session, session.lease
+        assert server_session is not None
+        assert lease is not None
+        channel = self.state.channels.get(session.number)
+        if reply is not None and channel is not None:
+            self.state.post(channel, msgspec.Raw(reply))
+        if server_session.closed:
+            self._end(session, "closed by the client", NORMAL_CLOSURE)
+            return
+        lease.touch()  # waiting for the client again: the idle clock runs
+        if lease.close_reason is not None:
+            self._end(session, lease.close_reason, GOING_AWAY)
+
+    def _run_in_task(self, session: _Session, *, call: Call | None = None, frame: bytes = b"") -> None:
+        """Handle the session's waiting frames in a task of its own; first, the ``call`` of ``frame`` on its thread."""
+        assert self._tasks is not None
+        session.running = True
+        self._tasks.start_soon(self._run_session, session, call, frame)
+
+    async def _run_session(self, session: _Session, call: Call | None, frame: bytes) -> None:
+        server_session = session.session
+        assert server_session is not None
+        try:
+            if call is not None:
+                try:
+                    reply = await wait_for(call)
+                except Exception:
+                    logger.exception("a plain call failed on its session's thread")
+                    reply = session_failed_frame(self.dialect)
+                if reply is None:
+                    reply = await server_session.handle(frame)
+                self._replied(session, reply)
+            while session.frames and session.number in self._sessions:
+                waiting = session.frames.popleft()
+                self._count_waiting(-1)
+                assert session.lease is not None
+                session.lease.mark_busy()
+                self._replied(session, await server_session.handle(waiting))
+        finally:
+            session.stop_running()
+        await self._flush_soon()
+
+    def _count_waiting(self, change: int) -> None:
+        self._waiting_frames += change
+        if change < 0 and self._room is not None and self._waiting_frames < MAX_WAITING_FRAMES:
+            self._room.set()
+            self._room = None
+
+    def _open(self, number: int) -> None:
+        """A client opens a session on channel ``number``: admit it, or turn it away."""
+        session = self._sessions[number] = _Session(number)
+        registry = self._registry
+        lease = registry.open(transport=self._transport, on_close=lambda: self._asked_to_end(session))
+        if lease is not None:
+            self._build(session, lease)
+        elif registry.queue_timeout is not None:
+            assert self._tasks is not None
+            self._tasks.start_soon(self._admit, session)
+        else:
+            self._turn_away(session, registry.capacity_reached_frame(self.dialect))
+
+    async def _admit(self, session: _Session) -> None:
+        """Wait in the registry's queue for a slot; then serve what the session sent meanwhile."""
+        lease = await self._registry.admit(transport=self._transport, on_close=lambda: self._asked_to_end(session))
+        if session.number not in self._sessions:  # the link ended meanwhile
+            if lease is not None:
+                lease.release()
+            return
+        if lease is None:
+            self._turn_away(session, self._registry.capacity_reached_frame(self.dialect))
+        else:
+            self._build(session, lease)
+            if session.frames and not session.running:
+                self._run_in_task(session)
+        await self._flush_soon()
+
+    def _build(self, session: _Session, lease: SessionLease) -> None:
+        """Build the session's environment (on the event loop, as a connection of its own would)."""
+        session.lease = lease
+        try:
+            env = self._factory()
+        except Exception as exc:
+            logger.exception("environment factory failed")
+            if self._error_details:
+                message = f"Failed to create environment: {type(exc).__name__}: {exc}"
+                frame = encode_fatal_error(
+                    self.dialect, "FACTORY_ERROR", message, factory_name=factory_name(self._factory)
+                )
+            else:
+                frame = encode_fatal_error(self.dialect, "FACTORY_ERROR", _HIDDEN_FACTORY_ERROR)
+            self._turn_away(session, frame)
+            return
+        session.session = ServerSession(
+            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate
+        )
+
+    def _turn_away(self, session: _Session, frame: bytes) -> None:
+        """End a session that never started with one fatal error frame (``CAPACITY_REACHED``, ``FACTORY_ERROR``)."""
+        channel = self.state.channels.get(session.number)
+        if channel is not None:
+            self.state.post(channel, msgspec.Raw(frame))
+        self._count_waiting(-len(session.frames))
+        session.frames.clear()
+        self._end(session, "the session could not start", NORMAL_CLOSURE)
+
+    def _asked_to_end(self, session: _Session) -> None:
+        """The registry asks an idle session to end (idle too long, the server stopping)."""
+        lease = session.lease
+        reason = lease.close_reason if lease is not None else None
+        if session.number in self._sessions:
+            self._end(session, reason or SHUTDOWN_REASON, GOING_AWAY)
+            if self._tasks is not None:
+                self._tasks.start_soon(self._flush_soon)
+        if reason == SHUTDOWN_REASON and not self._sessions:
+            self.shutting_down = True
+
+    def _end(self, session: _Session, reason: str, code: int) -> None:
+        """End a session: tell the client (an `End`), close its environment, give its slot back."""
+        if self._sessions.pop(session.number, None) is None:
+            return
+        self.state.end(session.number, reason, code)
+        self._count_waiting(-len(session.frames))
+        session.frames.clear()
+        if self._tasks is not None:
+            self._tasks.start_soon(self._close_session, session)
+        elif session.lease is not None:
+            session.lease.release()
+
+    async def _close_session(self, session: _Session) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await session.wait_settled()  # a step in flight finishes first, as on a connection of its own
+                if session.session is not None:
+                    await session.session.aclose()
+            finally:
+                if session.lease is not None:
+                    session.lease.release()
+
+    def _end_all(self, reason: str) -> None:
+        for session in list(self._sessions.values()):
+            self._end(session, reason, GOING_AWAY)
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _flush_soon(self) -> None:
+        """Flush once the other tasks that run in this turn of the event loop have posted theirs."""
+        if self._flush_soon_pending:
+            return
+        self._flush_soon_pending = True
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            self._flush_soon_pending = False
+            with anyio.CancelScope(shield=True):
+                await self._flush()
+
+
+class _Batch:
+    """The plain calls one envelope handed to its sessions' threads."""
+
+    __slots__ = ("calls", "started")
+
+    def __init__(self) -> None:
+        self.calls = CallBatch()
+        self.started: list[tuple[_Session, Call, bytes]] = []
