@@ -806,7 +806,10 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         lock = client._lock
         if lock is None:
             raise ClientStateError("the client is not connected")
-        await lock.acquire()  # at once, unless the caller uses the client directly right now
+        try:
+            lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+        except anyio.WouldBlock:
+            await lock.acquire()
         try:
             codec, transport, frame, request_id = client._prepare(lambda rid: encode(client, rid))
             await client._send_request(codec, transport, frame, request_id)
