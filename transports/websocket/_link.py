@@ -56,12 +56,15 @@ from .._link_state import ClientLinkState, LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 
-__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "RECEIVE_LIMIT", "Link", "LinkChannel", "Reconnect"]
 
 IDLE_READ = 1.0
 """Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
 
 RECEIVE_BUFFER = 64
+"""Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
+
+RECEIVE_LIMIT = 4096
 """The most frames a session may hold unread; a server sending more breaks the protocol."""
 
 # The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
@@ -211,7 +214,15 @@ class Link:
         if self._gone.is_set():
             self._gone = anyio.Event()
         self._last_received = self._clock.now()
-        self._handle_events(handshaken.early_events)
+        # What came right behind the handshake's response: acted on once the first session is there.
+        self._early = list(handshaken.early_events)
+        if self._channels:
+            self._act_on_early_events()
+
+    def _act_on_early_events(self) -> None:
+        early, self._early = self._early, []
+        if early:
+            self._after_events(early)
 
     @property
     def sessions(self) -> int:
@@ -243,6 +254,7 @@ class Link:
         else:
             channel = LinkChannel(self._state.open().number)
         self._channels[channel.number] = channel
+        self._act_on_early_events()
         return channel
 
     async def send(self, channel: LinkChannel, frame: bytes) -> None:
@@ -412,7 +424,7 @@ class Link:
                 await self._ping()
                 continue
             wake_at = self._last_received + interval if interval is not None else math.inf
-            if not self._reading and not self._waiting and now - self._last_read >= IDLE_READ:
+            if not self._reading and not self._waiting and now - self._last_read >= IDLE_READ and not self._full():
                 await self._read_while_idle(wake_at)
                 continue
             await clock.sleep(min(IDLE_READ, wake_at - now))
@@ -422,10 +434,14 @@ class Link:
         self._reading = True
         try:
             with self._clock.cancel_scope(deadline=until):
-                while self._ended is None and not self._waiting and self._broken is None:
+                while self._ended is None and not self._waiting and self._broken is None and not self._full():
                     await self._read_some()
         finally:
             self._release_reading()
+
+    def _full(self) -> bool:
+        """Whether a session holds `RECEIVE_BUFFER` frames unread: the keeper reads no more until it takes some."""
+        return any(len(channel.frames) >= RECEIVE_BUFFER for channel in self._channels.values())
 
     async def _ping(self) -> None:
         """Ping the server; if no pong (nor anything else) comes within the timeout, drop the connection."""
@@ -562,9 +578,9 @@ class Link:
         if channel is None:
             return  # a session that has left: nobody waits for it
         frames = channel.frames
-        if len(frames) >= RECEIVE_BUFFER:
+        if len(frames) >= RECEIVE_LIMIT:
             self._end_all(
-                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_BUFFER} unread frames to one session")
+                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_LIMIT} unread frames to one session")
             )
             return
         frames.append(frame if type(frame) is bytes else bytes(frame))
