@@ -510,7 +510,7 @@ async def test_server_close_ends_receive_after_queued_frames() -> None:
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url) as transport:
+            async with WebSocketTransport(server.url) as transport, kept(transport):
                 await closed.wait()
                 assert await transport.receive() == b"one"
                 assert await transport.receive() == b"two"
