@@ -208,7 +208,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._state = _ClientState.UNOPENED
         self._entered_by_connect = False
         self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
-        self._lock: anyio.Lock | None = None
+        # One request at a time. A semaphore, not a lock: an EnvPool takes it in the task that
+        # sends a request and may give it back in another (the one that takes the reply).
+        self._lock: anyio.Semaphore | None = None
         self._next_id = 0
         # Ids of requests sent whose replies have not been read yet, oldest first.
         # Replies come in order, so the oldest is always the next one to arrive.
@@ -316,7 +318,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
             raise
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock = anyio.Semaphore(1, fast_acquire=True)
         self._state = _ClientState.OPENED
 
     async def __aexit__(
