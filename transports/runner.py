@@ -514,6 +514,9 @@ async def _serving(
         raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
     if name == "hypercorn+websockets" and backend != "trio":
         raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
+    endpoint = getattr(app.state, "websocket", None)
+    if endpoint is not None:  # a link tells its client the limit, so that no envelope goes over it
+        endpoint.max_message_size = options.max_message_size
     watched = _StartupWatch(app)
     sock = _bind(host, port)
     server_errors: list[Exception] = []

@@ -31,7 +31,7 @@ from .._network_client import HeaderPairs, client_headers, connect_once, split_u
 from ._handshake import Handshaken, Upgrade, close_quietly, handshake
 from ._link import Link, LinkChannel
 from ._links import PRIVATE, _Private, forget, join
-from ._subprotocols import LINK_SUBPROTOCOLS, RESUME_HEADER, dialect_of, offered_subprotocols
+from ._subprotocols import LINK_SUBPROTOCOLS, MAX_MESSAGE_HEADER, RESUME_HEADER, dialect_of, offered_subprotocols
 
 __all__ = ["WebSocketTransport", "websocket_url"]
 
@@ -45,6 +45,7 @@ _HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-extensions",
         "sec-websocket-protocol",
         RESUME_HEADER.lower(),
+        MAX_MESSAGE_HEADER.lower(),
     }
 )
 
@@ -309,10 +310,29 @@ class WebSocketTransport(Transport):
         ``key`` is the registry's key of a shared link (``None``: the connection is private).
         """
         handshaken: Handshaken | None = None
+        limit = self._limit_header()
+        link: Link | None = None
         with self._clock.move_on_after(self.connect_timeout):
-            handshaken = await handshake(upgrade, self._offer)
-        if handshaken is None:
-            raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+            handshaken = await handshake(upgrade, self._offer, limit)
+            link = self._link_of(handshaken, upgrade, key, limit)
+            try:
+                await link.start()  # a shared link's Hello: its token and the server's message limit
+            except BaseException:
+                await link.aclose()
+                raise
+            return link
+        if handshaken is not None:
+            await close_quietly(handshaken.stream)
+        raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+
+    def _limit_header(self) -> list[tuple[str, str]]:
+        """The handshake header that tells a link's server the largest message this client takes."""
+        return [] if self.max_message_size is None else [(MAX_MESSAGE_HEADER, str(self.max_message_size))]
+
+    def _link_of(
+        self, handshaken: Handshaken, upgrade: Upgrade, key: Hashable | None, limit: list[tuple[str, str]]
+    ) -> Link:
+        """Make a link of a connection past its handshake."""
         selected = handshaken.protocol.subprotocol
         shared = selected in LINK_SUBPROTOCOLS
         dialect: Dialect = dialect_of(selected)
@@ -320,7 +340,7 @@ class WebSocketTransport(Transport):
         async def reconnect(token: str) -> Handshaken:
             opened: Handshaken | None = None
             with self._clock.move_on_after(self.connect_timeout):
-                opened = await handshake(upgrade, [selected] if selected else [], [(RESUME_HEADER, token)])
+                opened = await handshake(upgrade, [selected] if selected else [], [(RESUME_HEADER, token), *limit])
             if opened is None:
                 raise ConnectError(f"timed out after {self.connect_timeout} s reconnecting to {self.url}")
             if opened.protocol.subprotocol != selected:

@@ -52,7 +52,7 @@ from openenv import (
     ProtocolError,
 )
 
-from .._envelope import End, EnvelopeCodec, Hello, Resumed
+from .._envelope import End, EnvelopeCodec, Hello, Resumed, fits
 from .._link_state import ClientLinkState, LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
@@ -190,7 +190,8 @@ class Link:
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keeper's ping awaiting its pong
         self._token: str | None = None  # the link's resume token, from the server's Hello
         self._server_resume_timeout = 0.0
-        self._broken: BaseException | None = None  # the connection dropped; not yet replaced
+        self._server_limit: int | None = None  # the largest message the server takes, from its Hello
+        self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
         self._ended: ConnectionClosed | ProtocolError | None = None  # the link is over, for good
         self._closing = False
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
@@ -231,6 +232,27 @@ class Link:
     def _act_on_early_events(self) -> None:
         early, self._early = self._early, []
         self._after_events(early)  # a close or a protocol error may have come with the response, too
+
+    async def start(self) -> None:
+        """Read the server's `Hello` of a shared link (its token, its message limit); nothing to do for one session.
+
+        Raises:
+            ConnectionClosed: The connection ended first.
+            ProtocolError: The server's first message is no envelope.
+        """
+        if self._state is None:
+            return
+        self._act_on_early_events()  # the Hello may have come with the handshake's response
+        self._reading = True
+        try:
+            while self._token is None:
+                if self._ended is not None:
+                    raise self._ended_error()
+                if self._broken is not None:
+                    raise _fresh(self._broken)
+                await self._read_some()
+        finally:
+            self._release_reading()
 
     @property
     def sessions(self) -> int:
@@ -288,6 +310,14 @@ class Link:
         channel_state = state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
             raise _for_send(channel.ended or self._ended_error())
+        if not fits(len(frame), self._server_limit):
+            # Sent, it would end the connection of every session (1009): this session gives up alone.
+            reason = f"a frame of {len(frame)} bytes is over the server's limit of {self._server_limit} bytes"
+            channel.ended = ConnectionClosed(f"1009 (message too big): {reason}; the session ended")
+            state.post_control(channel.number, End(reason=reason, code=1009))
+            state.forget(channel.number)
+            await self._flush()
+            raise _for_send(channel.ended)
         state.post(channel_state, msgspec.Raw(frame))
         if len(self._channels) == 1:
             await self._flush()
@@ -619,6 +649,7 @@ class Link:
             if isinstance(control, Hello):
                 self._token = control.token
                 self._server_resume_timeout = control.resume_timeout
+                self._server_limit = control.max_message_size
             elif isinstance(control, Resumed):
                 state.resumed(control)
                 self._resumed = True
@@ -660,7 +691,8 @@ class Link:
                 return
             self._check_writable()
             assert self._envelope is not None
-            self._send_data(self._envelope.encode(entries))
+            for message in self._envelope.encode_within(entries, self._server_limit):
+                self._send_data(message)
             await self._write_pending()
 
     def _check_writable(self) -> None:

@@ -75,6 +75,9 @@ class ServerLink:
         dialect: The dialect of the sessions' frames (the link subprotocol's).
         error_details: Whether error replies name the server's exceptions.
         resume_timeout: Seconds the sessions wait for their client after the connection drops.
+        max_message_size: The largest message the server takes (its `Hello` tells the client).
+        client_max_message_size: The largest message the client takes (its handshake said):
+            no envelope is larger, and a session whose reply alone would be ends.
         on_end: Called once when the link is over (the endpoint forgets its token there).
 
     Attributes:
@@ -89,9 +92,12 @@ class ServerLink:
         dialect: Dialect,
         error_details: bool,
         resume_timeout: float,
+        max_message_size: int | None = None,
+        client_max_message_size: int | None = None,
         on_end: Callable[[ServerLink], object],
     ) -> None:
         self.token = secrets.token_urlsafe(32)
+        self._max_message_size = max_message_size
         self.dialect = dialect
         self._resume_timeout = resume_timeout
         self._on_end = on_end
@@ -104,6 +110,7 @@ class ServerLink:
             transport="websocket",
             flush=self._flush,
         )
+        self._host.client_max_message_size = client_max_message_size
         self._current: LinkConnection | None = None
         self._incoming: LinkConnection | None = None  # a connection taking the link over
         self._arrived = anyio.Event()  # set when `_incoming` is set
@@ -125,7 +132,7 @@ class ServerLink:
         last one closed on purpose, or none came back in time) and every
         session's environment is closed; the connection in use then is closed.
         """
-        self._host.hello(self.token, self._resume_timeout)
+        self._host.hello(self.token, self._resume_timeout, self._max_message_size)
 
         async def carry() -> str:
             connection: LinkConnection | None = first
@@ -241,12 +248,12 @@ class ServerLink:
             entries = state.outgoing()
             if not entries:
                 return
-            message = self._host.codec.encode(entries)
             try:
-                if self._binary:
-                    await connection.send({"type": "websocket.send", "bytes": message})
-                else:
-                    await connection.send({"type": "websocket.send", "text": message.decode()})
+                for message in self._host.codec.encode_within(entries, self._host.client_max_message_size):
+                    if self._binary:
+                        await connection.send({"type": "websocket.send", "bytes": message})
+                    else:
+                        await connection.send({"type": "websocket.send", "text": message.decode()})
             except OSError:
                 connection.disconnected = True  # its receive reports the disconnect next
 

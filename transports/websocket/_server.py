@@ -25,13 +25,13 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, encode_fatal_error, host_session
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import LINK_SUBPROTOCOLS, RESUME_HEADER, SPOKEN, dialect_of
+from ._subprotocols import LINK_SUBPROTOCOLS, MAX_MESSAGE_HEADER, RESUME_HEADER, SPOKEN, dialect_of
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -49,6 +49,7 @@ _CLOSE_GRACE = 1.0
 
 
 _RESUME = RESUME_HEADER.lower().encode()
+_MAX_MESSAGE = MAX_MESSAGE_HEADER.lower().encode()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -138,6 +139,7 @@ class WebSocketEndpoint:
         self.registry = registry
         self.error_details = error_details
         self.resume_timeout = resume_timeout
+        self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE  # the server's, which the runner sets
         self._links: dict[str, ServerLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -164,12 +166,20 @@ class WebSocketEndpoint:
             return
         if subprotocol in LINK_SUBPROTOCOLS:
             token = _header(scope, _RESUME)
-            await self._serve_link(LinkConnection(receive, send), dialect, None if token is None else token.decode())
+            client_limit = _header(scope, _MAX_MESSAGE)
+            await self._serve_link(
+                LinkConnection(receive, send),
+                dialect,
+                None if token is None else token.decode(),
+                int(client_limit) if client_limit is not None and client_limit.isdigit() else None,
+            )
             return
         lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         await self._serve_connection(receive, send, dialect, lend)
 
-    async def _serve_link(self, connection: LinkConnection, dialect: Dialect, token: str | None) -> None:
+    async def _serve_link(
+        self, connection: LinkConnection, dialect: Dialect, token: str | None, client_limit: int | None
+    ) -> None:
         """Host a new link on the connection, or (given a token) carry an existing one on it."""
         if token is None:
             link = ServerLink(
@@ -178,6 +188,8 @@ class WebSocketEndpoint:
                 dialect=dialect,
                 error_details=self.error_details,
                 resume_timeout=self.resume_timeout,
+                max_message_size=self.max_message_size,
+                client_max_message_size=client_limit,
                 on_end=lambda ended: self._links.pop(ended.token, None),
             )
             self._links[link.token] = link

@@ -31,6 +31,7 @@ __all__ = [
     "LINK_JSON_SUBPROTOCOL",
     "LINK_MSGPACK_SUBPROTOCOL",
     "LINK_SUBPROTOCOLS",
+    "MAX_MESSAGE_HEADER",
     "MSGPACK_SUBPROTOCOL",
     "PLAIN",
     "RESUME_HEADER",
@@ -66,6 +67,9 @@ SPOKEN: dict[str, Dialect] = {**LINK_SUBPROTOCOLS, **SUBPROTOCOLS}
 
 RESUME_HEADER: Final = "OpenEnv-Resume"
 """The handshake header that names the link a new connection takes over."""
+
+MAX_MESSAGE_HEADER: Final = "OpenEnv-Max-Message-Size"
+"""The handshake header in which a client says the largest message it takes, in bytes (for a link's envelopes)."""
 
 
 def dialect_of(subprotocol: str | None) -> Dialect:
