@@ -885,7 +885,7 @@ class Link:
         error = self._ended or self._broken
         if error is None:
             error = self._closed_error("the connection was lost")
-        raise _for_send(error)  # type: ignore[arg-type]
+        raise _for_send(error)
 
     _resumed = False
 
