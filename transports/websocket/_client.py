@@ -10,6 +10,7 @@ where the server does not offer links (OpenEnv's) or the caller asked for one
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Hashable, Sequence
 from typing import Literal
@@ -31,7 +32,14 @@ from .._network_client import HeaderPairs, client_headers, connect_once, split_u
 from ._handshake import Handshaken, Upgrade, close_quietly, handshake
 from ._link import Link, LinkChannel
 from ._links import PRIVATE, _Private, forget, join
-from ._subprotocols import LINK_SUBPROTOCOLS, MAX_MESSAGE_HEADER, RESUME_HEADER, dialect_of, offered_subprotocols
+from ._subprotocols import (
+    LINK_SUBPROTOCOLS,
+    MAX_MESSAGE_HEADER,
+    RESUME_HEADER,
+    RESUME_TIMEOUT_HEADER,
+    dialect_of,
+    offered_subprotocols,
+)
 
 __all__ = ["WebSocketTransport", "websocket_url"]
 
@@ -45,6 +53,7 @@ _HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-extensions",
         "sec-websocket-protocol",
         RESUME_HEADER.lower(),
+        RESUME_TIMEOUT_HEADER.lower(),
         MAX_MESSAGE_HEADER.lower(),
     }
 )
@@ -326,8 +335,13 @@ class WebSocketTransport(Transport):
         raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
 
     def _limit_header(self) -> list[tuple[str, str]]:
-        """The handshake header that tells a link's server the largest message this client takes."""
-        return [] if self.max_message_size is None else [(MAX_MESSAGE_HEADER, str(self.max_message_size))]
+        """The handshake headers that tell a link's server this client's limits: its messages, its resuming."""
+        headers = [] if self.max_message_size is None else [(MAX_MESSAGE_HEADER, str(self.max_message_size))]
+        if not self.resume:
+            headers.append((RESUME_TIMEOUT_HEADER, "0"))  # it never comes back: end the sessions with the connection
+        elif self.resume_timeout is not None:
+            headers.append((RESUME_TIMEOUT_HEADER, str(math.ceil(self.resume_timeout))))
+        return headers
 
     def _link_of(
         self, handshaken: Handshaken, upgrade: Upgrade, key: Hashable | None, limit: list[tuple[str, str]]

@@ -603,7 +603,7 @@ class Link:
     def _after_events(self, events: list[Event]) -> None:
         self._handle_events(events)
         protocol = self._protocol
-        if protocol.state is not State.OPEN and self._broken is None:
+        if protocol.state is not State.OPEN and self._broken is None and not self._resuming:
             if isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS):
                 text = f"the server at {self.url} broke the WebSocket protocol: {protocol.parser_exc}"
                 self._end_all(ProtocolError(text), protocol.parser_exc)
@@ -801,7 +801,7 @@ class Link:
                     await self._resume_once()
                     self.resumes += 1
                     return
-                except AuthenticationError as exc:
+                except (AuthenticationError, _Refused) as exc:
                     self._end_all(ConnectionClosed(f"{why}; the sessions could not be resumed: {exc}"), exc)
                     return
                 except (ConnectError, ConnectionClosed) as exc:
@@ -836,17 +836,25 @@ class Link:
         handshaken = await self._reconnect(self._token)
         async with self._write_lock:
             self._resumed = False
+            self._resuming = True
             self._take_over(handshaken)
             assert self._envelope is not None
-            resume = self._state.resume()
-            self._send_data(self._envelope.encode([resume]))
-            await self._write_pending()
-        while not self._resumed:
-            if self._broken is not None:
-                raise ConnectionClosed(str(self._broken))
-            if self._ended is not None:
-                raise self._ended_error()
-            await self._read_some()
+            if self._protocol.state is State.OPEN:
+                resume = self._state.resume()
+                self._send_data(self._envelope.encode([resume]))
+                await self._write_pending()
+        try:
+            while not self._resumed:
+                refused = self._protocol.close_rcvd
+                if refused is not None:  # it knows no such link (a restarted server, one that gave up)
+                    raise _Refused(f"the server refused it ({refused})")
+                if self._broken is not None:
+                    raise ConnectionClosed(str(self._broken))
+                if self._ended is not None:
+                    raise self._ended_error()
+                await self._read_some()
+        finally:
+            self._resuming = False
         await self._flush()  # what the server lacks
 
     def _end_all(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
@@ -887,7 +895,12 @@ class Link:
             error = self._closed_error("the connection was lost")
         raise _for_send(error)
 
-    _resumed = False
+    _resumed = False  # the server's Resumed came on the connection that takes the link over
+    _resuming = False  # a connection is taking the link over: its close is a refusal, not the link's end
+
+
+class _Refused(ConnectionClosed):
+    """The server closed a connection that came to take a link over: it does not know the link."""
 
 
 def _for_send(error: ConnectionClosed | ProtocolError) -> ConnectionClosed:
