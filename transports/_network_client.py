@@ -17,22 +17,27 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, NoReturn
 
 import anyio
+import msgspec
 
-from openenv import ClientStateError, ConnectionClosed, ProtocolError, __version__
+from openenv import AuthenticationError, ClientStateError, ConnectionClosed, ProtocolError, __version__
 
 from ._guard import AUTH_TOKEN_ENV
 
 __all__ = [
     "STREAM_ERRORS",
     "ConnectionEnd",
+    "authentication_error",
     "HeaderPairs",
     "SplitURL",
     "client_headers",
     "connect_once",
     "default_ssl_context",
     "describe",
+    "error_detail",
+    "error_message",
     "no_tls_context",
     "not_connected",
+    "sends_token",
     "split_url",
     "user_agent",
 ]
@@ -169,6 +174,68 @@ def client_headers(
         if not _HEADER_VALUE.fullmatch(value):
             raise ValueError(f"invalid header: the value of {name} holds a control character")
     return pairs
+
+
+class _ErrorBody(msgspec.Struct):
+    code: str = ""
+    message: str = ""
+
+
+class _Error(msgspec.Struct):
+    error: _ErrorBody
+
+
+_decode_error = msgspec.json.Decoder(_Error).decode
+
+
+def error_message(body: bytes) -> tuple[str, str] | None:
+    """The code and message of our servers' JSON error body (``{"error": {"code", "message"}}``), if it is one.
+
+    Args:
+        body: An error response's body.
+    """
+    try:
+        error = _decode_error(body).error
+    except msgspec.DecodeError:
+        return None
+    return error.code, error.message
+
+
+def error_detail(body: bytes) -> str:
+    """What an error response's body says, in a line: our servers' JSON error's message, or the body's start.
+
+    Args:
+        body: The response's body.
+    """
+    error = error_message(body)
+    if error is None:
+        return " ".join(body.decode("utf-8", "replace").split())[:200]
+    code, message = error
+    return f"{message} ({code})" if code else message
+
+
+def sends_token(headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether these request headers carry credentials (an ``Authorization`` header)."""
+    return any(name.lower() == "authorization" for name, _ in headers)
+
+
+def authentication_error(url: str, refusal: str, *, token_sent: bool) -> AuthenticationError:
+    """The error for a server's ``401``, saying how to send a token when none was sent.
+
+    Args:
+        url: The URL the client connected to.
+        refusal: What the server answered (``"HTTP 401 Unauthorized: ..."``).
+        token_sent: Whether the request carried an ``Authorization`` header.
+    """
+    if token_sent:
+        return AuthenticationError(
+            f"the server at {url} refused the token ({refusal}); check the one given "
+            f"(the auth_token option, or {AUTH_TOKEN_ENV})"
+        )
+    return AuthenticationError(
+        f"the server at {url} wants a token and none was sent ({refusal}); give it as "
+        f"auth_token='...' (EnvClient(url, auth_token=...), openenv bench --auth-token) or set {AUTH_TOKEN_ENV}"
+    )
 
 
 # -- lifecycle and failures ---------------------------------------------------------

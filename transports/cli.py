@@ -6,7 +6,8 @@ openenv [--debug] serve package.module:Factory [--host H] [--port P] [--backend 
                                      [--http-idle-timeout S]
 openenv demo [--backend asyncio|trio|both]
 openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action JSON|@FILE]
-                            [--warmup N] [--timeout S] [--backend asyncio|trio] [--json] [--no-progress]
+                            [--warmup N] [--timeout S] [--backend asyncio|trio] [--auth-token T]
+                            [--json] [--no-progress]
 openenv --version
 ```
 
@@ -490,6 +491,11 @@ def _parse_action(ctx: click.Context, param: click.Parameter, value: str | None)
     show_default=True,
     help="The event loop the clients run on.",
 )
+@click.option(
+    "--auth-token",
+    envvar="OPENENV_AUTH_TOKEN",
+    help="The server's bearer token, for its /schema and every session. Also read from OPENENV_AUTH_TOKEN.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of a table.")
 @click.option(
     "--no-progress",
@@ -505,6 +511,7 @@ def bench(
     warmup: int,
     timeout: float,
     backend: str,
+    auth_token: str | None,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -563,6 +570,7 @@ def bench(
                         seconds=seconds,
                         warmup=warmup,
                         timeout=timeout,
+                        auth_token=auth_token,
                         on_progress=None if progress.disable else show,
                     )
                 except BenchmarkError as exc:  # the other URLs are still measured and reported

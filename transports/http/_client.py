@@ -36,7 +36,6 @@ import msgspec
 
 from openenv import (
     EVENT_LOOP_CLOCK,
-    AuthenticationError,
     Clock,
     ConnectError,
     ConnectionClosed,
@@ -49,10 +48,13 @@ from openenv.channel import FrameQueue
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
+    authentication_error,
     client_headers,
     connect_once,
     default_ssl_context,
     describe,
+    error_detail,
+    error_message,
     no_tls_context,
     not_connected,
     split_url,
@@ -120,17 +122,7 @@ class _Created(msgspec.Struct):
     max_wait: float | None = None
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
 _decode_created = msgspec.json.Decoder(_Created).decode
-_decode_error = msgspec.json.Decoder(_Error).decode
 
 
 class _RequestFailed(Exception):
@@ -196,21 +188,15 @@ class _Answer:
 
 def _error_detail(response: httpx.Response) -> str:
     """What an error response says, in a line: our JSON error's message, or the start of the body."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
-        text = response.content.decode("utf-8", "replace").strip()
-        return text[:200]
-    return f"{error.message} ({error.code})" if error.code else error.message
+    return error_detail(response.content)
 
 
 def _end_reason(response: httpx.Response) -> str:
     """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
+    error = error_message(response.content)
+    if error is None:
         return _error_detail(response)
-    return error.message.removeprefix("the session has ended: ")
+    return error[1].removeprefix("the session has ended: ")
 
 
 class HTTPPollingTransport(Transport):
@@ -414,10 +400,8 @@ class HTTPPollingTransport(Transport):
             self._finish(ConnectionClosed(reason))
             return
         if status == 401:
-            raise AuthenticationError(
-                f"the server at {self.url} refused the token: HTTP 401 {response.reason_phrase}: "
-                f"{_error_detail(response)}"
-            )
+            refusal = f"HTTP 401 {response.reason_phrase}: {_error_detail(response)}"
+            raise authentication_error(self.url, refusal, token_sent="authorization" in response.request.headers)
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(
