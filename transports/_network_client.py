@@ -35,6 +35,7 @@ __all__ = [
     "describe",
     "error_detail",
     "error_message",
+    "network_cause",
     "no_tls_context",
     "not_connected",
     "sends_token",
@@ -257,18 +258,58 @@ def connect_once(entered: bool, transport: object) -> None:
         )
 
 
+def _os_errors(exc: BaseException | None, depth: int = 0) -> list[OSError]:
+    """The system's own failures at the bottom of an I/O library's chain of exceptions (groups looked into)."""
+    if exc is None or depth > 8:
+        return []
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, (list, tuple)):  # an exception group: anyio's connect tries every address
+        return [error for member in inner for error in _os_errors(member, depth + 1)]
+    below = _os_errors(exc.__cause__ or exc.__context__, depth + 1)
+    if below:
+        return below
+    return [exc] if isinstance(exc, OSError) else []
+
+
 def describe(exc: BaseException) -> str:
-    """One line on why an I/O call failed: its class and message, with anyio's grouped connect errors.
+    """One line on why an I/O call failed: its class and message, and the system's errors beneath it.
 
     Args:
         exc: The failure.
     """
     message = " ".join(str(exc).split())
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    inner = getattr(exc.__cause__, "exceptions", None)
-    if inner:
-        text += " (" + "; ".join(str(e) or type(e).__name__ for e in inner) + ")"
+    beneath = [str(error) or type(error).__name__ for error in _os_errors(exc) if error is not exc]
+    beneath = [line for line in dict.fromkeys(beneath) if line not in text]
+    if beneath:
+        text += " (" + "; ".join(beneath) + ")"
     return text
+
+
+def network_cause(exc: BaseException) -> BaseException:
+    """What a transport's error is raised from: the system's failure alone, when the network failed.
+
+    A refused or unreachable connection comes wrapped in the I/O libraries'
+    exceptions, each with its traceback through their internals: 60 to 85
+    lines around the one that says what happened, which the error's message
+    says already. The cause kept is the system's ``OSError`` (its class,
+    ``errno`` and message), without those frames. Any other failure (a bug,
+    say) is kept whole.
+
+    Args:
+        exc: The failure the transport caught.
+
+    Returns:
+        The failure to chain to (``raise error from network_cause(exc)``).
+    """
+    errors = _os_errors(exc)
+    if not errors:
+        return exc
+    root = errors[0]
+    root.__traceback__ = None
+    root.__cause__ = None
+    root.__context__ = None
+    return root
 
 
 class ConnectionEnd:

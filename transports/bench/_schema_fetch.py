@@ -16,6 +16,7 @@ from .._network_client import (
     client_headers,
     describe,
     error_detail,
+    network_cause,
     sends_token,
     split_url,
     user_agent,
@@ -116,7 +117,7 @@ async def fetch_action_schema(
     except TimeoutError as exc:
         raise ConnectError(f"no answer from {address} within {timeout} s") from exc
     except httpx.HTTPError as exc:
-        raise ConnectError(f"cannot reach {address}: {describe(exc)}") from exc
+        raise ConnectError(f"cannot reach {address}: {describe(exc)}") from network_cause(exc)
     if response.status_code == 401:
         refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response.content)}"
         raise authentication_error(address, refusal, token_sent=sends_token(headers))

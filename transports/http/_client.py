@@ -55,6 +55,7 @@ from .._network_client import (
     describe,
     error_detail,
     error_message,
+    network_cause,
     no_tls_context,
     not_connected,
     split_url,
@@ -128,10 +129,12 @@ _decode_created = msgspec.json.Decoder(_Created).decode
 class _RequestFailed(Exception):
     """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
 
-    def __init__(self, reason: str, attempts: int) -> None:
+    def __init__(self, reason: str, attempts: int, cause: BaseException | None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.attempts = attempts
+        # What the transport's own error is raised from: without the I/O libraries' frames when the network failed.
+        self.cause = network_cause(cause) if cause is not None else None
 
 
 def polling_url(url: str) -> tuple[str, str]:
@@ -388,7 +391,7 @@ class HTTPPollingTransport(Transport):
         try:
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
         except _RequestFailed as exc:
-            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.__cause__
+            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.cause
         self._on_created(response)
 
     def _on_created(self, response: httpx.Response) -> None:
@@ -505,7 +508,7 @@ class HTTPPollingTransport(Transport):
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
-                    raise error from exc.__cause__
+                    raise error from exc.cause
                 answer = _Answer(response)
                 if answer.sets_cookie:
                     self._build_headers()
@@ -542,7 +545,7 @@ class HTTPPollingTransport(Transport):
                 cause: BaseException | None = exc
             except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
                 # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
-                raise _RequestFailed(describe(exc), 1) from exc
+                raise _RequestFailed(describe(exc), 1, exc) from None
             else:
                 if response.status_code not in _GATEWAY_STATUSES or owned_by_protocol in response.headers:
                     return response
@@ -550,7 +553,7 @@ class HTTPPollingTransport(Transport):
                 failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
                 cause = None
             if attempt > self.retries:
-                raise _RequestFailed(failure, attempt) from cause
+                raise _RequestFailed(failure, attempt, cause)
             await self._clock.sleep(_backoff(attempt))
 
     def _confirm(self, answer: _Answer) -> None:

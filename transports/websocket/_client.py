@@ -61,6 +61,7 @@ from .._network_client import (
     describe,
     error_detail,
     error_message,
+    network_cause,
     sends_token,
     split_url,
     user_agent,
@@ -437,7 +438,7 @@ class WebSocketTransport(Transport):
                 self._check_selected_subprotocol(events, offer)
                 raise _connect_error(self.url, exc.reason, token_sent=sends_token(self._headers)) from exc.reason
             except _CONNECT_ERRORS as exc:
-                raise _connect_error(self.url, exc) from exc
+                raise _connect_error(self.url, exc) from network_cause(exc)
         if connection is None:
             raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
         selected = connection.subprotocol
@@ -470,13 +471,13 @@ class WebSocketTransport(Transport):
         try:
             stream = await self._connect_tcp(uri)
         except _CONNECT_ERRORS as exc:
-            raise _connect_error(self.url, exc) from exc
+            raise _connect_error(self.url, exc) from network_cause(exc)
         try:
             protocol, early_events = await self._handshake(stream, uri, offer, extra_headers)
         except BaseException as exc:
             await close_quietly(stream)
             if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
-                raise _connect_error(self.url, exc, token_sent=sends_token(self._headers)) from exc
+                raise _connect_error(self.url, exc, token_sent=sends_token(self._headers)) from network_cause(exc)
             raise
         return stream, protocol, early_events
 
