@@ -149,6 +149,56 @@ async def test_stopping_ends_open_sessions_politely() -> None:
     assert codes == [(1001, "server shutting down")]
 
 
+class EndlessStepEnv(openenv.Environment):  # type: ignore[type-arg]
+    """A step that never ends by itself: it outlives any shutdown grace."""
+
+    stepping: anyio.Event
+
+    async def reset(self, **kwargs: object) -> dict[str, str]:
+        return {}
+
+    async def step(self, action: object) -> dict[str, str]:
+        type(self).stepping.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def state(self) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_a_step_outliving_the_shutdown_grace_is_ended_with_the_reason(
+    scheme: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    EndlessStepEnv.stepping = anyio.Event()
+    errors: list[BaseException] = []
+
+    async def step_forever(client: openenv.EnvClient[object, object, object]) -> None:
+        try:
+            await client.step({})
+        except openenv.OpenEnvError as exc:
+            errors.append(exc)
+        finally:
+            await client.aclose()
+
+    with anyio.fail_after(LIMIT), caplog.at_level("WARNING"):
+        # The server stops first (the block's end), then the task group waits for the client's step.
+        async with anyio.create_task_group() as task_group, serve(EndlessStepEnv, shutdown_timeout=0.2) as server:
+            client: openenv.EnvClient[object, object, object] = openenv.EnvClient(
+                server.url.replace("http", scheme, 1), timeout=None
+            )
+            await client.__aenter__()
+            task_group.start_soon(step_forever, client)
+            await EndlessStepEnv.stepping.wait()
+    assert len(errors) == 1
+    assert isinstance(errors[0], openenv.ConnectionClosed)
+    assert "server shutting down" in str(errors[0])  # WebSocket close 1001, or HTTP 410: not a 500
+    assert "still busy after the 0.2 s shutdown grace" in caplog.text
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
+    assert "Traceback" not in caplog.text
+
+
 @pytest.mark.anyio
 async def test_openenv_serve_delegates_to_the_runner() -> None:
     with anyio.fail_after(LIMIT):

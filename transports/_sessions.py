@@ -52,7 +52,8 @@ The client raises `openenv.CapacityReachedError` for each of them.
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
-or the server is shutting down (`SessionRegistry.close_all`). The idle timeout
+or the server is shutting down (`SessionRegistry.close_all`; once the
+shutdown's grace is over, `SessionRegistry.cut_all` ends the busy ones too). The idle timeout
 is the registry's own (every transport's), or a transport's own where that is
 shorter: HTTP long-polling cannot see a client leave, so its sessions always
 have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
@@ -213,6 +214,29 @@ class SessionLease:
             callback()
         except Exception:
             logger.exception("closing session %d (%s) failed", self.id, reason)
+
+    def cut(self, reason: str) -> None:
+        """End the session now, busy or not: the server is stopping and its grace is over.
+
+        As `request_close`, except that ``on_close`` is called whether or not
+        the session is waiting for its client: a request in hand is cancelled
+        (a plain environment's call still runs to its end on the session's
+        thread; nobody waits for it). Idempotent.
+
+        Args:
+            reason: Why, if no reason was given before (the first one sticks).
+        """
+        if self._registry is None:
+            return
+        if self.close_reason is None:
+            self.close_reason = reason
+        callback, self._on_close = self._on_close, None
+        if callback is None:
+            return
+        try:
+            callback()
+        except Exception:
+            logger.exception("cutting session %d (%s) failed", self.id, reason)
 
     @property
     def vacated(self) -> bool:
@@ -497,6 +521,21 @@ class SessionRegistry:
         self._closing = True
         while self._queue:  # sessions still waiting for a slot are turned away
             self._queue.popleft().admitted.set()
+
+    def cut_all(self, reason: str = SHUTDOWN_REASON) -> int:
+        """End every session now, busy ones too (see `SessionLease.cut`): the shutdown's grace is over.
+
+        Args:
+            reason: Why, for the clients and the logs, where no reason was given before.
+
+        Returns:
+            How many sessions were still there to cut.
+        """
+        self.close_all(reason)
+        leases = [lease for lease in self._leases.values() if not lease.vacated]
+        for lease in leases:
+            lease.cut(reason)
+        return len(leases)
 
     @property
     def reap_interval(self) -> float | None:

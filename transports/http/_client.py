@@ -687,7 +687,10 @@ class HTTPPollingTransport(Transport):
             if self._unconfirmed and self._unconfirmed[0][0] <= seq:
                 self._unconfirmed.clear()
                 raise ConnectionClosed(reason)
-            # The frame arrived (a close, say): `receive` fetches what is left, then ends.
+            # The frame arrived (a close, say), and a 410 comes only once the client
+            # holds every reply: nothing is left to fetch (a reply in flight in another
+            # request still arrives), and the server may be going away.
+            self._finish(ConnectionClosed(reason))
         elif status == 404:
             # The server does not know the session (any more): no use deleting it.
             self._session_url = None

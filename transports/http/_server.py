@@ -279,6 +279,18 @@ class _Session:
         self.inbox.close()
         self.wake()
 
+    def stop(self) -> None:
+        """End the session at the registry's request (idle too long, the server stopping): its ``on_close``.
+
+        The session's task is cancelled, and its record ends now, so a request
+        waiting for a reply gets ``410`` with the reason at once, even while a
+        plain environment's step still holds the session's thread.
+        """
+        self.scope.cancel()
+        lease = self.lease
+        if lease is not None and lease.close_reason is not None:
+            self.end(lease.close_reason)
+
     def delete(self) -> None:
         """End the session at the client's request: after the request in hand, if any."""
         self.deleted = True
@@ -581,7 +593,7 @@ class HTTPPollingEndpoint:
 
         session_id = secrets.token_urlsafe(32)
         session = _Session(session_id, dialect, self._new_event)
-        lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
+        lease = await self.registry.admit(transport="http", on_close=session.stop)
         if lease is None:
             await self._refuse_at_capacity(send, dialect)
             return
