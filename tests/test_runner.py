@@ -248,10 +248,12 @@ def test_openenv_serve_command(backend: str) -> None:
         "65536",
         "--log-level",
         "warning",
+        "--metrics",
     ]
     with running([*args, *options]) as process:
         response = wait_for_health(f"http://127.0.0.1:{port}", process)
         assert response.json() == {"status": "healthy"}
+        assert "openenv_sessions_open" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert httpx.get(f"http://127.0.0.1:{port}/metadata", timeout=5).json()["name"] == "EchoEnvironment"
         # HTTP long-polling is served beside WebSocket.
         created = httpx.post(f"http://127.0.0.1:{port}/poll/sessions", timeout=5)

@@ -69,7 +69,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -296,6 +296,10 @@ class SessionRegistry:
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
 
+    Attributes:
+        opened: The sessions given a slot so far, by transport.
+        refused: The sessions turned away so far (``CAPACITY_REACHED``), by transport.
+
     Raises:
         ValueError: ``max_sessions`` is below 1, or an idle or queue timeout is not positive.
     """
@@ -329,6 +333,9 @@ class SessionRegistry:
         self._slots_taken = 0  # the leases among them not yet vacated
         self._ids = itertools.count(1)
         self._emptied: anyio.Event | None = None
+        # Sessions admitted and turned away so far, by transport (for the server's metrics).
+        self.opened: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     @property
     def active(self) -> int:
@@ -430,6 +437,12 @@ class SessionRegistry:
             already (then tell the client ``CAPACITY_REACHED`` with `active` and
             `max_sessions`).
         """
+        lease = self._take(transport, on_close)
+        if lease is None:
+            self.refused[transport] += 1
+        return lease
+
+    def _take(self, transport: str, on_close: Callable[[], object] | None) -> SessionLease | None:
         if self.full or self._queue:  # with sessions queued, a slot is theirs first
             return None
         return self._new_lease(transport, on_close)
@@ -440,6 +453,7 @@ class SessionRegistry:
         )
         self._leases[lease.id] = lease
         self._slots_taken += 1
+        self.opened[transport] += 1
         return lease
 
     @property
@@ -463,9 +477,12 @@ class SessionRegistry:
             The lease; or ``None`` if no slot came free in time (tell the client
             ``CAPACITY_REACHED``, as for `open`).
         """
-        lease = self.open(transport=transport, on_close=on_close)
-        if lease is not None or self.queue_timeout is None:
+        lease = self._take(transport, on_close)
+        if lease is not None:
             return lease
+        if self.queue_timeout is None:
+            self.refused[transport] += 1
+            return None
         waiter = _Waiter(transport, on_close)
         self._queue.append(waiter)
         try:
@@ -477,8 +494,10 @@ class SessionRegistry:
             elif waiter in self._queue:
                 self._queue.remove(waiter)
             raise
-        if waiter.lease is None and waiter in self._queue:
-            self._queue.remove(waiter)
+        if waiter.lease is None:
+            self.refused[transport] += 1
+            if waiter in self._queue:
+                self._queue.remove(waiter)
         return waiter.lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:

@@ -3,7 +3,7 @@
 ```
 openenv [--debug] serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
                                      [--max-sessions N] [--session-idle-timeout S]
-                                     [--http-idle-timeout S]
+                                     [--http-idle-timeout S] [--metrics]
 openenv demo [--backend asyncio|trio|both]
 openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action JSON|@FILE]
                             [--warmup N] [--timeout S] [--backend asyncio|trio] [--auth-token T]
@@ -144,6 +144,11 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="A browser origin (https://app.example, or '*') whose requests are accepted, with CORS headers; "
     "repeatable. By default requests carrying an Origin header are refused.",
 )
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Serve GET /metrics for Prometheus (sessions, steps, latency, errors, bytes); behind --auth-token if set.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
     "--app-dir",
@@ -168,6 +173,7 @@ def serve(
     hide_error_details: bool,
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
+    metrics: bool,
     log_level: str,
     app_dir: str,
 ) -> None:
@@ -220,6 +226,7 @@ def serve(
             allow_origins=allow_origins,
             error_details=not hide_error_details,
             queue_timeout=queue_timeout,
+            metrics=metrics,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
