@@ -218,7 +218,7 @@ class ServerSession:
                 reply = self.codec.observation(observation, request_id)
             elif kind == "reset":
                 if self._reset_keywords is not None:
-                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
+                    data = self._reset_data(data)
                 observation = await self._reset(**data)
                 reply = self.codec.observation(observation, request_id)
             elif kind == "state":
@@ -257,6 +257,19 @@ class ServerSession:
         if error is not None:
             metrics.error(name, error)
         metrics.transferred(name, size, 0 if reply is None else len(reply))
+
+    def _reset_data(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The reset keywords the environment takes; the others are dropped, as OpenEnv's server drops them.
+
+        A keyword dropped is logged (once per environment class and keyword in
+        the process): a client's typo (``sed=3``) would otherwise go unseen.
+        """
+        keywords = self._reset_keywords
+        assert keywords is not None
+        accepted = {key: value for key, value in data.items() if key in keywords}
+        if len(accepted) != len(data):
+            _note_dropped(type(self.env), [key for key in data if key not in keywords], keywords)
+        return accepted
 
     def _execution_error(self, exc: Exception, request_id: int | None) -> bytes:
         """The reply when the environment raised, or returned something that cannot be encoded."""
@@ -316,7 +329,7 @@ class ServerSession:
                 reply = self.codec.observation(self._resolved(env.step(data)), request_id)
             elif kind == "reset":
                 if self._reset_keywords is not None:
-                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
+                    data = self._reset_data(data)
                 reply = self.codec.observation(self._resolved(env.reset(**data)), request_id)
             else:
                 reply = self.codec.state(self._resolved(env.state), request_id)
@@ -354,6 +367,23 @@ class ServerSession:
 
 
 _clock = time.perf_counter
+
+# The (environment class, keyword) pairs whose dropping was logged already.
+_dropped_noted: set[tuple[type, str]] = set()
+
+
+def _note_dropped(env_type: type, dropped: list[str], keywords: frozenset[str]) -> None:
+    """Log, once per environment class and keyword, reset keywords the environment does not take."""
+    new = [name for name in dropped if (env_type, name) not in _dropped_noted]
+    if not new:
+        return
+    _dropped_noted.update((env_type, name) for name in new)
+    logger.warning(
+        "reset() of %s takes no keyword %s: dropped, as OpenEnv's server drops it (it takes %s)",
+        factory_name(env_type),
+        ", ".join(f"{name}=" for name in new),
+        ", ".join(f"{name}=" for name in sorted(keywords)) or "none",
+    )
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import httpx
@@ -282,6 +283,29 @@ def test_openenv_serve_command(backend: str) -> None:
         assert f"on http://127.0.0.1:{port}" in stderr
         # The URLs a client takes, as printed: EnvClient appends /ws itself.
         assert f"clients connect to ws://127.0.0.1:{port} (WebSocket) or http+poll://127.0.0.1:{port}" in stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_each_server_line_is_printed_once_when_the_environment_logs_through_the_root_logger(
+    backend: str, tmp_path: Path
+) -> None:
+    (tmp_path / "rooted.py").write_text(
+        "import logging\n"
+        "from openenv.examples.echo import EchoEnvironment\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "class Env(EchoEnvironment):\n"
+        "    pass\n"
+    )
+    port = free_port()
+    args = [*CLI, "serve", "rooted:Env", "--port", str(port), "--backend", backend, "--app-dir", str(tmp_path)]
+    with running(args) as process:
+        wait_for_health(f"http://127.0.0.1:{port}", process)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert sum("SIGINT received" in line for line in lines) == 1, stderr
+    assert sum("Running on" in line or "Started server process" in line for line in lines) == 1, stderr
 
 
 def test_openenv_demo_command() -> None:

@@ -10,6 +10,7 @@ and how a connection's end is recorded and reported (`ConnectionEnd`).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import ssl
@@ -35,6 +36,7 @@ __all__ = [
     "describe",
     "error_detail",
     "error_message",
+    "is_loopback",
     "network_cause",
     "no_tls_context",
     "not_connected",
@@ -95,6 +97,25 @@ def split_url(url: str, schemes: Mapping[str, str], *, default_scheme: str | Non
 
 
 # -- TLS and identity ---------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` (and its subdomains), ``127.0.0.0/8``, ``::1``.
+
+    A transport never sends such a host's requests through a proxy from the
+    environment (``HTTP_PROXY``...), as OpenEnv's client and Go's ``net/http``
+    do not: a proxy elsewhere cannot reach it.
+
+    Args:
+        host: A URL's host, without brackets (``::1``).
+    """
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @functools.cache

@@ -277,10 +277,16 @@ async def _run_hypercorn(
 
     config = Config()
     config.loglevel = "DEBUG" if options.log_level == "trace" else options.log_level.upper()  # no TRACE level
-    if options.embedded:  # log through the process's own logging setup, untouched
-        error_logger = logging.getLogger("hypercorn.error")
-        error_logger.setLevel(config.loglevel)
-        config.errorlog = error_logger
+    error_logger = logging.getLogger("hypercorn.error")
+    error_logger.setLevel(config.loglevel)
+    if not options.embedded:
+        # A console handler as hypercorn's own, and its lines printed once: not again
+        # by the root logger's handler, which an environment may have set up.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
+        error_logger.handlers = [handler]
+        error_logger.propagate = False
+    config.errorlog = error_logger  # embedded: the process's own logging setup, untouched
     config.accesslog = "-" if options.log_level in ("debug", "trace") else None
     config.websocket_max_message_size = options.max_message_size
     # Hypercorn closes a connection idle (no request in hand) this long: it also
@@ -876,10 +882,16 @@ def _redact_access_logs() -> None:
 
 
 def _configure_console_logging(log_level: str) -> None:
-    """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
+    """Log openenv's server messages to stderr, for a command line (the servers log their own).
+
+    Each server line is printed once, by its own handler: not again by the root
+    logger's, which an environment may set up (``logging.basicConfig()`` on
+    import). uvicorn's configuration does the same for its loggers.
+    """
     openenv_logger = logging.getLogger("openenv")
     if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         openenv_logger.addHandler(handler)
+        openenv_logger.propagate = False
     openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())

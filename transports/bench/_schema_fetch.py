@@ -16,6 +16,7 @@ from .._network_client import (
     client_headers,
     describe,
     error_detail,
+    is_loopback,
     network_cause,
     sends_token,
     split_url,
@@ -112,7 +113,7 @@ async def fetch_action_schema(
     )
     try:
         with anyio.fail_after(timeout):
-            async with httpx.AsyncClient(timeout=timeout) as client:
+            async with httpx.AsyncClient(timeout=timeout, trust_env=not is_loopback(httpx.URL(address).host)) as client:
                 response = await client.get(address, headers=headers)
     except TimeoutError as exc:
         raise ConnectError(f"no answer from {address} within {timeout} s") from exc

@@ -55,6 +55,7 @@ from .._network_client import (
     describe,
     error_detail,
     error_message,
+    is_loopback,
     network_cause,
     no_tls_context,
     not_connected,
@@ -233,8 +234,11 @@ class HTTPPollingTransport(Transport):
         url: The server's base URL (``http+poll://host:8000``, ``https+poll://host/prefix``).
         client: The ``httpx.AsyncClient`` to send requests with (its proxies,
             TLS settings, auth, headers and cookies apply). The transport never
-            closes a client it was given; without one, it makes its own and
-            closes it on `aclose`.
+            closes a client it was given; without one, it makes its own, which
+            takes its proxy from ``HTTP_PROXY``, ``HTTPS_PROXY`` or ``ALL_PROXY``
+            (``NO_PROXY`` lists hosts reached directly), except for a loopback
+            host (``localhost``, ``127.0.0.1``, ``::1``), always reached
+            directly; and closes it on `aclose`.
         connect_timeout: Seconds allowed to create the session (retries
             included), and for each TCP/TLS connect afterwards (``None``: no limit).
         poll_timeout: The longest the server may hold one request waiting for a
@@ -360,6 +364,9 @@ class HTTPPollingTransport(Transport):
         if client is None:
             client = httpx.AsyncClient(
                 headers={"User-Agent": _USER_AGENT},
+                # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY apply (httpx's trust_env), but
+                # never to this machine, which a proxy elsewhere cannot reach (as over WebSocket).
+                trust_env=not is_loopback(httpx.URL(self.url).host),
                 verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
