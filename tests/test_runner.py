@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import socket
 import subprocess
@@ -327,9 +328,22 @@ def test_version_and_help() -> None:
     assert result.exit_code == 0
     assert "serve" in result.output
     assert "demo" in result.output
+    for command in ("serve", "demo", "bench"):  # plain text: no reStructuredText markup in a terminal
+        help_text = runner.invoke(main, [command, "--help"]).output
+        assert "``" not in help_text, help_text
+    assert "EVENT_LOOP_CLOCK" in str(inspect.signature(openenv.EnvClient))  # help(EnvClient): no object address
 
 
-def test_serve_rejects_a_bad_factory() -> None:
-    result = CliRunner().invoke(main, ["serve", "no_such_module_here:Env"])
+def test_serve_rejects_a_bad_factory(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["serve", "no_such_module_here:Env", "--app-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "FACTORY" in result.output
+    # Where it was looked for, and what to do: the folder that holds it, or --app-dir.
+    assert f"no module named 'no_such_module_here' in {tmp_path}" in result.output
+    assert "--app-dir" in result.output
+    (tmp_path / "needs_a_dependency.py").write_text("import no_such_dependency_here\n")
+    result = CliRunner().invoke(main, ["serve", "needs_a_dependency:Env", "--app-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "importing needs_a_dependency failed: No module named 'no_such_dependency_here'; pip install" in (
+        result.output
+    )

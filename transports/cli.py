@@ -199,6 +199,8 @@ def serve(
     sys.path.insert(0, os.path.abspath(app_dir))
     try:
         env_factory = load_factory(factory)
+    except ModuleNotFoundError as exc:
+        raise click.BadParameter(_missing_module(exc, factory, app_dir), param_hint="FACTORY") from exc
     except (ImportError, ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
     except Exception as exc:  # the user's module raised on import: --debug shows where
@@ -247,6 +249,19 @@ def serve(
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _missing_module(exc: ModuleNotFoundError, factory: str, app_dir: str) -> str:
+    """What to do when serving FACTORY meets a module that is not there: where it was looked for."""
+    module = factory.partition(":")[0]
+    missing = exc.name or ""
+    if missing and (module == missing or module.startswith(f"{missing}.")):
+        folder = os.path.abspath(app_dir)
+        return (
+            f"no module named {missing!r} in {folder} nor among the installed packages: run from the folder "
+            f"that holds it, give that folder with --app-dir, or pip install the package"
+        )
+    return f"importing {module} failed: {exc}; pip install it into this environment"
 
 
 # -- demo ------------------------------------------------------------------------
@@ -406,9 +421,9 @@ def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
 def demo(backend: str) -> None:
     """Run the echo environment over every available transport, and show what comes back.
 
-    For each transport it resets, steps, resets and steps again (``reset_async`` /
-    ``step_async``) and reads the state through the async client, then once more
-    through the blocking ``.sync()`` facade. Exits non-zero if anything fails.
+    For each transport it resets, steps, resets and steps again (reset_async /
+    step_async) and reads the state through the async client, then once more
+    through the blocking .sync() facade. Exits non-zero if anything fails.
     """
     from anyio.from_thread import start_blocking_portal
 
