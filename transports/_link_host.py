@@ -46,7 +46,7 @@ from anyio.abc import TaskGroup
 from openenv import Dialect
 from openenv._inline import Suspended, finish, start
 from openenv._worker import Call, CallBatch, wait_for
-from openenv.server import ServerSession, encode_fatal_error, factory_name
+from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
 from ._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Open, Resume, fits
 from ._link_state import ServerLinkState
@@ -111,6 +111,7 @@ class LinkHost:
         error_details: Whether error replies name the server's exceptions.
         transport: The transport's name, for the registry's leases (``"websocket"``, ``"http"``).
         flush: Called once replies were posted, to send them.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Attributes:
         codec: The link's envelope codec.
@@ -126,6 +127,7 @@ class LinkHost:
         error_details: bool,
         transport: str,
         flush: Callable[[], Awaitable[None]],
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.dialect = dialect
         self.codec = EnvelopeCodec(dialect.encoding)
@@ -135,6 +137,7 @@ class LinkHost:
         self._error_details = error_details
         self._transport = transport
         self._flush = flush
+        self._metrics = metrics
         self._sessions: dict[int, _Session] = {}
         self._tasks: TaskGroup | None = None
         self._flush_soon_pending = False
@@ -381,7 +384,7 @@ class LinkHost:
             self._turn_away(session, frame)
             return
         session.session = ServerSession(
-            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate
+            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate, metrics=self._metrics
         )
 
     def _turn_away(self, session: _Session, frame: bytes) -> None:

@@ -41,7 +41,7 @@ from ._subprotocols import (
     offered_subprotocols,
 )
 
-__all__ = ["WebSocketTransport", "websocket_url"]
+__all__ = ["ENDPOINT_PATH", "WebSocketTransport", "websocket_url"]
 
 # Headers the handshake owns; a caller sets them through the constructor's options.
 _HANDSHAKE_HEADERS = frozenset(
@@ -61,19 +61,26 @@ _HANDSHAKE_HEADERS = frozenset(
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
 
+ENDPOINT_PATH = "/ws"
+"""Where a server's WebSocket endpoint is, below its base URL (OpenEnv's and ours)."""
+
+
 def websocket_url(url: str) -> str:
     """Turn a server's base URL into the URL of its WebSocket endpoint, as OpenEnv does.
 
     ``http://`` becomes ``ws://``, ``https://`` becomes ``wss://``, a URL without
     a scheme gets ``ws://``; then trailing slashes are stripped from the path and
-    ``/ws`` is appended, always (``ws://host/ws`` becomes ``ws://host/ws/ws``,
-    exactly as OpenEnv's client does). A query string stays at the end.
+    ``/ws`` is appended, as OpenEnv's client does, unless the path ends in
+    ``/ws`` already: ``ws://host:8000/ws``, the endpoint's own URL, is taken as
+    it is (OpenEnv's client would connect to ``/ws/ws``, which no server
+    serves). A query string stays at the end.
 
     Args:
         url: The server's base URL (``http://localhost:8000``, ``wss://host/env/``).
 
     Returns:
-        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``).
+        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``;
+        ``ws://localhost:8000/ws`` for ``ws://localhost:8000/ws`` too).
 
     Raises:
         ValueError: The URL's scheme is not ``ws``, ``wss``, ``http`` or ``https``.
@@ -81,7 +88,8 @@ def websocket_url(url: str) -> str:
     parts = split_url(url, _SCHEMES, default_scheme="ws")
     if parts is None:
         raise ValueError(f"{url!r} is not a ws://, wss://, http:// or https:// URL")
-    return f"{parts.scheme}://{parts.location}/ws{parts.query}{parts.fragment}"
+    location = parts.location if parts.location.endswith(ENDPOINT_PATH) else parts.location + ENDPOINT_PATH
+    return f"{parts.scheme}://{location}{parts.query}{parts.fragment}"
 
 
 class WebSocketTransport(Transport):

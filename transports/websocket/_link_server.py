@@ -24,6 +24,7 @@ import anyio
 import msgspec
 
 from openenv import Dialect
+from openenv.server import SessionMetrics
 
 from .._asgi import Receive, Send
 from .._link_host import LinkHost
@@ -78,6 +79,7 @@ class ServerLink:
         max_message_size: The largest message the server takes (its `Hello` tells the client).
         client_max_message_size: The largest message the client takes (its handshake said):
             no envelope is larger, and a session whose reply alone would be ends.
+        metrics: Where the sessions' requests are counted, or ``None``.
         on_end: Called once when the link is over (the endpoint forgets its token there).
 
     Attributes:
@@ -94,6 +96,7 @@ class ServerLink:
         resume_timeout: float,
         max_message_size: int | None = None,
         client_max_message_size: int | None = None,
+        metrics: SessionMetrics | None = None,
         on_end: Callable[[ServerLink], object],
     ) -> None:
         self.token = secrets.token_urlsafe(32)
@@ -109,6 +112,7 @@ class ServerLink:
             error_details=error_details,
             transport="websocket",
             flush=self._flush,
+            metrics=metrics,
         )
         self._host.client_max_message_size = client_max_message_size
         self._current: LinkConnection | None = None

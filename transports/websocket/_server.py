@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, encode_fatal_error, host_session
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
@@ -138,6 +138,7 @@ class WebSocketEndpoint:
         resume_timeout: Seconds a resumable session (one whose client offered
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._link_server`.
+        metrics: Where the sessions' requests are counted, or ``None``.
     """
 
     def __init__(
@@ -147,9 +148,11 @@ class WebSocketEndpoint:
         registry: SessionRegistry,
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
+        self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
         self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE  # the server's, which the runner sets
@@ -211,6 +214,7 @@ class WebSocketEndpoint:
                 resume_timeout=resume_timeout,
                 max_message_size=self.max_message_size,
                 client_max_message_size=client_limit,
+                metrics=self.metrics,
                 on_end=lambda ended: self._links.pop(ended.token, None),
             )
             self._links[link.token] = link
@@ -244,6 +248,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
                     )
                 )
