@@ -766,19 +766,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             timeout = self.timeout
         assert self._lock is not None
         async with self._lock:
-            own_codec = self._codec_or_raise()
-            if codec is None:
-                codec = own_codec
-            transport = self._transport
-            assert transport is not None
-            self._next_id += 1
-            request_id = self._next_id
-            try:
-                frame = encode(request_id)
-            except (TypeError, msgspec.EncodeError) as exc:
-                raise EncodingError(f"cannot encode the request: {exc}") from exc
-            except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
-                raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+            codec, transport, frame, request_id = self._prepare(encode, codec)
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, None, math.inf)
             watchdog = self._watchdog
@@ -798,6 +786,43 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     watchdog.disarm(scope)
             # Reached only when the deadline cancelled the exchange.
             raise TimeoutError(f"no reply within {timeout} s")
+
+    def _prepare(
+        self, encode: Callable[[int], bytes], codec: ClientCodec[Any, Any, Any] | None = None
+    ) -> tuple[ClientCodec[Any, Any, Any], Transport, bytes, int]:
+        """Number and encode a request; call with the lock held. Returns the codec, transport, frame and id.
+
+        Raises:
+            ClientStateError: The client is not open.
+            EncodingError: The request cannot be encoded.
+        """
+        own_codec = self._codec_or_raise()
+        transport = self._transport
+        assert transport is not None
+        self._next_id += 1
+        request_id = self._next_id
+        try:
+            frame = encode(request_id)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise EncodingError(f"cannot encode the request: {exc}") from exc
+        except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
+            raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+        return codec or own_codec, transport, frame, request_id
+
+    async def _send_request(
+        self, codec: ClientCodec[Any, Any, Any], transport: Transport, frame: bytes, request_id: int
+    ) -> None:
+        """Send a prepared request with no deadline of its own (see `_exchange`); call with the lock held."""
+        try:
+            if codec.dialect.request_ids:
+                self._unanswered.append(request_id)
+                await transport.send(frame)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await transport.send(frame)
+                self._unanswered.append(request_id)
+        except ConnectionClosed as exc:
+            await self._raise_parting_error(codec, transport, exc)
 
     async def _exchange(
         self,
