@@ -12,6 +12,7 @@ is measured once the feature is there.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -133,6 +134,13 @@ def _command(target: FleetTarget, python: Path, server: Server | None, count: in
     return [sys.executable, "-m", "tests.benchmarks.fleet_client", url, "--mode", target.mode, *figures, *share]
 
 
+def _failure(error: Exception) -> str:
+    """A line saying why a client failed: the last exception its traceback names (in a group's too), or its end."""
+    lines = [line.strip(" |") for line in str(error).strip().splitlines()]
+    named = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Exit|Timeout\w*)\b", line)]
+    return (named or lines or ["no output"])[-1][:300]
+
+
 def _summary(row: dict[str, Any]) -> None:
     """The row's figures: medians of its runs (errors summed, connections the most seen)."""
     runs = row["runs"]
@@ -213,7 +221,7 @@ def measure_fleet(
                         command = _command(target, python, server, count, seconds if count <= 256 else big_seconds)
                         result = run_client(command, timeout=wait, reference=target.transport == "reference")
                 except (RuntimeError, subprocess.TimeoutExpired) as error:  # a row that cannot run is a finding
-                    row["error"] = str(error).strip().splitlines()[-1][:300]
+                    row["error"] = _failure(error)
                     say(f"fleet run {run + 1}/{runs}  {target.label:70} N={count:<5} FAILED: {row['error']}")
                     continue
                 row["runs"].append(result)
