@@ -70,7 +70,7 @@ from tests.benchmarks._servers import (
     ws_floor_server,
 )
 from tests.benchmarks.envs import BLOB_SIZE
-from tests.benchmarks.fleet import COUNTS, QUICK_COUNTS, measure_fleet, one_session_before
+from tests.benchmarks.fleet import COUNTS, GOAL_ROWS, QUICK_COUNTS, measure_fleet, one_session_before
 from tests.interop.reference_venv import ensure_reference_python, reference_versions
 
 ECHO = "tests.benchmarks.envs:AsyncMessageEchoEnv"
@@ -305,7 +305,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with _timer(durations, "fleet"):
             results["fleet"] = measure_fleet(
                 python, args.fleet_sessions, args.fleet_runs, args.fleet_seconds, args.fleet_big_seconds,
-                only=args.fleet_rows,
+                only=args.fleet_rows, big_only=GOAL_ROWS if args.quick else None,
             )  # fmt: skip
             results["fleet"]["before"] = one_session_before()
     if args.pool and not args.fleet_only:  # it starts a local Ray (in a loopback-only network namespace)
@@ -358,10 +358,11 @@ def main() -> None:
     parser.add_argument("--fleet-only", action="store_true", help="only the fleet rows (and their goals)")
     parser.add_argument("--no-fleet", action="store_true", help="without the fleet rows")
     parser.add_argument(
-        "--fleet-sessions", help="session counts of the fleet rows (default 64,256,1024,4096; quick 64,1024)"
+        "--fleet-sessions",
+        help="session counts of the fleet rows (default 64,256,1024,4096; quick 256, and 1024 for the goals' rows)",
     )
     parser.add_argument("--fleet-runs", type=int, help="runs of each fleet row up to 256 sessions (default 3; quick 1)")
-    parser.add_argument("--fleet-seconds", type=float, help="seconds per fleet run up to 256 sessions (default 2)")
+    parser.add_argument("--fleet-seconds", type=float, help="seconds per fleet run up to 256 sessions (default 1.5)")
     parser.add_argument("--fleet-big-seconds", type=float, help="seconds per fleet run above 256 sessions (default 3)")
     parser.add_argument("--fleet-rows", help="only the fleet rows whose key holds this (ws-pool, reference, ...)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
@@ -379,7 +380,7 @@ def main() -> None:
         fleet_sessions = args.fleet_sessions or ",".join(map(str, QUICK_COUNTS if args.quick else COUNTS))
         args.fleet_sessions = [int(c) for c in fleet_sessions.split(",")]
         args.fleet_runs = args.fleet_runs or (1 if args.quick else 3)
-        args.fleet_seconds = args.fleet_seconds or (0.5 if args.quick else 2.0)
+        args.fleet_seconds = args.fleet_seconds or (0.5 if args.quick else 1.5)
         args.fleet_big_seconds = args.fleet_big_seconds or (0.5 if args.quick else 3.0)
         start = time.monotonic()
         results = measure(args)

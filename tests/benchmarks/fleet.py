@@ -29,10 +29,17 @@ from tests.benchmarks._servers import ROOT, Server, our_server, reference_server
 
 FACTORIES = {"async": "tests.benchmarks.envs:AsyncMessageEchoEnv", "plain": "tests.benchmarks.envs:MessageEchoEnv"}
 COUNTS = (64, 256, 1024, 4096)
-QUICK_COUNTS = (64, 1024)
+# --quick: every row at 256 sessions, the rows of the goals at 1,024 too.
+QUICK_COUNTS = (256, 1024)
+GOAL_ROWS = frozenset(
+    {"reference-async", "ws-pool-shared-async", "ws-clients-shared-async", "ws-pool-shared-plain", "inproc-pool-async"}
+)
 REFERENCE_FLEET_CLIENT = ROOT / "tests" / "benchmarks" / "reference_fleet_client.py"
-# http+poll with a connection (or more) per session: as many long-polls as sessions; past this it only waits.
-UNSHARED_POLL_MOST = 1024
+# http+poll with a connection per session: the scale part measures it up to 1,024 sessions already.
+UNSHARED_POLL_MOST = 256
+# A plain echo on a connection per session: one thread and one socket per session, as the async echo's
+# rows show already; 4,096 of them add minutes to the run and nothing to the comparison.
+UNSHARED_PLAIN_MOST = 1024
 # Seconds a session may take to open; one that does not is an error.
 OPEN_TIMEOUT = 60.0
 # The last page before sessions shared connections (issue 21): the one-session figures "before".
@@ -87,7 +94,8 @@ def fleet_targets() -> list[FleetTarget]:
         for mode in ("pool", "clients"):
             for share in (True, False):
                 key = f"ws-{mode}-{'shared' if share else 'own'}-{env}"
-                targets.append(FleetTarget(key, "ws", mode, share, env))
+                most = UNSHARED_PLAIN_MOST if env == "plain" and not share else None
+                targets.append(FleetTarget(key, "ws", mode, share, env, most=most))
     targets.append(FleetTarget("ws-pool-recv-shared-async", "ws", "pool-recv", True, "async", available=no_recv))
     for mode in ("pool", "clients"):
         targets.append(
@@ -181,7 +189,13 @@ def one_session_before() -> dict[str, Any]:
 
 
 def measure_fleet(
-    python: Path, counts: list[int], runs: int, seconds: float, big_seconds: float, only: str | None = None
+    python: Path,
+    counts: list[int],
+    runs: int,
+    seconds: float,
+    big_seconds: float,
+    only: str | None = None,
+    big_only: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """Every fleet target at every session count: ``runs`` runs up to 256 sessions, one above.
 
@@ -192,6 +206,7 @@ def measure_fleet(
         seconds: Seconds of stepping per run up to 256 sessions.
         big_seconds: Seconds of stepping per run above 256 sessions.
         only: Measure only the targets whose key contains this.
+        big_only: Above 256 sessions, measure only these targets (``None``: all of them).
 
     Returns:
         ``{"counts", "runs", "seconds", "big_seconds", "rows": [...]}``: a row per
@@ -199,13 +214,18 @@ def measure_fleet(
         ``error`` (why it could not be measured) and ``available``.
     """
     targets = [target for target in fleet_targets() if only is None or only in target.key]
+
+    def measured(target: FleetTarget, count: int) -> bool:
+        small = count <= 256 or big_only is None or target.key in big_only
+        return small and (target.most is None or count <= target.most)
+
     rows = {
         (target.key, count): {
             "target": target.key, "label": target.label, "transport": target.transport, "mode": target.mode,
             "share": target.share, "env": target.env, "sessions": count, "available": target.available,
             "runs": [], "error": None,
         }
-        for target in targets for count in counts if target.most is None or count <= target.most
+        for target in targets for count in counts if measured(target, count)
     }  # fmt: skip
     for run in range(runs):
         for count in counts:
