@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.benchmarks import _fleet_report
+from tests.benchmarks import _fleet_plot, _fleet_report
 from tests.benchmarks._fleet_record import FleetRecord
 from tests.benchmarks._procfs import tcp_connections_to
 from tests.benchmarks.fleet import fleet_targets
@@ -139,3 +140,16 @@ def test_the_fleet_section_shows_each_count_and_lists_what_cannot_run_yet() -> N
     assert "### 64 sessions" in lines
     assert "- EnvPool over http+poll: http+poll has no shared link yet" in lines
     assert next(line for line in lines if line.startswith("| EnvPool over ws |")).split(" | ")[2] == "**3.00x**"
+
+
+def test_the_fleet_plot_draws_the_rows_measured(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rows = [
+        _row("reference-async", 64, steps_per_second=1_000, transport="reference"),
+        _row("reference-async", 1024, steps_per_second=500, transport="reference"),
+        _row("ws-pool-shared-async", 64, steps_per_second=3_000),
+        _row("ws-pool-shared-plain", 64, steps_per_second=2_000, env="plain"),
+        _row("poll-pool-shared-async", 64, available="not available: http+poll has no shared link yet"),
+    ]  # fmt: skip
+    _fleet_plot.plot({"meta": {"quick": True}, "fleet": {"rows": rows}}, tmp_path / "img" / "fleet.png")
+    assert (tmp_path / "img" / "fleet.png").read_bytes().startswith(b"\x89PNG")

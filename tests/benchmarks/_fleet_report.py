@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+# The fleet plot, relative to the page.
+IMAGE = "img/fleet.png"
 # "No slower than before, within noise": the one-session ratio to the reference may drop this much.
 ONE_SESSION_NOISE = 0.10
 
@@ -230,6 +232,8 @@ def fleet_section(results: dict[str, Any]) -> list[str]:
         "- *server KiB/session*: the server's resident memory with the sessions open and reset, minus",
         "  before they opened, divided by the sessions open (in-process: the one process's).",
         "- *CPU µs/step*: each process's CPU time (user and system) over the timed window, per step.",
+        "",
+        f"![Aggregate steps/s against sessions, async and plain echo: each fleet row and the reference]({IMAGE})",
         "",
     ]
     missing = {row["label"]: row["available"] for row in rows if row.get("available")}

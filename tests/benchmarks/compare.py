@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import _machine, _plot, _report
+from tests.benchmarks import _fleet_plot, _machine, _plot, _report
 from tests.benchmarks._memory import PeakRSS, rss_kib
 from tests.benchmarks._pairs import Pair, measure_pairs, our_client, say, with_scheme
 from tests.benchmarks._servers import (
@@ -392,6 +392,9 @@ def main() -> None:
     if "echo" in results:  # not after --fleet-only
         _plot.plot(results, args.out / "img" / "benchmarks.png")
         written.append(args.out / "img" / "benchmarks.png")
+    if "fleet" in results:
+        _fleet_plot.plot(results, args.out / "img" / "fleet.png")
+        written.append(args.out / "img" / "fleet.png")
     (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
     say(f"wrote {', '.join(map(str, written))}")
 
