@@ -7,6 +7,8 @@ Not a test. From a fresh clone:
     python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1, 16 and 1024 sessions
     python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256,1024
     python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
+    python -m tests.benchmarks.compare --fleet-only --out /tmp/fleet      # only the fleet rows and their goals
+    python -m tests.benchmarks.compare --quick --fleet-only --fleet-rows ws-pool --fleet-sessions 1024  # one row
 
 Five parts, every server and every client a process of its own on loopback
 (the in-process rows excepted), the same echo logic everywhere (action
