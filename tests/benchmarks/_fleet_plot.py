@@ -56,7 +56,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axes.set_xlabel("sessions opened from one process", fontsize=8)
         axes.tick_params(labelsize=8)
         axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)  # below: the lines stay clear
+        if mine:  # below the panel: the lines stay clear
+            axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     panels[0].set_ylabel("aggregate steps/s (log)", fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

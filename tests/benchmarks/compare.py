@@ -307,7 +307,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         with _timer(durations, "fleet"):
             results["fleet"] = measure_fleet(
                 python, args.fleet_sessions, args.fleet_runs, args.fleet_seconds, args.fleet_big_seconds,
-                only=args.fleet_rows, big_only=GOAL_ROWS if args.quick else None,
+                only=args.fleet_rows, big_only=args.fleet_big_only,
             )  # fmt: skip
             results["fleet"]["before"] = one_session_before()
     if args.pool and not args.fleet_only:  # it starts a local Ray (in a loopback-only network namespace)
@@ -379,6 +379,8 @@ def main() -> None:
         args.scale_runs = args.scale_runs or (1 if args.quick else 3)
         default_sessions = "1,16,1024" if args.quick else "1,16,64,256,1024"
         args.sessions = [int(c) for c in (args.sessions or default_sessions).split(",")]
+        # Quick, without counts given: every row at 256 sessions, the goals' rows at 1,024 too.
+        args.fleet_big_only = GOAL_ROWS if args.quick and not args.fleet_sessions else None
         fleet_sessions = args.fleet_sessions or ",".join(map(str, QUICK_COUNTS if args.quick else COUNTS))
         args.fleet_sessions = [int(c) for c in fleet_sessions.split(",")]
         args.fleet_runs = args.fleet_runs or (1 if args.quick else 3)
