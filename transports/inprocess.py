@@ -199,6 +199,35 @@ class InProcessTransport(Transport):
         except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue one frame for the session (what `send` does, without the await).
+
+        Raises:
+            ConnectionClosed: The transport is not connected, or the session has ended.
+        """
+        if self._to_server is None:
+            raise ConnectionClosed("the transport is not connected")
+        try:
+            self._to_server.put(frame)
+        except QueueClosed:
+            raise ConnectionClosed("the in-process session has ended") from None
+
+    def receive_nowait(self) -> bytes:
+        """A reply the session has queued already.
+
+        Raises:
+            anyio.WouldBlock: None is queued (or no task serves the session: then `receive` does).
+            ConnectionClosed: The session has ended and every frame it sent was returned.
+        """
+        outbox = self._from_server
+        if outbox is None:
+            raise ConnectionClosed("the transport is not connected")
+        if outbox:
+            return outbox.get_nowait()
+        if outbox.closed:
+            raise ConnectionClosed("the in-process session has ended")
+        raise anyio.WouldBlock
+
     async def receive(self) -> bytes:
         """Return the session's next frame, waiting for it.
 

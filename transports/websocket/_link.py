@@ -322,6 +322,39 @@ class Link:
         if len(self._channels) == 1:
             await self._flush()
 
+    def send_nowait(self, channel: LinkChannel, frame: bytes) -> None:
+        """Post a session's frame on a shared link with other sessions, to leave with the next flush.
+
+        Raises:
+            anyio.WouldBlock: It cannot be posted without waiting (a link of one
+                session writes at once; a frame over the server's limit ends its session): use `send`.
+            ConnectionClosed: The session's channel has ended.
+        """
+        state = self._state
+        if state is None or len(self._channels) == 1:
+            raise anyio.WouldBlock
+        if channel.ended is not None:
+            raise _for_send(channel.ended)
+        channel_state = state.channels.get(channel.number)
+        if channel_state is None or not fits(len(frame), self._server_limit):
+            raise anyio.WouldBlock
+        state.post(channel_state, msgspec.Raw(frame))
+
+    def receive_nowait(self, channel: LinkChannel) -> bytes:
+        """A frame the session holds already.
+
+        Raises:
+            anyio.WouldBlock: It holds none.
+            ConnectionClosed: The channel has ended and every frame was returned.
+            ProtocolError: The server broke the protocol (likewise).
+        """
+        frames = channel.frames
+        if frames:
+            return frames.popleft()
+        if channel.ended is not None:
+            raise _fresh(channel.ended)
+        raise anyio.WouldBlock
+
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
 
