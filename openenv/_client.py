@@ -352,7 +352,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         The server is told with a ``close`` frame, best effort (given up after a
         second on a slow connection); then the transport closes, within its own
-        bound (``close_timeout``, ``close_grace``). Never raises for a connection that is already broken;
+        bound (its ``close_timeout``). Never raises for a connection that is already broken;
         it is safe on a client never connected. Afterwards every request raises
         `ClientStateError`.
         """

@@ -516,7 +516,11 @@ def test_an_unknown_transport_option_fails_at_construction(url: str, options: di
             {"client": "httpx"},
             "the client= option of http+poll:// URLs takes httpx.AsyncClient | None",
         ),
-        ("inproc://tests.envs:DictEnv", {"close_grace": None}, "the close_grace= option of inproc:// URLs takes float"),
+        (
+            "inproc://tests.envs:DictEnv",
+            {"close_timeout": None},
+            "the close_timeout= option of inproc:// URLs takes float",
+        ),
     ],
 )
 def test_an_option_of_the_wrong_type_fails_at_construction(url: str, options: dict[str, Any], expected: str) -> None:

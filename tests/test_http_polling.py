@@ -704,7 +704,7 @@ async def test_wrong_content_types_are_415() -> None:
 
 async def test_oversize_bodies_are_413_and_nothing_runs() -> None:
     with anyio.fail_after(LIMIT):
-        async with server(http_max_body_size=1000) as running:
+        async with server(max_message_size=1000) as running:
             async with raw_session(running) as session:
                 assert session.created["max_body_size"] == 1000
                 big = b'{"type":"step","id":1,"data":{"by":1,"pad":"' + b"x" * 1000 + b'"}}'

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import sys
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from functools import partial
@@ -31,20 +32,13 @@ from typing import Any, cast
 import click
 
 import openenv
-from openenv.server import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_HTTP_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-)
+from openenv.server import SERVER_DEFAULTS, LogLevel, ServerConfig
 
 from ._cli_errors import CLIGroup, listen_error, require_installed
 
 __all__ = ["main"]
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+LOG_LEVELS = typing.get_args(LogLevel)
 DEMO_FACTORY = "openenv.examples.echo:EchoEnvironment"
 
 
@@ -77,42 +71,42 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--max-sessions",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_SESSIONS,
+    default=SERVER_DEFAULTS.max_sessions,
     show_default=True,
     help="The most sessions open at once.",
 )
 @click.option(
     "--session-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_SESSION_IDLE_TIMEOUT,
+    default=SERVER_DEFAULTS.session_idle_timeout,
     show_default=True,
     help="Seconds a session may wait for its client before it is closed.",
 )
 @click.option(
     "--http-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_HTTP_IDLE_TIMEOUT,
+    default=SERVER_DEFAULTS.http_idle_timeout,
     show_default=True,
     help="The same for HTTP long-polling sessions, whose clients cannot be seen leaving.",
 )
 @click.option(
     "--max-message-size",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_MESSAGE_SIZE,
+    default=SERVER_DEFAULTS.max_message_size,
     show_default=True,
     help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
 )
 @click.option(
     "--header-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_HEADER_TIMEOUT,
+    default=SERVER_DEFAULTS.header_timeout,
     show_default=True,
     help="Seconds a connection may take to send a request's headers (or WebSocket handshake).",
 )
 @click.option(
     "--max-connections",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_CONNECTIONS,
+    default=SERVER_DEFAULTS.max_connections,
     show_default=True,
     help="The most connections at once (uvicorn; beyond, requests get 503).",
 )
@@ -208,33 +202,26 @@ def serve(
             err=True,
         )
 
+    config = ServerConfig(
+        server=cast(Any, server),
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        http_idle_timeout=http_idle_timeout,
+        max_message_size=max_message_size,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
+        queue_timeout=queue_timeout,
+        error_details=not hide_error_details,
+        auth_token=auth_tokens,
+        allow_origins=allow_origins,
+        log_level=cast(Any, log_level),
+    )
     try:
-        app = create_app(
-            env_factory,
-            max_sessions=max_sessions,
-            session_idle_timeout=session_idle_timeout,
-            http_idle_timeout=http_idle_timeout,
-            http_max_body_size=max_message_size,
-            auth_token=auth_tokens,
-            allow_origins=allow_origins,
-            error_details=not hide_error_details,
-            queue_timeout=queue_timeout,
-        )
+        app = create_app(env_factory, config=config)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
     try:
-        run(
-            app,
-            host=host,
-            port=port,
-            backend=backend,  # type: ignore[arg-type]
-            server=server,  # type: ignore[arg-type]
-            log_level=log_level,
-            max_message_size=max_message_size,
-            header_timeout=header_timeout,
-            max_connections=max_connections,
-            on_ready=announce,
-        )
+        run(app, config=config, host=host, port=port, backend=cast(Any, backend), on_ready=announce)
     except OSError as exc:
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:

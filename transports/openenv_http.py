@@ -34,8 +34,9 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
+from openenv.server import SERVER_DEFAULTS, ServerSession, jsonrpc_error
 
+from ._deprecated import renamed_option
 from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
@@ -111,9 +112,9 @@ class JSONRPCRequest(msgspec.Struct, kw_only=True):
 class _Limits:
     """What bounds the routes: the app's session registry, the largest body, and how much errors say."""
 
-    def __init__(self, registry: SessionRegistry | None, max_body_size: int, error_details: bool) -> None:
+    def __init__(self, registry: SessionRegistry | None, max_message_size: int, error_details: bool) -> None:
         self.registry = registry
-        self.max_body_size = max_body_size
+        self.max_message_size = max_message_size
         self.error_details = error_details
 
 
@@ -284,8 +285,9 @@ def openenv_http_routes(
     schemas: dict[str, dict[str, Any]],
     metadata: openenv.EnvironmentMetadata,
     registry: SessionRegistry | None = None,
-    max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    max_message_size: int = SERVER_DEFAULTS.max_message_size,
     error_details: bool = True,
+    max_body_size: int | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -295,21 +297,24 @@ def openenv_http_routes(
         metadata: What ``GET /metadata`` answers, for ``/openapi.json``.
         registry: The app's session registry: each request's environment holds
             a slot while it lives (``503`` at capacity); ``None`` for no limit.
-        max_body_size: The largest request body, in bytes (``413`` beyond).
+        max_message_size: The largest request body, in bytes (``413`` beyond).
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        max_body_size: Deprecated: ``max_message_size``.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
     """
+    if max_body_size is not None:
+        max_message_size = renamed_option("openenv_http_routes", "max_body_size", "max_message_size", max_body_size)
     document = msgspec.json.encode(openapi_document(schemas, metadata))
-    limits = _Limits(registry, max_body_size, error_details)
+    limits = _Limits(registry, max_message_size, error_details)
 
     async def reset(request: Request) -> Response:
         try:
-            kwargs = await _json_body(request, max_body_size)
+            kwargs = await _json_body(request, max_message_size)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.DecodeError as exc:
             return _body_error(exc)
         if kwargs is None:
@@ -321,9 +326,9 @@ def openenv_http_routes(
 
     async def step(request: Request) -> Response:
         try:
-            body = msgspec.json.decode(await _body(request, max_body_size), type=StepRequest)
+            body = msgspec.json.decode(await _body(request, max_message_size), type=StepRequest)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.ValidationError as exc:
             errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
             return _JSONResponse({"detail": errors}, status_code=422)
@@ -341,9 +346,9 @@ def openenv_http_routes(
 
     async def mcp(request: Request) -> Response:
         try:
-            message = await _json_body(request, max_body_size)
+            message = await _json_body(request, max_message_size)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.DecodeError:
             return _JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
         if not isinstance(message, dict):

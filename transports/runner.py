@@ -20,51 +20,32 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 import re
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
-from openenv.server import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_STARTUP_TIMEOUT,
-    ServeFunction,
-)
+from openenv._config import explicit_fields
+from openenv.server import ServeFunction, ServerConfig, ServerName, ServerOptions, server_config
 
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
 from ._websocket_front import ReplayedStream, is_websocket_upgrade, read_head, serve_websocket
 from .app import create_app
 
-__all__ = ["DEFAULT_WS_MAX_SIZE", "RunningServer", "ServerName", "current_backend", "run", "serve"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["RunningServer", "ServerName", "current_backend", "run", "serve"]
 
 logger = logging.getLogger("openenv.server")
-
-ServerName = Literal["uvicorn", "hypercorn", "hypercorn+websockets"]
-"""The servers that can run the app: uvicorn (asyncio only), hypercorn (asyncio or trio), or
-hypercorn+websockets (trio only: hypercorn, with WebSocket connections served through
-``websockets``' sans-I/O protocol instead of hypercorn's own; see `transports._websocket_front`)."""
-
-_SERVER_NAMES = ("uvicorn", "hypercorn", "hypercorn+websockets")
-
-DEFAULT_WS_MAX_SIZE = DEFAULT_MAX_MESSAGE_SIZE
-"""The largest WebSocket message the server accepts by default: 16 MiB (the HTTP body limit too).
-
-A message is refused as its frames arrive, before it is buffered whole; a larger
-one ends its own connection (close code 1009).
-"""
 
 # Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
 _WS_PING_INTERVAL = 20.0
@@ -172,28 +153,13 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class _Options:
-    """What the server runners need besides the app and the socket."""
+    """What the server runners need besides the app and the socket: the config, and whether a program embeds them."""
 
-    def __init__(
-        self,
-        *,
-        log_level: str,
-        shutdown_timeout: float,
-        embedded: bool,
-        max_message_size: int = DEFAULT_WS_MAX_SIZE,
-        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    ) -> None:
-        if not header_timeout > 0:
-            raise ValueError(f"header_timeout must be positive, not {header_timeout}")
-        if max_connections is not None and max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1 (or None), not {max_connections}")
-        self.log_level = log_level
-        self.shutdown_timeout = shutdown_timeout
+    def __init__(self, config: ServerConfig, *, embedded: bool) -> None:
+        self.config = config
         self.embedded = embedded
-        self.max_message_size = max_message_size
-        self.header_timeout = header_timeout
-        self.max_connections = max_connections
+        # A server in a program logs its warnings; one on a command line tells what it does.
+        self.log_level: str = config.log_level or ("warning" if embedded else "info")
 
 
 async def _run_uvicorn(
@@ -221,20 +187,20 @@ async def _run_uvicorn(
 
     config = uvicorn.Config(
         app,
-        http=uvicorn_http_protocol(options.header_timeout),
-        limit_concurrency=options.max_connections,
+        http=uvicorn_http_protocol(options.config.header_timeout),
+        limit_concurrency=options.config.max_connections,
         ws=uvicorn_websocket_protocol(),
         lifespan="on",
         interface="asgi3",
         log_config=None if options.embedded else LOGGING_CONFIG,
         log_level=options.log_level,
         access_log=options.log_level in ("debug", "trace"),
-        ws_max_size=options.max_message_size,
+        ws_max_size=options.config.max_message_size,
         ws_ping_interval=_WS_PING_INTERVAL,
         ws_ping_timeout=_WS_PING_TIMEOUT,
         # Compressing small frames costs more CPU than it saves on a fast link.
         ws_per_message_deflate=False,
-        timeout_graceful_shutdown=max(1, round(options.shutdown_timeout)),
+        timeout_graceful_shutdown=max(1, round(options.config.shutdown_timeout)),
     )
     server = EmbeddedServer(config)
 
@@ -280,13 +246,13 @@ async def _run_hypercorn(
         error_logger.setLevel(config.loglevel)
         config.errorlog = error_logger
     config.accesslog = "-" if options.log_level in ("debug", "trace") else None
-    config.websocket_max_message_size = options.max_message_size
+    config.websocket_max_message_size = options.config.max_message_size
     # Hypercorn closes a connection idle (no request in hand) this long: it also
     # bounds how long a client may take to send a request's headers.
-    config.keep_alive_timeout = options.header_timeout
+    config.keep_alive_timeout = options.config.header_timeout
     # No keepalive pings (hypercorn's default): its ping task outlives a closed
     # connection by up to one interval, holding the socket and delaying shutdown.
-    config.graceful_timeout = options.shutdown_timeout
+    config.graceful_timeout = options.config.shutdown_timeout
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     wrapped = wrap_app(cast(Any, app), config.wsgi_max_body_size, "asgi")
 
@@ -439,15 +405,27 @@ _RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {
 }
 
 
-def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options: Any) -> Starlette:
-    """The app to serve: ``app_or_factory`` itself, or `create_app` of it with the options given."""
-    if isinstance(app_or_factory, Starlette):
-        defaults = inspect.signature(create_app).parameters
-        changed = sorted(name for name, value in app_options.items() if value != defaults[name].default)
-        if changed:
-            raise ValueError(f"{', '.join(changed)} are set in create_app(), not for a ready app")
-        return app_or_factory
-    return create_app(app_or_factory, **app_options)
+def _app_for(
+    app_or_factory: Starlette | Callable[[], Any] | str, config: ServerConfig, given: set[str]
+) -> tuple[Starlette, ServerConfig]:
+    """The app to serve, and the config to serve it with.
+
+    A factory gets `create_app` with ``config``. An app made by `create_app`
+    keeps the options it was made with, and is served with them: one of them
+    ``given`` here with another value is a mistake. Another app has no such
+    options but the one the server enforces too (``max_message_size``).
+    """
+    if not isinstance(app_or_factory, Starlette):
+        return create_app(app_or_factory, config=config), config
+    own = getattr(app_or_factory.state, "config", None)
+    if isinstance(own, ServerConfig):
+        differing = {name for name in given & ServerConfig.APP_FIELDS if getattr(config, name) != getattr(own, name)}
+        config = msgspec.structs.replace(config, **{name: getattr(own, name) for name in ServerConfig.APP_FIELDS})
+    else:
+        differing = given & ServerConfig.APP_FIELDS - {"max_message_size"}
+    if differing:
+        raise ValueError(f"{', '.join(sorted(differing))} are set in create_app(), not for a ready app")
+    return app_or_factory, config
 
 
 async def _end_sessions(app: Starlette, timeout: float) -> None:
@@ -495,9 +473,7 @@ async def _serving(
     *,
     host: str,
     port: int,
-    server: ServerName | None,
     options: _Options,
-    startup_timeout: float,
 ) -> AsyncIterator[RunningServer]:
     """Run ``app`` on a server for the block; the block's own exception comes out as itself.
 
@@ -507,9 +483,7 @@ async def _serving(
     """
     backend = current_backend()
     _redact_access_logs()
-    name: ServerName = server if server is not None else _default_server(backend)
-    if name not in _RUNNERS:
-        raise ValueError(f"unknown server {name!r}; use one of {', '.join(map(repr, _SERVER_NAMES))}")
+    name: ServerName = options.config.server or _default_server(backend)
     if name == "uvicorn" and backend != "asyncio":
         raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
     if name == "hypercorn+websockets" and backend != "trio":
@@ -534,6 +508,7 @@ async def _serving(
         bound_host, bound_port = sock.getsockname()[:2]
         async with anyio.create_task_group() as task_group:
             try:
+                startup_timeout = options.config.startup_timeout
                 with anyio.fail_after(startup_timeout):
                     await task_group.start(run_server)
                 started = watched.failure is None
@@ -543,7 +518,7 @@ async def _serving(
                 server_errors.append(TimeoutError(f"{name} did not start within {startup_timeout} s"))
             if not started:
                 stop.set()
-                with anyio.move_on_after(options.shutdown_timeout):
+                with anyio.move_on_after(options.config.shutdown_timeout):
                     await stopped.wait()
                 task_group.cancel_scope.cancel()
             else:
@@ -555,11 +530,11 @@ async def _serving(
                     body_error = exc
                 finally:
                     try:
-                        await _end_sessions(app, options.shutdown_timeout)
+                        await _end_sessions(app, options.config.shutdown_timeout)
                     finally:
                         stop.set()
                         # Graceful first; the server bounds its own grace, this bounds the server.
-                        with anyio.move_on_after(options.shutdown_timeout + 2.0):
+                        with anyio.move_on_after(options.config.shutdown_timeout + 2.0):
                             await stopped.wait()
                         task_group.cancel_scope.cancel()
     finally:
@@ -588,21 +563,10 @@ async def _set_when_set(event: anyio.Event, follower: anyio.Event) -> None:
 async def serve(
     app_or_factory: Starlette | Callable[[], Any] | str,
     *,
+    config: ServerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    server: ServerName | None = None,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    log_level: str = "warning",
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-    max_message_size: int = DEFAULT_WS_MAX_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    queue_timeout: float | None = None,
+    **options: Unpack[ServerOptions],
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -621,31 +585,15 @@ async def serve(
 
     Args:
         app_or_factory: The environment factory (a class, a function, or its
-            ``"package.module:Factory"`` name), or an app made by `create_app`.
+            ``"package.module:Factory"`` name), or an app made by `create_app`
+            (served with the app's own options).
+        config: The server's options (`openenv.ServerConfig`); the defaults
+            when ``None``.
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as
             `RunningServer.port`.
-        server: ``"uvicorn"`` (asyncio only), ``"hypercorn"``, or
-            ``"hypercorn+websockets"`` (trio only); by default uvicorn on
-            asyncio and hypercorn+websockets on trio.
-        max_sessions: See `create_app` (only with a factory).
-        session_idle_timeout: See `create_app` (only with a factory).
-        log_level: The level of the server's own loggers (``"warning"``,
-            ``"info"``, ...); the process's logging configuration is not replaced.
-        shutdown_timeout: Seconds open sessions get, on exit, to finish the
-            request in hand before they are cut.
-        startup_timeout: Seconds the server may take to start.
-        max_message_size: The largest WebSocket message accepted, in bytes; a
-            larger one ends its connection (close code 1009), never another's.
-        auth_token: See `create_app` (only with a factory).
-        allow_origins: See `create_app` (only with a factory).
-        error_details: See `create_app` (only with a factory).
-        header_timeout: Seconds a connection may take to send a request's
-            headers (the WebSocket handshake's included), from its first byte
-            or the connection's start; then it is closed.
-        max_connections: The most connections at once (uvicorn only: beyond,
-            requests get 503); ``None`` for no limit.
-        queue_timeout: See `create_app` (only with a factory).
+        **options: Fields of `openenv.ServerConfig` by name, replacing
+            ``config``'s.
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -657,34 +605,19 @@ async def serve(
             failed to start (its lifespan raised); or the server failed while the
             block ran (raised when the block ends: the block is not interrupted,
             its requests fail).
-        ValueError: An unknown ``server``, or session options with a ready app.
+        TypeError: An unknown option, or one of the wrong type.
+        ValueError: An option out of its range or choices (an unknown
+            ``server``), or the app's options differing from a ready app's.
         OSError: The address cannot be bound.
         TimeoutError: The server did not start within ``startup_timeout``.
     """
-    app = _app_for(
-        app_or_factory,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        auth_token=auth_token,
-        allow_origins=allow_origins,
-        error_details=error_details,
-        queue_timeout=queue_timeout,
-    )
-    options = _Options(
-        log_level=log_level,
-        shutdown_timeout=shutdown_timeout,
-        embedded=True,
-        max_message_size=max_message_size,
-        header_timeout=header_timeout,
-        max_connections=max_connections,
-    )
-    async with _serving(
-        app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
-    ) as running:
+    checked = server_config(config, options)
+    app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
+    async with _serving(app, host=host, port=port, options=_Options(checked, embedded=True)) as running:
         yield running
 
 
-if TYPE_CHECKING:  # openenv.serve forwards its typed options here: mypy checks both signatures agree
+if TYPE_CHECKING:  # openenv.serve hands its checked config here: mypy checks the signatures agree
     _serves_openenv: ServeFunction = serve
 
 
@@ -693,7 +626,6 @@ async def _serve_until_signalled(
     *,
     host: str,
     port: int,
-    server: ServerName | None,
     options: _Options,
     on_ready: Callable[[RunningServer], object] | None,
 ) -> None:
@@ -713,9 +645,7 @@ async def _serve_until_signalled(
 
             task_group.start_soon(watch_signals)
             try:
-                async with _serving(
-                    app, host=host, port=port, server=server, options=options, startup_timeout=60.0
-                ) as running:
+                async with _serving(app, host=host, port=port, options=options) as running:
                     if on_ready is not None:
                         on_ready(running)
                     # A server that stops on its own (it failed) ends the process: a
@@ -734,22 +664,12 @@ async def _serve_until_signalled(
 def run(
     app_or_factory: Starlette | Callable[[], Any] | str,
     *,
+    config: ServerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     backend: Literal["asyncio", "trio"] = "asyncio",
-    server: ServerName | None = None,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    log_level: str = "info",
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    max_message_size: int = DEFAULT_WS_MAX_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    queue_timeout: float | None = None,
     on_ready: Callable[[RunningServer], object] | None = None,
+    **options: Unpack[ServerOptions],
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
 
@@ -758,54 +678,32 @@ def run(
     main thread, with no event loop running. It is what ``openenv serve
     package.module:Factory --port 8000`` runs; in a script, write
     ``run(MyEnvironment, port=8000)`` under ``if __name__ == "__main__":``.
+    Its server logs at ``"info"`` unless ``log_level`` says otherwise, with the
+    server's usual console logging set up.
 
     Args:
         app_or_factory: As for `serve`.
+        config: As for `serve`.
         host: The address to listen on.
         port: The port (0 picks a free one; ``on_ready`` learns which).
         backend: The event loop: ``"asyncio"`` or ``"trio"``.
-        server: As for `serve`: by default uvicorn on asyncio, hypercorn+websockets on trio.
-        max_sessions: See `create_app` (only with a factory).
-        session_idle_timeout: See `create_app` (only with a factory).
-        log_level: The log level; the server's usual console logging is set up.
-        shutdown_timeout: Seconds open connections get to finish after a signal.
-        max_message_size: As for `serve`.
-        auth_token: See `create_app` (only with a factory).
-        allow_origins: See `create_app` (only with a factory).
-        error_details: See `create_app` (only with a factory).
-        header_timeout: As for `serve`.
-        max_connections: As for `serve`.
-        queue_timeout: See `create_app` (only with a factory).
         on_ready: Called with the `RunningServer` once it accepts connections.
+        **options: As for `serve`.
 
     Raises:
         RuntimeError: uvicorn was asked for on trio, hypercorn+websockets on
             asyncio, or the app failed to start.
-        ValueError: An unknown ``server``, or session options with a ready app.
+        TypeError: An unknown option, or one of the wrong type.
+        ValueError: An option out of its range or choices (an unknown
+            ``server``), or the app's options differing from a ready app's.
         OSError: The address cannot be bound.
     """
-    app = _app_for(
-        app_or_factory,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        auth_token=auth_token,
-        allow_origins=allow_origins,
-        error_details=error_details,
-        queue_timeout=queue_timeout,
-    )
-    _configure_console_logging(log_level)
-    options = _Options(
-        log_level=log_level,
-        shutdown_timeout=shutdown_timeout,
-        embedded=False,
-        max_message_size=max_message_size,
-        header_timeout=header_timeout,
-        max_connections=max_connections,
-    )
+    checked = server_config(config, options)
+    app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
+    run_options = _Options(checked, embedded=False)
+    _configure_console_logging(run_options.log_level)
     anyio.run(
-        functools.partial(
-            _serve_until_signalled, app, host=host, port=port, server=server, options=options, on_ready=on_ready
-        ),
+        functools.partial(_serve_until_signalled, app, host=host, port=port, options=run_options, on_ready=on_ready),
         backend=backend,
     )
 

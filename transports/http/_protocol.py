@@ -22,11 +22,9 @@ from __future__ import annotations
 from typing import Final
 
 from openenv import Dialect
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = [
     "ACK_HEADER",
-    "DEFAULT_MAX_BODY_SIZE",
     "DEFAULT_MAX_WAIT",
     "ERROR_HEADER",
     "FRAMES_PATH",
@@ -76,8 +74,6 @@ IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 MEDIA_TYPES: Final = {"json": "application/json", "msgpack": "application/msgpack"}
 """The media type of the frames of each encoding."""
 
-DEFAULT_MAX_BODY_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE
-"""The largest body the server accepts by default: 16 MiB, as over WebSocket."""
 DEFAULT_MAX_WAIT: Final = 60.0
 """The longest the server holds a frame request by default, in seconds."""
 

@@ -41,13 +41,13 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
+from openenv.server import SERVER_DEFAULTS, host_session
 
 from .._asgi import Receive, Scope, Send
+from .._deprecated import renamed_option
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
-    DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_WAIT,
     ERROR_HEADER,
     FRAMES_PATH,
@@ -62,18 +62,12 @@ from ._protocol import (
     dialect_for,
 )
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_UNACKNOWLEDGED_BYTES", "DEFAULT_UNUSED_TIMEOUT", "HTTPPollingEndpoint"]
+__all__ = ["DEFAULT_MAX_UNACKNOWLEDGED_BYTES", "DEFAULT_UNUSED_TIMEOUT", "HTTPPollingEndpoint"]
 
 logger = logging.getLogger("openenv.server")
 
 # How much of a session's id the log shows.
 _LOGGED_ID_LENGTH = 8
-
-DEFAULT_IDLE_TIMEOUT: Final = DEFAULT_HTTP_IDLE_TIMEOUT
-"""The idle timeout of HTTP sessions, in seconds, unless the app sets another.
-
-Their clients cannot be seen leaving, so a session nobody deletes must end some time.
-"""
 
 # Seconds an ended session's record stays, so its client can still fetch the
 # replies it has not acknowledged and learn why it ended (410, then 404).
@@ -451,7 +445,8 @@ class HTTPPollingEndpoint:
             HTTP sessions are reaped after its ``idle_timeout_of("http")``.
         max_wait: The longest the server holds a frame request waiting for a
             reply, in seconds; a client asking for longer gets this.
-        max_body_size: The largest request frame accepted, in bytes (``413`` beyond).
+        max_message_size: The largest request frame accepted, in bytes (``413``
+            beyond); told to each client as its session's ``max_body_size``.
         linger: Seconds an ended session's record stays before its id is forgotten.
         unused_timeout: Seconds a new session may wait for its first frame; its
             environment is built only when that frame comes.
@@ -462,7 +457,7 @@ class HTTPPollingEndpoint:
             it acknowledges replies.
 
     Raises:
-        ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
+        ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout`` or
             ``max_unacknowledged_bytes`` is not positive, or ``linger`` is negative.
     """
 
@@ -472,14 +467,17 @@ class HTTPPollingEndpoint:
         *,
         registry: SessionRegistry,
         max_wait: float = DEFAULT_MAX_WAIT,
-        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_message_size: int = SERVER_DEFAULTS.max_message_size,
         linger: float = _LINGER,
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
+        max_body_size: int | None = None,
     ) -> None:
-        if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
-            raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
+        if max_body_size is not None:
+            max_message_size = renamed_option("HTTPPollingEndpoint", "max_body_size", "max_message_size", max_body_size)
+        if not max_wait > 0 or not max_message_size > 0 or not linger >= 0:
+            raise ValueError("max_wait and max_message_size must be positive, linger 0 or more")
         if not unused_timeout > 0 or not max_unacknowledged_bytes > 0:
             raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
         self.unused_timeout = unused_timeout
@@ -488,7 +486,7 @@ class HTTPPollingEndpoint:
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
-        self.max_body_size = max_body_size
+        self.max_message_size = max_message_size
         self.linger = linger
         self._sessions: dict[str, _Session] = {}
         self._created: dict[str, _Session] = {}  # by idempotency key, until the first frame
@@ -602,7 +600,7 @@ class HTTPPollingEndpoint:
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(
-            _Created(session.id, session.key.decode(), session.dialect.encoding, self.max_body_size, self.max_wait)
+            _Created(session.id, session.key.decode(), session.dialect.encoding, self.max_message_size, self.max_wait)
         )
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
@@ -727,7 +725,7 @@ class HTTPPollingEndpoint:
                     f"this session's frames are {MEDIA_TYPES[encoding]}, not "
                     f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
                 )
-            frame = await _read_body(receive, self.max_body_size, content_length)
+            frame = await _read_body(receive, self.max_message_size, content_length)
             session.acknowledge(ack)
             self._accept(session, seq, frame)
         else:
