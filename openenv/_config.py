@@ -261,7 +261,7 @@ def _members(hint: Any) -> list[Any]:
 
 
 def type_text(hint: Any) -> str:
-    """A declared type as a reader writes it (``float | None``, ``SSLContext``), bounds left out.
+    """A declared type as a reader writes it (``float | None``, ``ssl.SSLContext``), bounds left out.
 
     Args:
         hint: The type, as ``typing.get_type_hints`` gives it.
@@ -276,7 +276,8 @@ def type_text(hint: Any) -> str:
     if _is_union(hint):
         return " | ".join(type_text(argument) for argument in typing.get_args(hint))
     if isinstance(hint, type) and not typing.get_args(hint):
-        return hint.__name__
+        package = hint.__module__.partition(".")[0]
+        return hint.__qualname__ if package == "builtins" else f"{package}.{hint.__qualname__}"
     return str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
