@@ -28,8 +28,8 @@ from openenv.examples.echo import (
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from tests.helpers import CounterClient, ManualClock, cancel_when_blocked
+from transports._server_logs import configure_console_logging
 from transports.inprocess import InProcessTransport
-from transports.runner import _configure_console_logging
 
 pytestmark = pytest.mark.anyio
 
@@ -471,7 +471,7 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
     openenv_logger = logging.getLogger("openenv")
     before = list(openenv_logger.handlers)
     try:
-        _configure_console_logging("info")
+        configure_console_logging("info")
         assert any(type(handler) is logging.StreamHandler for handler in openenv_logger.handlers)
     finally:
         openenv_logger.handlers[:] = before

@@ -24,7 +24,7 @@ import anyio.abc
 import pytest
 from websockets.frames import Frame, Opcode
 
-import transports.runner
+import transports._uvicorn_driver
 from openenv import Action, Observation, State
 from openenv.server import Environment
 from tests.helpers import wait_until
@@ -737,7 +737,7 @@ async def test_requests_after_a_ping_in_the_same_write_are_all_answered(
     loans: list[SocketLoan], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No keepalive within the test's bound: a request left waiting behind a loan would stall the test.
-    monkeypatch.setattr(transports.runner, "_WS_PING_INTERVAL", 10 * WAIT)
+    monkeypatch.setattr(transports._uvicorn_driver, "_WS_PING_INTERVAL", 10 * WAIT)
     with anyio.fail_after(WAIT):
         async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
             await ws.request('{"type":"reset"}')

@@ -14,6 +14,12 @@ WebSocket connections served beside it through ``websockets``' sans-I/O
 protocol (``hypercorn+websockets``: about half hypercorn's CPU per message;
 see `transports._websocket_front`). Plain hypercorn can be asked for on
 either backend.
+
+This module binds the socket, runs a server on it for as long as asked, and
+ends the sessions before the server stops. Each server has a driver of its own
+(`transports._uvicorn_driver`, `transports._hypercorn_driver`); what openenv
+changes in hypercorn on trio is in `transports._hypercorn_patches`, and the
+servers' logging in `transports._server_logs`.
 """
 
 from __future__ import annotations
@@ -21,11 +27,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import msgspec
@@ -35,9 +40,10 @@ from starlette.applications import Starlette
 from openenv._config import explicit_fields
 from openenv.server import ServeFunction, ServerConfig, ServerName, ServerOptions, server_config
 
+from ._hypercorn_driver import run_hypercorn
+from ._server_logs import configure_console_logging, redact_access_logs
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
-from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
-from ._websocket_front import ReplayedStream, is_websocket_upgrade, read_head, serve_websocket
+from ._uvicorn_driver import run_uvicorn
 from .app import create_app
 
 if TYPE_CHECKING:
@@ -47,11 +53,7 @@ __all__ = ["RunningServer", "ServerName", "current_backend", "run", "serve"]
 
 logger = logging.getLogger("openenv.server")
 
-# Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
-_WS_PING_INTERVAL = 20.0
-_WS_PING_TIMEOUT = 20.0
 _LISTEN_BACKLOG = 2048
-_PROBE_INTERVAL = 0.01
 
 
 class RunningServer:
@@ -152,257 +154,17 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _Options:
-    """What the server runners need besides the app and the socket: the config, and whether a program embeds them."""
-
-    def __init__(self, config: ServerConfig, *, embedded: bool) -> None:
-        self.config = config
-        self.embedded = embedded
-        # A server in a program logs its warnings; one on a command line tells what it does.
-        self.log_level: str = config.log_level or ("warning" if embedded else "info")
-
-
-async def _run_uvicorn(
-    app: Starlette,
-    sock: socket.socket,
-    options: _Options,
-    stop: anyio.Event,
-    *,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
-
-    class EmbeddedServer(uvicorn.Server):
-        """Uvicorn that reports readiness, and leaves signals to its caller."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            yield  # never install signal handlers: `serve` is a library call, `run` handles them
-
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                task_status.started()
-
-    config = uvicorn.Config(
-        app,
-        http=uvicorn_http_protocol(options.config.header_timeout),
-        limit_concurrency=options.config.max_connections,
-        ws=uvicorn_websocket_protocol(),
-        lifespan="on",
-        interface="asgi3",
-        log_config=None if options.embedded else LOGGING_CONFIG,
-        log_level=options.log_level,
-        access_log=options.log_level in ("debug", "trace"),
-        ws_max_size=options.config.max_message_size,
-        ws_ping_interval=_WS_PING_INTERVAL,
-        ws_ping_timeout=_WS_PING_TIMEOUT,
-        # Compressing small frames costs more CPU than it saves on a fast link.
-        ws_per_message_deflate=False,
-        timeout_graceful_shutdown=max(1, round(options.config.shutdown_timeout)),
-    )
-    server = EmbeddedServer(config)
-
-    async def exit_when_stopped() -> None:
-        await stop.wait()
-        server.should_exit = True
-
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(exit_when_stopped)
-        try:
-            await server.serve(sockets=[sock])
-        except SystemExit as exc:  # uvicorn exits the process when the app's startup fails
-            raise RuntimeError(f"uvicorn stopped (exit status {exc.code}); see its log") from None
-        task_group.cancel_scope.cancel()
-
-
-class _StartedAdapter:
-    """Hands hypercorn's ``task_status.started(binds)`` on to anyio's ``started()``."""
-
-    def __init__(self, task_status: TaskStatus[None]) -> None:
-        self._task_status = task_status
-
-    def started(self, value: object = None) -> None:
-        self._task_status.started()
-
-
-async def _run_hypercorn(
-    app: Starlette,
-    sock: socket.socket,
-    options: _Options,
-    stop: anyio.Event,
-    *,
-    websocket_front: bool = False,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    from hypercorn.config import Config, Sockets
-    from hypercorn.utils import wrap_app
-
-    config = Config()
-    config.loglevel = "DEBUG" if options.log_level == "trace" else options.log_level.upper()  # no TRACE level
-    if options.embedded:  # log through the process's own logging setup, untouched
-        error_logger = logging.getLogger("hypercorn.error")
-        error_logger.setLevel(config.loglevel)
-        config.errorlog = error_logger
-    config.accesslog = "-" if options.log_level in ("debug", "trace") else None
-    config.websocket_max_message_size = options.config.max_message_size
-    # Hypercorn closes a connection idle (no request in hand) this long: it also
-    # bounds how long a client may take to send a request's headers.
-    config.keep_alive_timeout = options.config.header_timeout
-    # No keepalive pings (hypercorn's default): its ping task outlives a closed
-    # connection by up to one interval, holding the socket and delaying shutdown.
-    config.graceful_timeout = options.config.shutdown_timeout
-    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
-    wrapped = wrap_app(cast(Any, app), config.wsgi_max_body_size, "asgi")
-
-    if current_backend() == "trio":
-        from hypercorn.trio.run import worker_serve as trio_worker_serve
-
-        _mend_hypercorn_trio_closing()
-        _add_hypercorn_trio_websocket_front()
-        config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
-        started: Any = _StartedAdapter(task_status)
-        await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
-        return
-
-    from hypercorn.asyncio.run import worker_serve as asyncio_worker_serve
-
-    # Hypercorn on asyncio tells nobody when it is ready: ask it over HTTP.
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(
-            functools.partial(asyncio_worker_serve, wrapped, config, sockets=sockets, shutdown_trigger=stop.wait)
-        )
-        host, port = sock.getsockname()[:2]
-        await _wait_until_serving(host, port)
-        task_status.started()
-
-
-def _mend_hypercorn_trio_closing() -> None:
-    """Keep a client closing its WebSocket from killing hypercorn's whole trio server.
-
-    Hypercorn's trio connection half-closes its socket (``send_eof``) outside the
-    lock its other writes take. A write that lands meanwhile (the closing
-    handshake's answer, or the app's last frame when both ends close at once)
-    raises `trio.BusyResourceError`, which nothing catches: it ends the server's
-    task group, listener and every session with it, while the process lives on.
-    The write is moot (the socket is being closed), so this treats it as the
-    peer having gone, as hypercorn treats a broken socket. Idempotent.
-    """
-    import hypercorn.trio.run
-    import hypercorn.trio.tcp_server
-    from hypercorn.events import Closed
-    from hypercorn.trio.tcp_server import TCPServer
-
-    # Trio's own exception, taken from the hypercorn module that meets it (the
-    # rest of openenv reaches trio only through anyio).
-    tcp_server_module: Any = hypercorn.trio.tcp_server
-    busy_error: type[Exception] = tcp_server_module.trio.BusyResourceError
-
-    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
-    if getattr(run_module.TCPServer, "_openenv_mended", False):
-        return
-
-    class MendedTCPServer(TCPServer):
-        _openenv_mended = True
-
-        async def protocol_send(self, event: Any) -> None:
-            try:
-                await super().protocol_send(event)
-            except busy_error:  # send_eof is closing the socket: the write is moot
-                await self.protocol.handle(Closed())
-
-    run_module.TCPServer = MendedTCPServer
-
-
-def _add_hypercorn_trio_websocket_front() -> None:
-    """Serve the WebSocket connections of hypercorn+websockets beside hypercorn on trio.
-
-    Hypercorn's trio worker builds a ``TCPServer`` per connection; this one,
-    for a server whose config has ``_openenv_websocket_front`` set, reads the
-    request head first, serves a WebSocket upgrade itself (see
-    `transports._websocket_front`), and hands anything else to hypercorn with
-    the bytes already read. Other servers' connections go to hypercorn
-    untouched. Idempotent.
-    """
-    import hypercorn.trio.run
-
-    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
-    if getattr(run_module.TCPServer, "_openenv_fronted", False):
-        return
-
-    class FrontedTCPServer(run_module.TCPServer):  # type: ignore[misc]  # the mended class, if installed
-        _openenv_fronted = True
-        stream: Any  # trio's SocketStream, or the one that replays the head
-
-        async def run(self) -> None:
-            if not getattr(self.config, "_openenv_websocket_front", False):
-                await super().run()
-                return
-            head = await self._read_head()
-            if head is None:
-                with contextlib.suppress(Exception):
-                    await self.stream.aclose()
-                return
-            if not is_websocket_upgrade(head):
-                self.stream = ReplayedStream(self.stream, head)
-                await super().run()
-                return
-            sock = self.stream.socket
-            try:
-                client, server = sock.getpeername()[:2], sock.getsockname()[:2]
-            except OSError:  # gone already
-                with contextlib.suppress(Exception):
-                    await self.stream.aclose()
-                return
-            watched = cast(Any, self.app).app  # hypercorn's wrapper around the ASGI app
-            await serve_websocket(
-                watched,
-                self.stream,
-                head,
-                client=client,
-                server=server,
-                max_message_size=self.config.websocket_max_message_size,
-                state=dict(self.state),
-            )
-
-        async def _read_head(self) -> bytes | None:
-            """The request head, within the keep-alive timeout; ``None`` if it does not come, or the server stops."""
-            head: bytes | None = None
-            with anyio.move_on_after(self.config.keep_alive_timeout):
-                async with anyio.create_task_group() as task_group:
-
-                    async def cancel_when_terminated() -> None:
-                        await self.context.terminated.wait()
-                        task_group.cancel_scope.cancel()
-
-                    task_group.start_soon(cancel_when_terminated)
-                    head = await read_head(self.stream)
-                    task_group.cancel_scope.cancel()
-            return head
-
-    run_module.TCPServer = FrontedTCPServer
-
-
-async def _wait_until_serving(host: str, port: int) -> None:
-    """Return once an HTTP request to the server gets a response (any status)."""
-    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
-    while True:
-        try:
-            async with await anyio.connect_tcp(host, port) as stream:
-                await stream.send(request)
-                if (await stream.receive()).startswith(b"HTTP/"):
-                    return
-        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
-            pass
-        await anyio.sleep(_PROBE_INTERVAL)
-
-
-_RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {
-    "uvicorn": _run_uvicorn,
-    "hypercorn": _run_hypercorn,
-    "hypercorn+websockets": functools.partial(_run_hypercorn, websocket_front=True),
+# Each called as (app, sock, config, stop, embedded=, task_status=).
+_DRIVERS: dict[ServerName, Callable[..., Awaitable[None]]] = {
+    "uvicorn": run_uvicorn,
+    "hypercorn": run_hypercorn,
+    "hypercorn+websockets": functools.partial(run_hypercorn, websocket_front=True),
 }
+
+
+def _resolved(config: ServerConfig, *, embedded: bool) -> ServerConfig:
+    """``config`` with its log level decided: warnings in a program, what it does on a command line."""
+    return msgspec.structs.replace(config, log_level=config.log_level or ("warning" if embedded else "info"))
 
 
 def _app_for(
@@ -473,7 +235,8 @@ async def _serving(
     *,
     host: str,
     port: int,
-    options: _Options,
+    config: ServerConfig,
+    embedded: bool,
 ) -> AsyncIterator[RunningServer]:
     """Run ``app`` on a server for the block; the block's own exception comes out as itself.
 
@@ -482,8 +245,9 @@ async def _serving(
     when the block ends (the block is not interrupted).
     """
     backend = current_backend()
-    _redact_access_logs()
-    name: ServerName = options.config.server or _default_server(backend)
+    redact_access_logs()
+    config = _resolved(config, embedded=embedded)
+    name: ServerName = config.server or _default_server(backend)
     if name == "uvicorn" and backend != "asyncio":
         raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
     if name == "hypercorn+websockets" and backend != "trio":
@@ -498,7 +262,7 @@ async def _serving(
 
     async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
-            await _RUNNERS[name](watched, sock, options, stop, task_status=task_status)
+            await _DRIVERS[name](watched, sock, config, stop, embedded=embedded, task_status=task_status)
         except Exception as exc:  # kept for the host: a task group would cancel the caller's block
             server_errors.append(exc)
         finally:
@@ -508,7 +272,7 @@ async def _serving(
         bound_host, bound_port = sock.getsockname()[:2]
         async with anyio.create_task_group() as task_group:
             try:
-                startup_timeout = options.config.startup_timeout
+                startup_timeout = config.startup_timeout
                 with anyio.fail_after(startup_timeout):
                     await task_group.start(run_server)
                 started = watched.failure is None
@@ -518,7 +282,7 @@ async def _serving(
                 server_errors.append(TimeoutError(f"{name} did not start within {startup_timeout} s"))
             if not started:
                 stop.set()
-                with anyio.move_on_after(options.config.shutdown_timeout):
+                with anyio.move_on_after(config.shutdown_timeout):
                     await stopped.wait()
                 task_group.cancel_scope.cancel()
             else:
@@ -530,11 +294,11 @@ async def _serving(
                     body_error = exc
                 finally:
                     try:
-                        await _end_sessions(app, options.config.shutdown_timeout)
+                        await _end_sessions(app, config.shutdown_timeout)
                     finally:
                         stop.set()
                         # Graceful first; the server bounds its own grace, this bounds the server.
-                        with anyio.move_on_after(options.config.shutdown_timeout + 2.0):
+                        with anyio.move_on_after(config.shutdown_timeout + 2.0):
                             await stopped.wait()
                         task_group.cancel_scope.cancel()
     finally:
@@ -613,7 +377,7 @@ async def serve(
     """
     checked = server_config(config, options)
     app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
-    async with _serving(app, host=host, port=port, options=_Options(checked, embedded=True)) as running:
+    async with _serving(app, host=host, port=port, config=checked, embedded=True) as running:
         yield running
 
 
@@ -626,7 +390,7 @@ async def _serve_until_signalled(
     *,
     host: str,
     port: int,
-    options: _Options,
+    config: ServerConfig,
     on_ready: Callable[[RunningServer], object] | None,
 ) -> None:
     failure: Exception | None = None
@@ -645,7 +409,7 @@ async def _serve_until_signalled(
 
             task_group.start_soon(watch_signals)
             try:
-                async with _serving(app, host=host, port=port, options=options) as running:
+                async with _serving(app, host=host, port=port, config=config, embedded=False) as running:
                     if on_ready is not None:
                         on_ready(running)
                     # A server that stops on its own (it failed) ends the process: a
@@ -700,49 +464,9 @@ def run(
     """
     checked = server_config(config, options)
     app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
-    run_options = _Options(checked, embedded=False)
-    _configure_console_logging(run_options.log_level)
+    checked = _resolved(checked, embedded=False)
+    configure_console_logging(checked.log_level or "info")
     anyio.run(
-        functools.partial(_serve_until_signalled, app, host=host, port=port, options=run_options, on_ready=on_ready),
+        functools.partial(_serve_until_signalled, app, host=host, port=port, config=checked, on_ready=on_ready),
         backend=backend,
     )
-
-
-# A session id in a logged path: the id, not its key, but ids stay out of logs anyway.
-_SESSION_IN_PATH = re.compile(r"(/poll/sessions/)[^/\s?\"]+")
-
-
-class _RedactSessionIds(logging.Filter):
-    """Replaces HTTP session ids in the servers' access-log lines with ``...``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple):
-            record.args = tuple(_redact(arg) for arg in args)
-        elif isinstance(args, dict):  # hypercorn's atoms: updated in place, keeping its class
-            for key, value in list(args.items()):
-                args[key] = _redact(value)
-        record.msg = _redact(record.msg)
-        return True
-
-
-def _redact(value: Any) -> Any:
-    return _SESSION_IN_PATH.sub(r"\1...", value) if isinstance(value, str) else value
-
-
-def _redact_access_logs() -> None:
-    """Keep session ids out of the access logs of both servers (idempotent)."""
-    for name in ("uvicorn.access", "hypercorn.access"):
-        access_logger = logging.getLogger(name)
-        if not any(isinstance(existing, _RedactSessionIds) for existing in access_logger.filters):
-            access_logger.addFilter(_RedactSessionIds())
-
-
-def _configure_console_logging(log_level: str) -> None:
-    """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
-    openenv_logger = logging.getLogger("openenv")
-    if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        openenv_logger.addHandler(handler)
-    openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())
