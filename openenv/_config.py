@@ -137,6 +137,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     startup_timeout: Annotated[float, Meta(gt=0)] = 30.0
     """Seconds the server may take to start (``openenv.serve`` raises `TimeoutError` beyond)."""
 
+    public_io: bool = False
+    """Serve with the ASGI servers' stock public classes only, without openenv's speed paths
+    (uvicorn's WebSocket protocol reading and writing small frames itself and lending its socket
+    to a session's thread; hypercorn+websockets): slower, and free of their internals, for when an
+    upgrade broke one. The default server is then hypercorn on both backends, and
+    hypercorn+websockets is plain hypercorn. ``OPENENV_PUBLIC_IO=1`` in the environment turns it on
+    for every server and client of the process."""
+
     log_level: LogLevel | None = None
     """The level of the server's own loggers; ``None``: ``"warning"`` for a server in a program
     (``openenv.serve``), ``"info"`` for ``run`` and the ``openenv serve`` command. The process's
@@ -159,6 +167,7 @@ class ServerOptions(TypedDict, total=False):
     max_connections: int | None
     shutdown_timeout: float
     startup_timeout: float
+    public_io: bool
     log_level: LogLevel | None
 
 

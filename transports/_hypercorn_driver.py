@@ -71,7 +71,8 @@ async def run_hypercorn(
         from hypercorn.trio.run import worker_serve as trio_worker_serve
 
         mend_trio_closing()
-        add_trio_websocket_front()
+        if websocket_front:
+            add_trio_websocket_front()
         hypercorn_config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(

@@ -11,6 +11,7 @@ from anyio.abc import TaskStatus
 
 from openenv.server import ServerConfig
 
+from ._public_io import public_io_only
 from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
 
 __all__ = ["run_uvicorn"]
@@ -49,11 +50,12 @@ async def run_uvicorn(
                 task_status.started()
 
     log_level = config.log_level or "warning"
+    public = config.public_io or public_io_only()
     uvicorn_config = uvicorn.Config(
         app,
-        http=uvicorn_http_protocol(config.header_timeout),
+        http=uvicorn_http_protocol(config.header_timeout, limit_reads=not public),
         limit_concurrency=config.max_connections,
-        ws=uvicorn_websocket_protocol(),
+        ws="websockets-sansio" if public else uvicorn_websocket_protocol(),
         lifespan="on",
         interface="asgi3",
         log_config=None if embedded else LOGGING_CONFIG,

@@ -41,6 +41,7 @@ from openenv._config import explicit_fields
 from openenv.server import ServeFunction, ServerConfig, ServerName, ServerOptions, server_config
 
 from ._hypercorn_driver import run_hypercorn
+from ._public_io import PUBLIC_IO_ENV, public_io_only
 from ._server_logs import configure_console_logging, redact_access_logs
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._uvicorn_driver import run_uvicorn
@@ -110,8 +111,23 @@ def current_backend() -> str:
     return cancelled.__module__.partition(".")[0]
 
 
-def _default_server(backend: str) -> ServerName:
-    return "uvicorn" if backend == "asyncio" else "hypercorn+websockets"
+def _server_for(config: ServerConfig, backend: str) -> ServerName:
+    """The server asked for, or the backend's default.
+
+    With public I/O only, the default is hypercorn on both backends (its own
+    bounds hold without openenv's code inside it), and hypercorn+websockets is
+    served as plain hypercorn.
+    """
+    name = config.server
+    if name == "uvicorn" and backend != "asyncio":
+        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
+    if name == "hypercorn+websockets" and backend != "trio":
+        raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
+    if config.public_io or public_io_only():
+        if name == "hypercorn+websockets":
+            logger.warning("public I/O only (%s): serving on plain hypercorn, not hypercorn+websockets", PUBLIC_IO_ENV)
+        return "uvicorn" if name == "uvicorn" else "hypercorn"
+    return name or ("uvicorn" if backend == "asyncio" else "hypercorn+websockets")
 
 
 # TCP keepalive on every connection (accepted sockets inherit it from the
@@ -247,11 +263,7 @@ async def _serving(
     backend = current_backend()
     redact_access_logs()
     config = _resolved(config, embedded=embedded)
-    name: ServerName = config.server or _default_server(backend)
-    if name == "uvicorn" and backend != "asyncio":
-        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
-    if name == "hypercorn+websockets" and backend != "trio":
-        raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
+    name = _server_for(config, backend)
     watched = _StartupWatch(app)
     sock = _bind(host, port)
     server_errors: list[Exception] = []
