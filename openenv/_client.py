@@ -38,7 +38,7 @@ from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync import SyncEnvClient
 

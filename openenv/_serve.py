@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any, Protocol, Unpack, cast
 
 from ._config import ServerConfig, ServerOptions, server_config
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["SERVER_ENTRY_POINT_GROUP", "RunningServer", "ServeFunction", "serve"]
 

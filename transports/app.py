@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Unpack
 
 import anyio
 import msgspec
@@ -64,9 +64,6 @@ from .http._protocol import (
 from .http._server import HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
 from .websocket._server import WebSocketEndpoint
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = [
     "create_app",

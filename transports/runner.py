@@ -30,7 +30,7 @@ import logging
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import anyio
 import msgspec
@@ -46,9 +46,6 @@ from ._server_logs import configure_console_logging, redact_access_logs
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._uvicorn_driver import run_uvicorn
 from .app import create_app
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = ["RunningServer", "ServerName", "current_backend", "run", "serve"]
 
