@@ -46,6 +46,7 @@ from openenv import (
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
 from openenv.channel import FrameQueue
 
+from .._error_body import decode_error
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
@@ -68,6 +69,7 @@ from ._protocol import (
     SESSION_KEY_HEADER,
     SESSIONS_PATH,
     WAIT_HEADER,
+    Created,
     dialect_for,
 )
 
@@ -113,24 +115,7 @@ _RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
 _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
-class _Created(msgspec.Struct):
-    session_id: str
-    session_key: str | None = None
-    max_body_size: int | None = None
-    max_wait: float | None = None
-
-
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
-_decode_created = msgspec.json.Decoder(_Created).decode
-_decode_error = msgspec.json.Decoder(_Error).decode
+_decode_created = msgspec.json.Decoder(Created).decode
 
 
 class _RequestFailed(Exception):
@@ -197,7 +182,7 @@ class _Answer:
 def _error_detail(response: httpx.Response) -> str:
     """What an error response says, in a line: our JSON error's message, or the start of the body."""
     try:
-        error = _decode_error(response.content).error
+        error = decode_error(response.content).error
     except msgspec.DecodeError:
         text = response.content.decode("utf-8", "replace").strip()
         return text[:200]
@@ -207,7 +192,7 @@ def _error_detail(response: httpx.Response) -> str:
 def _end_reason(response: httpx.Response) -> str:
     """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
     try:
-        error = _decode_error(response.content).error
+        error = decode_error(response.content).error
     except msgspec.DecodeError:
         return _error_detail(response)
     return error.message.removeprefix("the session has ended: ")

@@ -45,6 +45,7 @@ from openenv.server import SERVER_DEFAULTS, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._deprecated import renamed_option
+from .._error_body import encode_error
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
@@ -59,6 +60,7 @@ from ._protocol import (
     SESSION_PATH,
     SESSIONS_PATH,
     WAIT_HEADER,
+    Created,
     dialect_for,
 )
 
@@ -123,27 +125,6 @@ class _CreateRequest(msgspec.Struct):
     """The body of ``POST /poll/sessions`` (every field optional; unknown fields ignored)."""
 
     encoding: str = "json"
-
-
-class _Created(msgspec.Struct):
-    """The body of the ``201`` that creates a session."""
-
-    session_id: str
-    session_key: str
-    encoding: str
-    max_body_size: int
-    max_wait: float
-
-
-class _ErrorBody(msgspec.Struct):
-    code: str
-    message: str
-
-
-class _Error(msgspec.Struct):
-    """The JSON body of every error response of the protocol's own (4xx, 503 ``not_running``)."""
-
-    error: _ErrorBody
 
 
 _json_encode = msgspec.json.Encoder().encode
@@ -405,7 +386,7 @@ async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]], 
 
 
 async def _respond_error(send: Send, error: _HTTPError) -> None:
-    body = _json_encode(_Error(_ErrorBody(error.code, error.message)))
+    body = encode_error(error.code, error.message)
     await _respond(send, error.status, [_JSON_TYPE, _NO_STORE, *error.headers], body)
 
 
@@ -600,7 +581,7 @@ class HTTPPollingEndpoint:
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(
-            _Created(session.id, session.key.decode(), session.dialect.encoding, self.max_message_size, self.max_wait)
+            Created(session.id, session.key.decode(), session.dialect.encoding, self.max_message_size, self.max_wait)
         )
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
