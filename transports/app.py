@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from openenv import EnvironmentMetadata
+from openenv import Clock, EnvironmentMetadata
 from openenv.server import (
     ServerConfig,
     ServerOptions,
@@ -51,7 +51,7 @@ from openenv.server import (
 
 from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from
-from ._sessions import SessionRegistry
+from ._sessions import MONOTONIC_CLOCK, SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
@@ -131,6 +131,7 @@ def create_app(
     *,
     config: ServerConfig | None = None,
     metadata: EnvironmentMetadata | None = None,
+    clock: Clock | None = None,
     http_max_body_size: int | None = None,
     **options: Unpack[ServerOptions],
 ) -> Starlette:
@@ -165,6 +166,10 @@ def create_app(
             whole as ``app.state.config``, for the server that runs it.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
+        clock: Where the app times its sessions' idleness, the wait for a slot
+            and HTTP long-polling's waits (`openenv.Clock`): by default the
+            monotonic time; a test's clock, advanced by hand, makes minutes
+            pass at once.
         http_max_body_size: Deprecated: ``max_message_size`` is the one limit
             of a request's size, over WebSocket and HTTP alike.
         **options: Fields of `openenv.ServerConfig` by name, replacing
@@ -200,6 +205,7 @@ def create_app(
         session_idle_timeout=config.session_idle_timeout,
         transport_idle_timeouts={"http": config.http_idle_timeout} if config.http_idle_timeout is not None else None,
         queue_timeout=config.queue_timeout,
+        clock=clock if clock is not None else MONOTONIC_CLOCK,
     )
     polling = HTTPPollingEndpoint(
         env_factory, registry=registry, max_message_size=config.max_message_size, error_details=config.error_details

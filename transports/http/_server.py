@@ -39,7 +39,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from starlette.routing import BaseRoute, Route
 
-from openenv import ConnectionClosed, Dialect
+from openenv import Clock, ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import SERVER_DEFAULTS, host_session
 
@@ -158,6 +158,7 @@ class _Session:
     __slots__ = (
         "acked",
         "answered",
+        "clock",
         "current",
         "deleted",
         "dialect",
@@ -179,8 +180,9 @@ class _Session:
         "waiter",
     )
 
-    def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event]) -> None:
+    def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event], clock: Clock) -> None:
         self.id = session_id
+        self.clock = clock
         self.key = secrets.token_urlsafe(32).encode()
         self.dialect = dialect
         self.media_type = MEDIA_TYPES[dialect.encoding].encode()
@@ -271,7 +273,7 @@ class _Session:
 
     async def first_request(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the first frame; whether one came (or the session ended)."""
-        with anyio.move_on_after(timeout):
+        with self.clock.move_on_after(timeout):
             while not self.inbox and self.end_reason is None:
                 waiter = self.waiter
                 if waiter is None:  # shared with long polls waiting for a reply
@@ -308,7 +310,7 @@ class _Session:
             if outbox:
                 reply = outbox[0]
                 return reply[0], reply[2]
-        with anyio.move_on_after(wait):
+        with self.clock.move_on_after(wait):
             while not outbox and self.end_reason is None:
                 waiter = self.waiter
                 if waiter is None:
@@ -423,7 +425,9 @@ class HTTPPollingEndpoint:
     Args:
         factory: Builds one environment per session.
         registry: The app's session registry (capacity and idle reaping); idle
-            HTTP sessions are reaped after its ``idle_timeout_of("http")``.
+            HTTP sessions are reaped after its ``idle_timeout_of("http")``. Its
+            clock times the endpoint's waits too: a long poll, a new session's
+            wait for its first frame, an ended session's record lingering.
         max_wait: The longest the server holds a frame request waiting for a
             reply, in seconds; a client asking for longer gets this.
         max_message_size: The largest request frame accepted, in bytes (``413``
@@ -559,7 +563,7 @@ class HTTPPollingEndpoint:
             raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
         session_id = secrets.token_urlsafe(32)
-        session = _Session(session_id, dialect, self._new_event)
+        session = _Session(session_id, dialect, self._new_event, self.registry.clock)
         lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
         if lease is None:
             await self._refuse_at_capacity(send, dialect)
@@ -636,7 +640,7 @@ class HTTPPollingEndpoint:
                     "HTTP long-polling session %s… ended: %s", session.id[:_LOGGED_ID_LENGTH], session.end_reason
                 )
                 self._forget_key(session)
-            with anyio.move_on_after(self.linger):
+            with self.registry.clock.move_on_after(self.linger):
                 await session.forgotten.wait()
         finally:
             lease.release()
