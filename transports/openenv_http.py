@@ -34,6 +34,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
+from openenv._codec import MAX_NESTING, _nested_deeper_than
 from openenv.server import SERVER_DEFAULTS, ServerSession, jsonrpc_error
 
 from ._deprecated import renamed_option
@@ -187,9 +188,21 @@ def _too_large(limit: int) -> Response:
 async def _json_body(request: Request, limit: int) -> Any:
     body = await _body(request, limit)
     try:
-        return msgspec.json.decode(body) if body.strip() else None
+        decoded = msgspec.json.decode(body) if body.strip() else None
     except RecursionError as exc:  # msgspec's guard: nested too deeply to be a request
         raise msgspec.DecodeError("JSON is nested too deeply") from exc
+    _check_depth(body)
+    return decoded
+
+
+def _check_depth(body: bytes) -> None:
+    """Refuse (`msgspec.DecodeError`) a decoded body nested deeper than a session's frames may be.
+
+    msgspec's own guard is the stack, whose depth depends on the Python (3.13
+    decodes 5,000 levels): the bound is the codec's, on every Python.
+    """
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nested_deeper_than(body, MAX_NESTING):
+        raise msgspec.DecodeError(f"JSON is nested deeper than {MAX_NESTING} levels")
 
 
 def _body_error(exc: msgspec.DecodeError) -> Response:
@@ -326,7 +339,9 @@ def openenv_http_routes(
 
     async def step(request: Request) -> Response:
         try:
-            body = msgspec.json.decode(await _body(request, max_message_size), type=StepRequest)
+            raw = await _body(request, max_message_size)
+            body = msgspec.json.decode(raw, type=StepRequest)
+            _check_depth(raw)
         except _TooLarge:
             return _too_large(max_message_size)
         except msgspec.ValidationError as exc:
