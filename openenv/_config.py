@@ -77,6 +77,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "auth_token",
             "allow_origins",
             "error_details",
+            "metrics",
         }
     )
     """The app's fields: those ``create_app`` reads (the others are the ASGI server's)."""
@@ -124,6 +125,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     or its factory raised, and the factory's name, as OpenEnv's do). ``False`` sends generic
     messages, so no path or module name leaves the server; the log keeps the details."""
 
+    metrics: bool = False
+    """The app's: serve ``GET /metrics`` for Prometheus: sessions, steps and resets with their latency,
+    errors by code, bytes, per environment (``transports._metrics``). Behind the same token as every
+    route but ``/health``. Off by default: counting costs each request a few hundred nanoseconds."""
+
     header_timeout: Annotated[float, Meta(gt=0)] = 10.0
     """Seconds a connection may take to send a request's headers (the WebSocket handshake's
     included), from its first byte or the connection's start; then it is closed."""
@@ -163,6 +169,7 @@ class ServerOptions(TypedDict, total=False):
     auth_token: str | typing.Sequence[str] | None
     allow_origins: typing.Sequence[str]
     error_details: bool
+    metrics: bool
     header_timeout: float
     max_connections: int | None
     shutdown_timeout: float

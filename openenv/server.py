@@ -10,7 +10,7 @@ from ._environment import Environment, EnvironmentMetadata
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
 from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
-from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
+from ._session import ServerSession, SessionMetrics, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
 
@@ -27,6 +27,7 @@ __all__ = [
     "ServerName",
     "ServerOptions",
     "ServerSession",
+    "SessionMetrics",
     "StructUnionDecoder",
     "check_factory",
     "encode_fatal_error",

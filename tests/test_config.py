@@ -138,7 +138,8 @@ def test_the_command_lines_defaults_are_the_configs() -> None:
     checked = []
     for parameter in serve_command.params:
         name = typing.cast(str, parameter.name)
-        if name in ServerConfig.__struct_fields__ and not getattr(parameter, "multiple", False) and name != "log_level":
+        flag = getattr(parameter, "is_flag", False) or getattr(parameter, "multiple", False)
+        if name in ServerConfig.__struct_fields__ and not flag and name != "log_level":
             assert parameter.default == getattr(SERVER_DEFAULTS, name), name
             checked.append(name)
     assert {"max_sessions", "header_timeout"} <= set(checked)

@@ -52,10 +52,16 @@ async def run_hypercorn(
     log_level = config.log_level or "warning"
     hypercorn_config = Config()
     hypercorn_config.loglevel = "DEBUG" if log_level == "trace" else log_level.upper()  # no TRACE level
-    if embedded:  # log through the process's own logging setup, untouched
-        error_logger = logging.getLogger("hypercorn.error")
-        error_logger.setLevel(hypercorn_config.loglevel)
-        hypercorn_config.errorlog = error_logger
+    error_logger = logging.getLogger("hypercorn.error")
+    error_logger.setLevel(hypercorn_config.loglevel)
+    if not embedded:
+        # A console handler as hypercorn's own, and its lines printed once: not again
+        # by the root logger's handler, which an environment may have set up.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
+        error_logger.handlers = [handler]
+        error_logger.propagate = False
+    hypercorn_config.errorlog = error_logger  # embedded: the process's own logging setup, untouched
     hypercorn_config.accesslog = "-" if log_level in ("debug", "trace") else None
     hypercorn_config.websocket_max_message_size = config.max_message_size
     # Hypercorn closes a connection idle (no request in hand) this long: it also

@@ -40,10 +40,16 @@ def redact_access_logs() -> None:
 
 
 def configure_console_logging(log_level: str) -> None:
-    """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
+    """Log openenv's server messages to stderr, for a command line (the servers log their own).
+
+    Each server line is printed once, by its own handler: not again by the root
+    logger's, which an environment may set up (``logging.basicConfig()`` on
+    import). uvicorn's configuration does the same for its loggers.
+    """
     openenv_logger = logging.getLogger("openenv")
     if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         openenv_logger.addHandler(handler)
+        openenv_logger.propagate = False
     openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())

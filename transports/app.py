@@ -6,7 +6,8 @@
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
-- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
+- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
+- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`).
 
 Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
 Everything a further transport's routes need is kept on ``app.state``:
@@ -45,6 +46,7 @@ from openenv.server import (
     check_factory,
     environment_metadata,
     environment_schemas,
+    factory_name,
     load_factory,
     server_config,
 )
@@ -182,7 +184,8 @@ def create_app(
         `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``factory``, ``schemas``,
-        ``metadata`` and ``lifespan_tasks``.
+        ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
+        ``lifespan_tasks``.
 
     Raises:
         TypeError: An unknown option, or one of the wrong type; or the factory
@@ -207,8 +210,18 @@ def create_app(
         queue_timeout=config.queue_timeout,
         clock=clock if clock is not None else MONOTONIC_CLOCK,
     )
+    counted = None
+    if config.metrics:
+        from ._metrics import ServerMetrics
+
+        counted = ServerMetrics()
+        counted.watch(factory_name(env_factory), registry)
     polling = HTTPPollingEndpoint(
-        env_factory, registry=registry, max_message_size=config.max_message_size, error_details=config.error_details
+        env_factory,
+        registry=registry,
+        max_message_size=config.max_message_size,
+        error_details=config.error_details,
+        metrics=counted,
     )
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
@@ -235,7 +248,7 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=config.error_details)
+    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=config.error_details, metrics=counted)
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
@@ -250,8 +263,11 @@ def create_app(
             registry=registry,
             max_message_size=config.max_message_size,
             error_details=config.error_details,
+            metrics=counted,
         ),
     ]
+    if counted is not None:
+        routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
     middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=config.allow_origins)]
     if config.allow_origins:
         middleware.append(
@@ -280,4 +296,5 @@ def create_app(
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta
+    app.state.metrics = counted
     return app

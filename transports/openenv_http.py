@@ -35,7 +35,7 @@ from starlette.routing import BaseRoute, Route
 
 import openenv
 from openenv._codec import MAX_NESTING, _nested_deeper_than
-from openenv.server import SERVER_DEFAULTS, ServerSession, jsonrpc_error
+from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
 from ._deprecated import renamed_option
 from ._sessions import SessionRegistry
@@ -111,12 +111,21 @@ class JSONRPCRequest(msgspec.Struct, kw_only=True):
 
 
 class _Limits:
-    """What bounds the routes: the app's session registry, the largest body, and how much errors say."""
+    """What bounds the routes (the session registry, the largest body, how much errors say), and what counts them."""
 
-    def __init__(self, registry: SessionRegistry | None, max_message_size: int, error_details: bool) -> None:
+    def __init__(
+        self,
+        registry: SessionRegistry | None,
+        max_message_size: int,
+        error_details: bool,
+        metrics: SessionMetrics | None,
+        name: str,
+    ) -> None:
         self.registry = registry
         self.max_message_size = max_message_size
         self.error_details = error_details
+        self.metrics = metrics
+        self.name = name
 
 
 class _TooLarge(Exception):
@@ -143,7 +152,7 @@ async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _L
             if limits.error_details:
                 message += f": {type(exc).__name__}: {exc}"
             return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-        session = ServerSession(env, error_details=limits.error_details)
+        session = ServerSession(env, error_details=limits.error_details, metrics=limits.metrics, name=limits.name)
         try:
             reply = await session.handle(msgspec.json.encode(frame))
         finally:
@@ -301,6 +310,7 @@ def openenv_http_routes(
     max_message_size: int = SERVER_DEFAULTS.max_message_size,
     error_details: bool = True,
     max_body_size: int | None = None,
+    metrics: SessionMetrics | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -314,6 +324,7 @@ def openenv_http_routes(
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
         max_body_size: Deprecated: ``max_message_size``.
+        metrics: Where the requests are counted (as a session's), or ``None``.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
@@ -321,7 +332,7 @@ def openenv_http_routes(
     if max_body_size is not None:
         max_message_size = renamed_option("openenv_http_routes", "max_body_size", "max_message_size", max_body_size)
     document = msgspec.json.encode(openapi_document(schemas, metadata))
-    limits = _Limits(registry, max_message_size, error_details)
+    limits = _Limits(registry, max_message_size, error_details, metrics, factory_name(factory))
 
     async def reset(request: Request) -> Response:
         try:

@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import Clock, ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import SERVER_DEFAULTS, host_session
+from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._deprecated import renamed_option
@@ -256,6 +256,18 @@ class _Session:
         self.inbox.close()
         self.wake()
 
+    def stop(self) -> None:
+        """End the session at the registry's request (idle too long, the server stopping): its ``on_close``.
+
+        The session's task is cancelled, and its record ends now, so a request
+        waiting for a reply gets ``410`` with the reason at once, even while a
+        plain environment's step still holds the session's thread.
+        """
+        self.scope.cancel()
+        lease = self.lease
+        if lease is not None and lease.close_reason is not None:
+            self.end(lease.close_reason)
+
     def delete(self) -> None:
         """End the session at the client's request: after the request in hand, if any."""
         self.deleted = True
@@ -440,6 +452,7 @@ class HTTPPollingEndpoint:
         max_unacknowledged_bytes: The most reply bytes a session keeps for its
             client; beyond, its frames get ``409 too_many_unacknowledged`` until
             it acknowledges replies.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
         ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout`` or
@@ -458,6 +471,7 @@ class HTTPPollingEndpoint:
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
         max_body_size: int | None = None,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         if max_body_size is not None:
             max_message_size = renamed_option("HTTPPollingEndpoint", "max_body_size", "max_message_size", max_body_size)
@@ -467,6 +481,7 @@ class HTTPPollingEndpoint:
             raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
         self.unused_timeout = unused_timeout
         self.error_details = error_details
+        self.metrics = metrics
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.factory = factory
         self.registry = registry
@@ -564,7 +579,7 @@ class HTTPPollingEndpoint:
 
         session_id = secrets.token_urlsafe(32)
         session = _Session(session_id, dialect, self._new_event, self.registry.clock)
-        lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
+        lease = await self.registry.admit(transport="http", on_close=session.stop)
         if lease is None:
             await self._refuse_at_capacity(send, dialect)
             return
@@ -619,6 +634,7 @@ class HTTPPollingEndpoint:
                             dialect=session.dialect,
                             error_details=self.error_details,
                             on_end=session.vacate_unless_lingering,
+                            metrics=self.metrics,
                         )
                         reason = (
                             "the client closed the session"
