@@ -46,7 +46,7 @@ from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync_pool import SyncEnvPool
 
