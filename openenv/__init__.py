@@ -44,7 +44,7 @@ from ._mcp_types import (
     ToolError,
 )
 from ._messages import Dialect
-from ._pool import AutoResetMode, EnvPool, FinalStepResult, IndexedStepResult, ReplacedStepResult
+from ._pool import AutoResetMode, EnvPool, FinalStepResult, ReplacedStepResult
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
 from ._serve import serve
 from ._sync import SyncEnvClient
@@ -85,7 +85,6 @@ __all__ = [
     "ExecutionError",
     "FactoryError",
     "FinalStepResult",
-    "IndexedStepResult",
     "InvalidJSONError",
     "ListToolsAction",
     "ListToolsObservation",
