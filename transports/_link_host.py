@@ -203,54 +203,59 @@ class LinkHost:
         batch: _Batch | None = None
         sessions = self._sessions
         for number, item in events:
-            if type(item) is msgspec.Raw:
-                session = sessions.get(number)
-                if session is None:
-                    continue  # ended meanwhile: nobody to hand it to
-                if session.running or session.frames or session.session is None:
-                    session.frames.append(bytes(item))  # after those waiting, in order
-                    self._count_waiting(1)
-                    continue
-                batch = await self._handle(session, bytes(item), batch)
-            elif isinstance(item, Open):
-                self._open(number)
-            elif isinstance(item, Resume):
-                self.state.resumed(item)
-            elif isinstance(item, End):
-                session = sessions.get(number)
-                if session is not None:
-                    self._end(session, "given up by the client", NORMAL_CLOSURE)
+            if type(item) is not msgspec.Raw:
+                self._control(number, item)
+                continue
+            session = sessions.get(number)
+            if session is None:
+                continue  # ended meanwhile: nobody to hand it to
+            frame = bytes(item)
+            server_session = session.session
+            if server_session is None or session.running or session.frames:
+                session.frames.append(frame)  # after those waiting, in order
+                self._count_waiting(1)
+            elif server_session.handles_on_thread:
+                if batch is None:
+                    batch = _Batch()
+                session.running = True
+                assert session.lease is not None
+                session.lease.mark_busy()
+                batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
+            elif self._suspends or self._trials > 0:
+                session.frames.append(frame)
+                self._count_waiting(1)
+                self._run_in_task(session)
+            else:
+                # At once, in this task: a call that does not wait is done before anything else runs.
+                outcome = start(server_session.handle(frame))
+                if isinstance(outcome, Suspended):
+                    outcome = await self._finish_here(session, outcome)
+                self._replied(session, outcome)
         if batch is not None:
             await self._collect(batch)
 
-    async def _handle(self, session: _Session, frame: bytes, batch: _Batch | None) -> _Batch | None:
-        """Handle one frame of an idle session: at once, on its thread within ``batch``, or in a task."""
-        server_session = session.session
-        assert server_session is not None
+    def _control(self, number: int, control: Any) -> None:
+        """Act on a control entry from the client."""
+        if isinstance(control, Open):
+            self._open(number)
+        elif isinstance(control, Resume):
+            self.state.resumed(control)
+        elif isinstance(control, End):
+            session = self._sessions.get(number)
+            if session is not None:
+                self._end(session, "given up by the client", NORMAL_CLOSURE)
+
+    async def _finish_here(self, session: _Session, suspended: Suspended) -> bytes | None:
+        """A call run at once that waits after all: finish it here, once; the host runs every call in a task now."""
+        self._suspends = True
+        session.running = True
         assert session.lease is not None
         session.lease.mark_busy()
-        if server_session.handles_on_thread:
-            if batch is None:
-                batch = _Batch()
-            session.running = True
-            batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
-            return batch
-        if self._suspends or self._trials > 0:
-            session.frames.appendleft(frame)
-            self._count_waiting(1)
-            self._run_in_task(session)
-            return batch
-        outcome = start(server_session.handle(frame))
-        if isinstance(outcome, Suspended):
-            # This environment's calls wait: finish this one here, then give each session a task.
-            self._suspends = True
-            session.running = True
-            try:
-                outcome = await finish(outcome)
-            finally:
-                session.stop_running()
-        self._replied(session, outcome)
-        return batch
+        try:
+            reply: bytes | None = await finish(suspended)
+        finally:
+            session.stop_running()
+        return reply
 
     async def _collect(self, batch: _Batch) -> None:
         """Post the replies of a batch's plain calls; those still running finish in tasks of their own."""
