@@ -4,11 +4,12 @@
 
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
+- ``/poll/links``…: its links, many sessions over one client's requests (`transports.http.HTTPLinkEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
 
-Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
+Its lifespan runs the idle-session reaper and the host tasks of the HTTP sessions and links.
 Everything a further transport's routes need is kept on ``app.state``:
 ``app.state.sessions`` (the one `SessionRegistry`, shared by every transport, so
 ``max_sessions`` counts all sessions), ``app.state.factory``,
@@ -50,11 +51,13 @@ from openenv.server import (
 
 from ._guard import RequestGuard, auth_tokens_from
 from ._sessions import SessionRegistry
+from .http._link_server import HTTPLinkEndpoint
 from .http._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_BODY_SIZE,
     ERROR_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    LINK_KEY_HEADER,
     RECEIVED_HEADER,
     SEQ_HEADER,
     SESSION_KEY_HEADER,
@@ -199,7 +202,8 @@ def create_app(
         A Starlette app; run it with `transports.runner.serve` (embedded) or
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
         ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
-        `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
+        `transports.http.HTTPPollingEndpoint`), ``http_links`` (its links,
+        `transports.http.HTTPLinkEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``factory``, ``schemas``,
         ``metadata`` and ``lifespan_tasks``.
 
@@ -220,6 +224,9 @@ def create_app(
         queue_timeout=queue_timeout,
     )
     polling = HTTPPollingEndpoint(
+        env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details
+    )
+    links = HTTPLinkEndpoint(
         env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details
     )
     schemas = environment_schemas(env_factory)
@@ -252,6 +259,7 @@ def create_app(
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
         *polling.routes(),
+        *links.routes(),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
@@ -278,15 +286,17 @@ def create_app(
                     WAIT_HEADER,
                     IDEMPOTENCY_KEY_HEADER,
                     SESSION_KEY_HEADER,
+                    LINK_KEY_HEADER,
                 ],
                 expose_headers=[SEQ_HEADER, RECEIVED_HEADER, ERROR_HEADER, "Location", "Retry-After"],
             )
         )
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, links.run]
     app.state.sessions = registry
     app.state.http_polling = polling
+    app.state.http_links = links
     app.state.websocket = websocket
     app.state.factory = env_factory
     app.state.schemas = schemas

@@ -52,11 +52,9 @@ from .._network_client import (
     client_headers,
     connect_once,
     default_ssl_context,
-    describe,
     no_tls_context,
     not_connected,
     split_url,
-    user_agent,
 )
 from ._protocol import (
     ACK_HEADER,
@@ -70,22 +68,11 @@ from ._protocol import (
     WAIT_HEADER,
     dialect_for,
 )
+from ._requests import READ_MARGIN, USER_AGENT, RequestFailed, end_reason, error_detail, exchange
 
 __all__ = ["HTTPPollingTransport", "polling_url"]
 
 _SCHEMES = {"http+poll": "http", "https+poll": "https", "http": "http", "https": "https"}
-
-# Seconds a response may take beyond the wait the server was asked for, before
-# the request counts as lost (and is retried).
-_READ_MARGIN = 10.0
-
-# Statuses a proxy or gateway answers with when the server is briefly out of
-# reach; ours never sends them on the frame routes. Retried like network errors.
-_GATEWAY_STATUSES = frozenset({502, 503, 504})
-
-# httpx's failures worth a retry: the request may not have reached the server,
-# or its response may not have reached us; either way, repeating it is safe.
-_RETRYABLE = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
 
 # Headers the protocol owns; a caller cannot set them.
 _OWN_HEADERS = frozenset(
@@ -103,8 +90,6 @@ _OWN_HEADERS = frozenset(
     )
 )
 
-_USER_AGENT = user_agent(f"python-httpx/{httpx.__version__}")
-
 _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
 _WAIT = WAIT_HEADER.encode()
@@ -120,26 +105,7 @@ class _Created(msgspec.Struct):
     max_wait: float | None = None
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
 _decode_created = msgspec.json.Decoder(_Created).decode
-_decode_error = msgspec.json.Decoder(_Error).decode
-
-
-class _RequestFailed(Exception):
-    """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
-
-    def __init__(self, reason: str, attempts: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.attempts = attempts
 
 
 def polling_url(url: str) -> tuple[str, str]:
@@ -192,25 +158,6 @@ class _Answer:
         self.seq = seq
         self.received = received
         self.sets_cookie = sets_cookie
-
-
-def _error_detail(response: httpx.Response) -> str:
-    """What an error response says, in a line: our JSON error's message, or the start of the body."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
-        text = response.content.decode("utf-8", "replace").strip()
-        return text[:200]
-    return f"{error.message} ({error.code})" if error.code else error.message
-
-
-def _end_reason(response: httpx.Response) -> str:
-    """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
-        return _error_detail(response)
-    return error.message.removeprefix("the session has ended: ")
 
 
 class HTTPPollingTransport(Transport):
@@ -370,7 +317,7 @@ class HTTPPollingTransport(Transport):
         client = self._given_client
         if client is None:
             client = httpx.AsyncClient(
-                headers={"User-Agent": _USER_AGENT},
+                headers={"User-Agent": USER_AGENT},
                 verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
@@ -401,7 +348,7 @@ class HTTPPollingTransport(Transport):
         )
         try:
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
-        except _RequestFailed as exc:
+        except RequestFailed as exc:
             raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.__cause__
         self._on_created(response)
 
@@ -416,13 +363,13 @@ class HTTPPollingTransport(Transport):
         if status == 401:
             raise AuthenticationError(
                 f"the server at {self.url} refused the token: HTTP 401 {response.reason_phrase}: "
-                f"{_error_detail(response)}"
+                f"{error_detail(response)}"
             )
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(
                 f"the server at {self.url} refused to create a session: HTTP {status} {response.reason_phrase}: "
-                f"{_error_detail(response)}{hint}"
+                f"{error_detail(response)}{hint}"
             )
         try:
             created = _decode_created(response.content)
@@ -465,7 +412,7 @@ class HTTPPollingTransport(Transport):
             connect = self.connect_timeout
             timeout = self._timeouts[wait] = {
                 "connect": connect,
-                "read": wait + _READ_MARGIN,
+                "read": wait + READ_MARGIN,
                 "write": None,
                 "pool": connect,
             }
@@ -517,7 +464,7 @@ class HTTPPollingTransport(Transport):
             with scope:
                 try:
                     response = await self._exchange(request, owned_by_protocol=RECEIVED_HEADER)
-                except _RequestFailed as exc:
+                except RequestFailed as exc:
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
@@ -532,42 +479,12 @@ class HTTPPollingTransport(Transport):
         raise self._end.closed_by_client_error()
 
     async def _exchange(self, request: httpx.Request, *, owned_by_protocol: str) -> httpx.Response:
-        """Send one request, trying again after network failures and gateways' errors: the one retry loop.
-
-        Args:
-            request: The request, sent as it is each time.
-            owned_by_protocol: A header only our server sets: a 502, 503 or 504
-                with it is the server's answer, not a gateway's, and is returned.
-
-        Returns:
-            The response (of any other status).
-
-        Raises:
-            _RequestFailed: The request failed ``retries + 1`` times, or for a
-                reason a retry cannot mend (a closed client, say).
-        """
+        """Send one request with the retry loop (`transports.http._requests.exchange`)."""
         client = self._client
         assert client is not None
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await client.send(request, follow_redirects=False)
-            except _RETRYABLE as exc:
-                failure: str = describe(exc)
-                cause: BaseException | None = exc
-            except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
-                # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
-                raise _RequestFailed(describe(exc), 1) from exc
-            else:
-                if response.status_code not in _GATEWAY_STATUSES or owned_by_protocol in response.headers:
-                    return response
-                detail = _error_detail(response)
-                failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
-                cause = None
-            if attempt > self.retries:
-                raise _RequestFailed(failure, attempt) from cause
-            await self._clock.sleep(_backoff(attempt))
+        return await exchange(
+            client, request, retries=self.retries, clock=self._clock, owned_by_protocol=owned_by_protocol
+        )
 
     def _confirm(self, answer: _Answer) -> None:
         """Forget the request frames the server says it has (``OpenEnv-Received``)."""
@@ -613,7 +530,7 @@ class HTTPPollingTransport(Transport):
 
     def _refusal(self, answer: _Answer, what: str) -> str:
         response = answer.response
-        return f"the server at {self.url} refused {what}: HTTP {response.status_code} {_error_detail(response)}"
+        return f"the server at {self.url} refused {what}: HTTP {response.status_code} {error_detail(response)}"
 
     # -- the Transport API -----------------------------------------------------
 
@@ -692,7 +609,8 @@ class HTTPPollingTransport(Transport):
                 self._deliver(answer)
         elif status == 410:
             self._confirm(answer)
-            reason = f"the session at {self.url} has ended: {_end_reason(answer.response)}"
+            why = end_reason(answer.response, "the session has ended: ")
+            reason = f"the session at {self.url} has ended: {why}"
             if seq is None:
                 self._finish(ConnectionClosed(reason))
                 return
@@ -806,14 +724,3 @@ class HTTPPollingTransport(Transport):
             if self._given_client is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
-
-
-def _backoff(attempt: int) -> float:
-    """Seconds to wait before retry number ``attempt``.
-
-    None before the first (a keep-alive connection the server closed is
-    routine), then 0.1 s, tripling up to 5 s.
-    """
-    if attempt <= 1:
-        return 0.0
-    return float(min(0.1 * 3 ** (attempt - 2), 5.0))
