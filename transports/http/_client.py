@@ -46,6 +46,8 @@ from openenv import (
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
 from openenv.channel import FrameQueue
 
+from .._link_client import LinkChannel
+from .._links import Private, forget, join
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
@@ -56,6 +58,7 @@ from .._network_client import (
     not_connected,
     split_url,
 )
+from ._link import PollingLink, create_link
 from ._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
@@ -209,13 +212,16 @@ class HTTPPollingTransport(Transport):
             gateway's 502, 503 or 504) is tried again, with a short backoff,
             before the channel counts as broken.
         close_timeout: Seconds `aclose` waits for the server to delete the session.
+        share: Ride the link this event loop shares with other sessions to the
+            same server (``False``: a session of its own, in the per-session protocol).
         clock: Where the connect timeout and the retries' backoff are measured
             (a test's clock, say); the event loop's time by default. The close
             is bounded on the event loop's time, always.
 
     Attributes:
         url: The server's HTTP base URL.
-        session_id: The session's id, once connected.
+        session_id: The session's id, once connected; ``None`` on a link.
+        shared: Whether the session rides a link; set on connect.
         dialect: How frames are written: the ``encoding``, with request ids.
 
     Raises:
@@ -236,6 +242,7 @@ class HTTPPollingTransport(Transport):
         retries: int = DEFAULT_RETRIES,
         close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
         auth_token: str | None = None,
+        share: bool = True,
         clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:
         self.url, self._query = polling_url(url)
@@ -256,7 +263,11 @@ class HTTPPollingTransport(Transport):
         self.poll_timeout = poll_timeout
         self.retries = retries
         self.close_timeout = close_timeout
+        self.share = share
+        self.shared = False
         self.session_id: str | None = None
+        self._link: PollingLink | None = None
+        self._channel: LinkChannel | None = None
         self._session_key: str | None = None
         self._headers = pairs
         self._clock = clock
@@ -314,15 +325,11 @@ class HTTPPollingTransport(Transport):
         connect_once(self._entered or self._end.by_client, self)
         self._entered = True
         self._send_lock = anyio.Lock(fast_acquire=True)
+        if self.share and await self._join_link():
+            return self
         client = self._given_client
         if client is None:
-            client = httpx.AsyncClient(
-                headers={"User-Agent": USER_AGENT},
-                verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
-                # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
-                # so that the client gives up an idle connection before the server closes it.
-                limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
-            )
+            client = self._new_client()
         self._client = client
         try:
             with self._clock.move_on_after(self.connect_timeout) as timeout_scope:
@@ -336,6 +343,60 @@ class HTTPPollingTransport(Transport):
                     await client.aclose()
             raise
         return self
+
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers={"User-Agent": USER_AGENT},
+            verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
+            # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
+            # so that the client gives up an idle connection before the server closes it.
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
+        )
+
+    async def _join_link(self) -> bool:
+        """Open the session on the link this event loop shares with the server; whether the server offers links."""
+        key = (
+            "http+poll",
+            self.url,
+            self._query,
+            tuple(self._headers),
+            self.dialect.encoding,
+            self._given_client,
+            self.poll_timeout,
+            self.retries,
+            self.connect_timeout,
+            self.close_timeout,
+            self._clock,
+        )
+
+        async def connect() -> PollingLink | Private:
+            given = self._given_client
+            return await create_link(
+                self._new_client() if given is None else given,
+                owns_client=given is None,
+                url=self.url,
+                query=self._query,
+                headers=self._headers,
+                encoding=self.dialect.encoding,
+                media_type=self._media_type,
+                poll_timeout=self.poll_timeout,
+                retries=self.retries,
+                connect_timeout=self.connect_timeout,
+                close_timeout=self.close_timeout,
+                clock=self._clock,
+                on_idle=lambda link: forget(key, link),
+            )
+
+        link = await join(key, connect)
+        if link is None:
+            return False
+        try:
+            self._channel = link.open()
+        except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
+            raise ConnectError(f"cannot open a session on the link to {self.url}: {exc}") from exc
+        self._link = link
+        self.shared = True
+        return True
 
     async def _create_session(self, client: httpx.AsyncClient) -> None:
         url = f"{self.url}{SESSIONS_PATH}{self._query}"
@@ -549,6 +610,11 @@ class HTTPPollingTransport(Transport):
                 broken (the network failed ``retries + 1`` times; the server
                 refused the frame, e.g. ``413`` for one over its size limit).
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            link.post(self._channel, frame)
+            return
         lock = self._send_lock
         if self._end.by_client or self._client is None or lock is None:
             raise not_connected("HTTP long-polling", self.url)
@@ -649,6 +715,10 @@ class HTTPPollingTransport(Transport):
                 the end was returned), the channel broke, or `aclose` was called.
             ProtocolError: The server answered something that is not the protocol.
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            return await link.receive(self._channel)
         inbox = self._inbox
         while True:
             if self._end.by_client:
@@ -691,6 +761,15 @@ class HTTPPollingTransport(Transport):
                 self._polling = False
                 self._settle()
 
+    async def keep(self) -> None:
+        """Keep the link while nobody calls: long-poll it, so it stays alive and the server's news arrives.
+
+        Its owner runs it in a task of its own from connect to close (see
+        `openenv.Transport.keep`); a session of its own has no idle work.
+        """
+        if self._link is not None:
+            await self._link.keep()
+
     async def aclose(self) -> None:
         """Delete the session on the server, and close the client if it is the transport's own.
 
@@ -698,6 +777,12 @@ class HTTPPollingTransport(Transport):
         safe on a broken channel. Requests in flight end; afterwards `send` and
         `receive` raise `ConnectionClosed`.
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            self._end.close_by_client()
+            await link.leave(self._channel)
+            return
         if self._end.by_client:
             return
         self._end.close_by_client()
