@@ -63,6 +63,9 @@ class Open(_Control, tag="open"):
 class End(_Control, tag="end"):
     """Server to client, on a channel: the session there has ended; nothing more will come on it.
 
+    Client to server, on a channel the server has not ended: the client leaves
+    the session (without its ``close`` frame, say); the server ends it.
+
     Attributes:
         reason: Why (idle too long, the server stopping, a fatal error frame just sent, ...).
         code: The WebSocket close code a connection of its own would have closed with.

@@ -46,7 +46,7 @@ from openenv._inline import Suspended, finish, start
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, encode_fatal_error, factory_name
 
-from ._envelope import LINK_CHANNEL, Entry, EnvelopeCodec, Hello, Open, Resume
+from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume
 from ._link_state import ServerLinkState
 from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
 
@@ -207,6 +207,10 @@ class LinkHost:
                 batch = await self._handle(session, bytes(item), batch)
             elif isinstance(item, Open):
                 self._open(number)
+            elif isinstance(item, End):
+                session = sessions.get(number)
+                if session is not None:
+                    self._end(session, "the client left the session", NORMAL_CLOSURE)
             elif isinstance(item, Resume):
                 self.state.resumed(item)
         if batch is not None:
