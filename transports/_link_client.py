@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import NoReturn
 
 import anyio
 import msgspec
@@ -87,6 +88,10 @@ class ClientLink:
         self._clock = clock
         self._on_idle: Callable[[ClientLink], object] | None = on_idle
         self._state = ClientLinkState(codec, deliver=self._deliver, end=self._end_channel)
+        # Checks that a frame is one value of the link's encoding (embedded raw, anything else breaks the envelope).
+        self._check_frame = (
+            msgspec.json.Decoder(msgspec.Raw) if codec.encoding == "json" else msgspec.msgpack.Decoder(msgspec.Raw)
+        ).decode
         self._channels: dict[int, LinkChannel] = {}
         self._waiting: dict[int, LinkChannel] = {}  # sessions waiting in receive for someone else's I/O
         self._keeping = False  # a keeper is at work
@@ -125,15 +130,32 @@ class ClientLink:
     def post(self, channel: LinkChannel, frame: bytes) -> None:
         """Queue one of a session's frames on its channel; it leaves with the link's next message.
 
+        A frame that is not one value of the link's encoding cannot travel in
+        an envelope (it would break the whole message): it is refused, and its
+        session ends, alone.
+
         Raises:
-            ConnectionClosed: The session's channel has ended.
+            ConnectionClosed: The session's channel has ended, or the frame was refused.
         """
         if channel.ended is not None:
             raise fresh(channel.ended)
         channel_state = self._state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
             raise fresh(channel.ended or self._ended_error())
+        try:
+            self._check_frame(frame)
+        except msgspec.DecodeError as exc:
+            encoding = "JSON" if self._codec.encoding == "json" else "MessagePack"
+            self._refuse(channel, f"a frame that is not one {encoding} value cannot travel on a link ({exc})")
         self._state.post(channel_state, msgspec.Raw(frame))
+
+    def _refuse(self, channel: LinkChannel, reason: str) -> NoReturn:
+        """Refuse a frame of a session, unsent: the session ends (the server is told), the others go on."""
+        error = ConnectionClosed(reason)
+        if channel.ended is None:
+            channel.ended = error
+        self._state.leave(channel.number)
+        raise fresh(error)
 
     # -- waiting -----------------------------------------------------------------------
 

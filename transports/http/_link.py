@@ -45,7 +45,7 @@ from .._link_client import ClientLink, LinkChannel, fresh
 from .._link_state import LinkProtocolError
 from .._links import PRIVATE, Private
 from ._protocol import ACK_HEADER, ERROR_HEADER, LINK_KEY_HEADER, LINKS_PATH, RECEIVED_HEADER, SEQ_HEADER, WAIT_HEADER
-from ._requests import RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
+from ._requests import Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
 
 __all__ = ["IDLE_POLL", "MAX_POSTS", "PollingLink", "create_link"]
 
@@ -152,16 +152,12 @@ class PollingLink(ClientLink):
 
         Raises:
             ConnectionClosed: The session's channel has ended, or the frame is
-                larger than the server takes (the session ends: nothing was sent).
+                larger than the server takes or not one value of the link's
+                encoding (the session ends, alone: the frame was not sent).
         """
         limit = self._max_body_size - _ENVELOPE_OVERHEAD - _ENTRY_OVERHEAD
-        if len(frame) > limit:
-            error = ConnectionClosed(
-                f"a frame of {len(frame)} bytes is over the server's limit of {limit} bytes (in an envelope)"
-            )
-            if channel.ended is None:
-                channel.ended = error
-            raise fresh(error)
+        if len(frame) > limit and channel.ended is None:
+            self._refuse(channel, f"a frame of {len(frame)} bytes is over the server's limit of {limit} bytes")
         super().post(channel, frame)
 
     async def receive(self, channel: LinkChannel) -> bytes:
@@ -212,11 +208,11 @@ class PollingLink(ClientLink):
         if channel.ended is None:
             channel.ended = ConnectionClosed(f"the HTTP long-polling session to {self.url} was closed by the client")
         channel.wake()
+        self._state.leave(channel.number)  # unless the server ended it: it ends there too
         with anyio.CancelScope(shield=True):
             if self._channels:
                 with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
                     await self._flush()  # its close request, say
-                self._state.forget(channel.number)
                 return
             await self.aclose()
 
@@ -359,7 +355,7 @@ class PollingLink(ClientLink):
             method,
             self._link_url,
             headers=[*headers, (_ACK, b"%d" % self._held), (_WAIT, b"%g" % wait)],
-            stream=httpx.ByteStream(body),
+            stream=Body(body),
             extensions={"timeout": timeouts(self._connect_timeout, wait)},
         )
         scope = anyio.CancelScope()

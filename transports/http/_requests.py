@@ -15,6 +15,7 @@ from .._network_client import describe, user_agent
 
 __all__ = [
     "GATEWAY_STATUSES",
+    "Body",
     "READ_MARGIN",
     "USER_AGENT",
     "RequestFailed",
@@ -40,6 +41,41 @@ _RETRYABLE = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolEr
 
 USER_AGENT = user_agent(f"python-httpx/{httpx.__version__}")
 """The ``User-Agent`` of the clients the transport makes."""
+
+
+class Body(httpx.AsyncByteStream):
+    """A request's whole body, in one chunk, sent as often as the request is.
+
+    httpx's own `httpx.ByteStream` yields from an async generator, which a write
+    cut short leaves unfinished (trio warns when it is collected); this one
+    iterates without one.
+    """
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def __aiter__(self) -> _Chunks:
+        return _Chunks(self._body)
+
+
+class _Chunks:
+    """One pass over a `Body`: its one chunk."""
+
+    __slots__ = ("_body",)
+
+    def __init__(self, body: bytes) -> None:
+        self._body: bytes | None = body
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        body, self._body = self._body, None
+        if body is None:
+            raise StopAsyncIteration
+        return body
 
 
 class _ErrorBody(msgspec.Struct):
