@@ -208,7 +208,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._state = _ClientState.UNOPENED
         self._entered_by_connect = False
         self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
-        self._lock: anyio.Lock | None = None
+        # One request at a time. A semaphore, not a lock: an EnvPool takes it in the task that
+        # sends a request and may give it back in another (the one that takes the reply).
+        self._lock: anyio.Semaphore | None = None
         self._next_id = 0
         # Ids of requests sent whose replies have not been read yet, oldest first.
         # Replies come in order, so the oldest is always the next one to arrive.
@@ -316,7 +318,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
             raise
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock = anyio.Semaphore(1, fast_acquire=True)
         self._state = _ClientState.OPENED
 
     async def __aexit__(
@@ -766,19 +768,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             timeout = self.timeout
         assert self._lock is not None
         async with self._lock:
-            own_codec = self._codec_or_raise()
-            if codec is None:
-                codec = own_codec
-            transport = self._transport
-            assert transport is not None
-            self._next_id += 1
-            request_id = self._next_id
-            try:
-                frame = encode(request_id)
-            except (TypeError, msgspec.EncodeError) as exc:
-                raise EncodingError(f"cannot encode the request: {exc}") from exc
-            except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
-                raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+            codec, transport, frame, request_id = self._prepare(encode, codec)
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, None, math.inf)
             watchdog = self._watchdog
@@ -798,6 +788,43 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     watchdog.disarm(scope)
             # Reached only when the deadline cancelled the exchange.
             raise TimeoutError(f"no reply within {timeout} s")
+
+    def _prepare(
+        self, encode: Callable[[int], bytes], codec: ClientCodec[Any, Any, Any] | None = None
+    ) -> tuple[ClientCodec[Any, Any, Any], Transport, bytes, int]:
+        """Number and encode a request; call with the lock held. Returns the codec, transport, frame and id.
+
+        Raises:
+            ClientStateError: The client is not open.
+            EncodingError: The request cannot be encoded.
+        """
+        own_codec = self._codec_or_raise()
+        transport = self._transport
+        assert transport is not None
+        self._next_id += 1
+        request_id = self._next_id
+        try:
+            frame = encode(request_id)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise EncodingError(f"cannot encode the request: {exc}") from exc
+        except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
+            raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+        return codec or own_codec, transport, frame, request_id
+
+    async def _send_request(
+        self, codec: ClientCodec[Any, Any, Any], transport: Transport, frame: bytes, request_id: int
+    ) -> None:
+        """Send a prepared request with no deadline of its own (see `_exchange`); call with the lock held."""
+        try:
+            if codec.dialect.request_ids:
+                self._unanswered.append(request_id)
+                await transport.send(frame)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await transport.send(frame)
+                self._unanswered.append(request_id)
+        except ConnectionClosed as exc:
+            await self._raise_parting_error(codec, transport, exc)
 
     async def _exchange(
         self,

@@ -103,9 +103,16 @@ class Transport(ABC):
         dialect: How frames are written on this channel, as negotiated on connect.
             Plain OpenEnv (``Dialect()``) unless the transport negotiated more;
             read it only after entering.
+        send_waits: Whether `send` may wait on the server (its answer to an HTTP
+            request, say) rather than only on the network taking the bytes. An
+            `EnvPool` sends a batch's requests one after the other from one task
+            over transports that do not (the default, ``True``, is the safe
+            assumption: each such session's request is then made in a task of
+            its own).
     """
 
     dialect: Dialect = Dialect()
+    send_waits: bool = True
 
     @abstractmethod
     async def __aenter__(self) -> Any:

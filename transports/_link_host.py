@@ -7,10 +7,13 @@ would take), builds its environment, and answers each envelope as one batch:
 
 - an ``async`` environment's reset or step runs in the carrier's task, at once,
   when it does not wait (`openenv._inline`): no task, no wake-up per session.
-  The first time one waits, the host learns that this environment's steps
-  wait: that step is finished there (the carrier waits for it, once), and from
-  then on each session runs its frames in a task of its own, so that waiting
-  steps run concurrently;
+  Whether its calls wait, the host learns from the first `TRIAL_CALLS`, which
+  run in tasks of their own: if none waited, the calls that follow run at once;
+  if one did, every call runs in its session's task from then on, so that
+  waiting steps run concurrently (a session's steps that wait for the others',
+  a rendezvous, never deadlock). A call run at once that waits after all (a
+  rare wait the trials did not see) is finished where it is, the carrier
+  waiting for it, once: from then on the host runs every call in a task;
 - a plain (``def``) environment's calls go to each session's own thread all at
   once, and the carrier is woken once, when they are done
   (`openenv._worker.CallBatch`). One that takes longer than `BATCH_WAIT` does
@@ -56,6 +59,9 @@ logger = logging.getLogger("openenv.server")
 
 BATCH_WAIT: Final = 0.002
 """Seconds the server waits for a batch's plain steps before it sends the replies of those done."""
+
+TRIAL_CALLS: Final = 32
+"""How many of an ``async`` environment's calls run in tasks of their own before the host runs them at once."""
 
 MAX_WAITING_FRAMES: Final = 4096
 """Frames a link may hold for sessions still busy before the server stops reading it."""
@@ -135,6 +141,7 @@ class LinkHost:
         self._waiting_frames = 0  # frames held for busy sessions, across the link
         self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
+        self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
         self.shutting_down = False  # its last session was ended because the server stops
 
     @property
@@ -228,7 +235,7 @@ class LinkHost:
             session.running = True
             batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
             return batch
-        if self._suspends:
+        if self._suspends or self._trials > 0:
             session.frames.appendleft(frame)
             self._count_waiting(1)
             self._run_in_task(session)
@@ -309,7 +316,13 @@ class LinkHost:
                 self._count_waiting(-1)
                 assert session.lease is not None
                 session.lease.mark_busy()
-                self._replied(session, await server_session.handle(waiting))
+                outcome = start(server_session.handle(waiting))
+                if isinstance(outcome, Suspended):
+                    self._suspends = True
+                    outcome = await finish(outcome)
+                elif self._trials > 0:
+                    self._trials -= 1
+                self._replied(session, outcome)
         finally:
             session.stop_running()
         await self._flush_soon()

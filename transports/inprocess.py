@@ -78,6 +78,8 @@ class InProcessTransport(Transport):
         ValueError: Neither ``url`` nor ``factory`` was given.
     """
 
+    send_waits = False  # a frame is written, or queued for the next receive: never an answer awaited
+
     def __init__(
         self,
         url: str | None = None,

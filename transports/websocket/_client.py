@@ -173,6 +173,8 @@ class WebSocketTransport(Transport):
             an ``Authorization`` header.
     """
 
+    send_waits = False  # a frame is written, or queued for the next receive: never an answer awaited
+
     def __init__(
         self,
         url: str,

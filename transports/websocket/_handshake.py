@@ -93,14 +93,21 @@ def connect_error(url: str, exc: BaseException) -> ConnectError:
         detail = response.body.decode("utf-8", "replace").strip()[:200] if response.body else ""
         if response.status_code == 401:
             return AuthenticationError(
-                f"the server at {url} refused the token (HTTP 401){f': {detail}' if detail else ''}"
+                f"the server at {url} refused the token: HTTP 401 {response.reason_phrase}"
+                + (f": {detail}" if detail else "")
             )
-        reason = f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
-        return ConnectError(f"the server at {url} refused the WebSocket handshake: {reason}")
+        return ConnectError(
+            f"the server at {url} refused the WebSocket handshake: HTTP "
+            f"{response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
+        )
+    if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
+        return ConnectError(f"the server at {url} closed the connection during the WebSocket handshake")
     if isinstance(exc, NegotiationError):
-        return ConnectError(f"the WebSocket handshake with {url} failed: {exc}")
-    if isinstance(exc, (InvalidMessage, InvalidHandshake)):
-        return ConnectError(f"the server at {url} sent an invalid WebSocket handshake response: {exc}")
+        return ConnectError(f"the WebSocket handshake with {url} failed to negotiate: {exc}")
+    if isinstance(exc, InvalidHandshake):
+        return ConnectError(f"invalid WebSocket handshake response from {url}: {exc}")
+    if isinstance(exc, (anyio.EndOfStream, anyio.BrokenResourceError)):
+        return ConnectError(f"the connection to {url} was lost while connecting: {describe(exc)}")
     return ConnectError(f"cannot connect to {url}: {describe(exc)}")
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
@@ -56,12 +57,15 @@ from .._link_state import ClientLinkState, LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 
-__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "RECEIVE_LIMIT", "Link", "LinkChannel", "Reconnect"]
 
 IDLE_READ = 1.0
 """Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
 
 RECEIVE_BUFFER = 64
+"""Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
+
+RECEIVE_LIMIT = 4096
 """The most frames a session may hold unread; a server sending more breaks the protocol."""
 
 # The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
@@ -75,12 +79,12 @@ Reconnect = Callable[[str], Awaitable[Handshaken]]
 """Opens a new connection presenting a link's token (the ``OpenEnv-Resume`` header)."""
 
 
-def _send_now(fd: int, data: bytes) -> int:
+def _send_now(fd: int, data: bytes | memoryview) -> int:
     """Write what a non-blocking socket takes at once; the number of bytes written."""
     try:
         return os.write(fd, data)
     except (BlockingIOError, InterruptedError):
-        return 0
+        return 0  # full: nothing written
 
 
 def _refused(exc: BaseException) -> bool:
@@ -103,14 +107,15 @@ class LinkChannel:
         ended: Why nothing more will come, once the session's channel has ended.
     """
 
-    __slots__ = ("ended", "frames", "number", "waiter")
+    __slots__ = ("ended", "frames", "number", "waiter", "waiters")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.frames: deque[bytes] = deque()
         self.ended: ConnectionClosed | ProtocolError | None = None
-        # Set to wake the session waiting in receive: a frame came, or it is to read now.
+        # Set to wake the calls waiting in receive (they share it): a frame came, or one is to read now.
         self.waiter: anyio.Event | None = None
+        self.waiters = 0  # calls waiting in receive, not reading
 
     def wake(self) -> None:
         """Wake the session if it waits in `Link.receive`."""
@@ -188,7 +193,7 @@ class Link:
         self._broken: BaseException | None = None  # the connection dropped; not yet replaced
         self._ended: ConnectionClosed | ProtocolError | None = None  # the link is over, for good
         self._closing = False
-        self._gone = anyio.Event()  # set once the connection in use has ended (closed, broken)
+        self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
         self.resumes = 0
         self._take_over(handshaken)
 
@@ -205,13 +210,27 @@ class Link:
         self._send_data = self._protocol.send_binary if self._binary else self._protocol.send_text
         # The descriptor of the plain TCP socket under the stream, written to directly
         # while it takes every write whole; None for TLS, and once a write did not fit.
-        self._fd: int | None = None if handshaken.tls else self._stream.extra(SocketAttribute.raw_socket).fileno()
+        # The plain TCP socket under the stream, read and written directly: anyio's stream would
+        # add a pass through the event loop to every message. A descriptor of our own (a dup),
+        # because on asyncio the stream's transport holds the original one (paused, idle, since
+        # the handshake) and asyncio lets no one else wait on it. None for TLS: its stream does it.
+        self._socket: socket.socket | None = None
+        if not handshaken.tls:
+            self._socket = self._stream.extra(SocketAttribute.raw_socket).dup()
+            self._socket.setblocking(False)
         self._partial = bytearray()  # a data message arriving in fragments
         self._broken = None
         if self._gone.is_set():
             self._gone = anyio.Event()
         self._last_received = self._clock.now()
-        self._handle_events(handshaken.early_events)
+        # What came right behind the handshake's response: acted on once the first session is there.
+        self._early = list(handshaken.early_events)
+        if self._channels:
+            self._act_on_early_events()
+
+    def _act_on_early_events(self) -> None:
+        early, self._early = self._early, []
+        self._after_events(early)  # a close or a protocol error may have come with the response, too
 
     @property
     def sessions(self) -> int:
@@ -243,6 +262,7 @@ class Link:
         else:
             channel = LinkChannel(self._state.open().number)
         self._channels[channel.number] = channel
+        self._act_on_early_events()
         return channel
 
     async def send(self, channel: LinkChannel, frame: bytes) -> None:
@@ -257,7 +277,7 @@ class Link:
                 and is not being resumed.
         """
         if channel.ended is not None:
-            raise _fresh(channel.ended)
+            raise _for_send(channel.ended)
         state = self._state
         if state is None:
             async with self._write_lock:
@@ -267,7 +287,7 @@ class Link:
             return
         channel_state = state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
-            raise _fresh(channel.ended or self._ended_error())
+            raise _for_send(channel.ended or self._ended_error())
         state.post(channel_state, msgspec.Raw(frame))
         if len(self._channels) == 1:
             await self._flush()
@@ -311,13 +331,17 @@ class Link:
             if not self._reading:
                 await self._read_for(channel)
                 continue
-            waiter = channel.waiter = anyio.Event()
+            waiter = channel.waiter
+            if waiter is None:
+                waiter = channel.waiter = anyio.Event()
+            channel.waiters += 1
             self._waiting[channel.number] = channel
             try:
                 await waiter.wait()
             finally:
-                channel.waiter = None
-                self._waiting.pop(channel.number, None)
+                channel.waiters -= 1
+                if not channel.waiters:
+                    self._waiting.pop(channel.number, None)
 
     async def leave(self, channel: LinkChannel) -> None:
         """A session is done with the link: send what it posted; close the link if it was the last.
@@ -352,6 +376,8 @@ class Link:
                 async with self._write_lock:
                     if self._broken is None and self._protocol.state is State.OPEN:
                         self._protocol.send_close(CloseCode.NORMAL_CLOSURE)
+                    if self._protocol.state is not State.CLOSED:
+                        # Ours, or the close frame the protocol queued when the server broke it (1009, 1002).
                         await self._write_pending()
             # The server echoes the close and ends the TCP connection: read until it does,
             # unless a session (or the keeper) reads already.
@@ -365,6 +391,14 @@ class Link:
                 finally:
                     self._reading = False
         self._end_all(ConnectionClosed(f"the WebSocket connection to {self.url} was closed by the client"))
+        await self._close_socket()
+
+    async def _close_socket(self) -> None:
+        """Close the connection's socket (and our descriptor of it) now, under any cancel scope."""
+        sock = self._socket
+        if sock is not None:
+            anyio.notify_closing(sock)  # a task waiting on it wakes up, and finds it closed
+            sock.close()
         await close_quietly(self._stream)
 
     def _forget(self) -> None:
@@ -412,7 +446,7 @@ class Link:
                 await self._ping()
                 continue
             wake_at = self._last_received + interval if interval is not None else math.inf
-            if not self._reading and not self._waiting and now - self._last_read >= IDLE_READ:
+            if not self._reading and not self._waiting and now - self._last_read >= IDLE_READ and not self._full():
                 await self._read_while_idle(wake_at)
                 continue
             await clock.sleep(min(IDLE_READ, wake_at - now))
@@ -422,10 +456,14 @@ class Link:
         self._reading = True
         try:
             with self._clock.cancel_scope(deadline=until):
-                while self._ended is None and not self._waiting and self._broken is None:
+                while self._ended is None and not self._waiting and self._broken is None and not self._full():
                     await self._read_some()
         finally:
             self._release_reading()
+
+    def _full(self) -> bool:
+        """Whether a session holds `RECEIVE_BUFFER` frames unread: the keeper reads no more until it takes some."""
+        return any(len(channel.frames) >= RECEIVE_BUFFER for channel in self._channels.values())
 
     async def _ping(self) -> None:
         """Ping the server; if no pong (nor anything else) comes within the timeout, drop the connection."""
@@ -450,7 +488,9 @@ class Link:
                         self._release_reading()
             if scope.cancelled_caught:
                 self._break(
-                    ConnectionClosed(f"the server at {self.url} did not answer a ping within {self._ping_timeout} s")
+                    ConnectionClosed(
+                        f"the server at {self.url} did not answer a keepalive ping within {self._ping_timeout} s"
+                    )
                 )
         finally:
             self._pong = None
@@ -481,32 +521,58 @@ class Link:
 
     async def _read_some(self) -> None:
         """Read once from the socket and act on what came; a failure breaks the connection (noted)."""
+        if self._protocol.writes:  # a pong owed for a ping that came with the handshake's response, say
+            await self._write_controls()
         try:
-            data = await self._stream.receive(READ_SIZE)
+            data = await self._receive()
         except anyio.EndOfStream:
+            self._gone.set()
             self._protocol.receive_eof()
             self._after_events(self._protocol.events_received())
             self._break(self._closed_error("the connection was lost without a WebSocket closing handshake"))
             return
         except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
+            self._gone.set()
             self._break(ConnectionClosed(f"the connection to {self.url} broke: {describe(exc)}"), exc)
             return
         self._last_received = self._clock.now()
         protocol = self._protocol
         protocol.receive_data(data)
         events = protocol.events_received()
-        if protocol.writes and not self._write_lock.locked():
-            # Pongs, a close echo: answered at once, unless a writer holds the lock (it writes them too).
+        if protocol.writes:
+            await self._write_controls()
+        self._after_events(events)
+
+    async def _write_controls(self) -> None:
+        """Write the protocol's answers (pongs, a close echo) now, unless a writer has the lock (and writes them)."""
+        if not self._write_lock.locked():
             with anyio.CancelScope(shield=True), contextlib.suppress(ConnectionClosed):
                 async with self._write_lock:
                     await self._write_pending()
-        self._after_events(events)
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the socket, waiting for some.
+
+        Raises:
+            anyio.EndOfStream: The server ended the TCP connection.
+            OSError: The socket failed.
+        """
+        sock = self._socket
+        if sock is None:
+            return await self._stream.receive(READ_SIZE)
+        while True:
+            try:
+                data = sock.recv(READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_readable(sock)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
 
     def _after_events(self, events: list[Event]) -> None:
         self._handle_events(events)
         protocol = self._protocol
-        if protocol.close_rcvd is not None or protocol.state is State.CLOSED:
-            self._gone.set()
         if protocol.state is not State.OPEN and self._broken is None:
             if isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS):
                 text = f"the server at {self.url} broke the WebSocket protocol: {protocol.parser_exc}"
@@ -562,9 +628,9 @@ class Link:
         if channel is None:
             return  # a session that has left: nobody waits for it
         frames = channel.frames
-        if len(frames) >= RECEIVE_BUFFER:
+        if len(frames) >= RECEIVE_LIMIT:
             self._end_all(
-                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_BUFFER} unread frames to one session")
+                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_LIMIT} unread frames to one session")
             )
             return
         frames.append(frame if type(frame) is bytes else bytes(frame))
@@ -599,7 +665,7 @@ class Link:
 
     def _check_writable(self) -> None:
         if self._ended is not None:
-            raise self._ended_error()
+            raise _for_send(self._ended)
         if self._broken is not None or self._protocol.state is not State.OPEN:
             self._raise_broken()
 
@@ -616,24 +682,50 @@ class Link:
                 data = writes[0] if len(writes) == 1 else b"".join(writes)
                 if not data:
                     continue  # b"" alone is the protocol asking for EOF: the socket is closed later
-                if self._fd is not None and protocol.state is not State.CLOSED:
-                    # Straight to the socket, which takes a small message whole: anyio's send
-                    # would add a pass through the event loop to every request. The descriptor
-                    # is ours while the protocol is not CLOSED (a closed one's number may be reused).
-                    sent = _send_now(self._fd, data)
-                    if sent == len(data):
-                        continue
-                    self._fd = None  # full: the rest, and every write after it, waits for room
-                    data = data[sent:]
-                await self._stream.send(data)
+                sock = self._socket
+                if sock is None:
+                    await self._stream.send(data)
+                    continue
+                # The socket is ours while the protocol is not CLOSED (after it, it may be closed,
+                # and its number reused by another socket).
+                view = memoryview(data)
+                while view and protocol.state is not State.CLOSED:
+                    sent = _send_now(sock.fileno(), view)
+                    view = view[sent:]
+                    if view:
+                        await anyio.wait_writable(sock)  # full: wait for room, then write the rest
         except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
-            self._break(ConnectionClosed(f"the connection to {self.url} broke while sending: {describe(exc)}"), exc)
+            # A server that hangs up on us often said why first (a close frame with 1009,
+            # message too big): read what it sent, unless a session reads already.
+            if not self._reading:
+                self._read_what_is_left()
+            self._break(self._closed_error(f"the connection broke while sending: {describe(exc)}"), exc)
             if self._reconnect is None or self._token is None:
                 self._raise_broken()
         except BaseException:
             # Interrupted (cancelled) part-way: what reached the wire is unknown.
             self._break(ConnectionClosed(f"a write to {self.url} was interrupted; the connection was abandoned"))
             raise
+
+    def _shut_down(self) -> None:
+        """End the socket's traffic now, waking whoever waits on it (its read then ends at once)."""
+        with contextlib.suppress(OSError):
+            (self._socket or self._stream.extra(SocketAttribute.raw_socket)).shutdown(socket.SHUT_RDWR)
+
+    def _read_what_is_left(self) -> None:
+        """Feed the protocol what the socket still holds (a close frame, say), without waiting for more."""
+        sock, protocol = self._socket, self._protocol
+        if sock is None:
+            return
+        while protocol.close_rcvd is None:
+            try:
+                data = sock.recv(READ_SIZE)
+            except OSError:  # nothing more (BlockingIOError), or the socket failed
+                return
+            if not data:
+                return
+            protocol.receive_data(data)
+            self._handle_events(protocol.events_received())
 
     # -- breaking, resuming, ending ------------------------------------------------------
 
@@ -647,6 +739,7 @@ class Link:
         self._gone.set()
         self._protocol.receive_eof()  # the protocol is CLOSED after it; nothing more is written
         self._protocol.data_to_send()
+        self._shut_down()
         if self._closing or self._reconnect is None or self._token is None:
             self._end_all(error)
         for waiting in list(self._waiting.values()):  # whoever reads next resumes it
@@ -663,7 +756,7 @@ class Link:
         assert self._token is not None
         stream = self._stream
         with anyio.CancelScope(shield=True):
-            await close_quietly(stream)
+            await self._close_socket()
         why = str(broken)
         budget = self._server_resume_timeout if self._resume_timeout is None else self._resume_timeout
         clock = self._clock
@@ -682,7 +775,7 @@ class Link:
                 except (ConnectError, ConnectionClosed) as exc:
                     if self._stream is not stream:  # the attempt's own connection: let it go
                         stream = self._stream
-                        await close_quietly(stream)
+                        await self._close_socket()
                     if isinstance(exc, ConnectError) and _refused(exc):
                         # Nothing listens on the port: the server's process, and the sessions with it, is gone.
                         self._end_all(
@@ -733,7 +826,6 @@ class Link:
         self._ended = error
         if self._broken is None:
             self._broken = error
-        self._gone.set()
         for channel in self._channels.values():
             if channel.ended is None:
                 channel.ended = error
@@ -761,9 +853,16 @@ class Link:
         error = self._ended or self._broken
         if error is None:
             error = self._closed_error("the connection was lost")
-        raise _fresh(error)  # type: ignore[arg-type]
+        raise _for_send(error)  # type: ignore[arg-type]
 
     _resumed = False
+
+
+def _for_send(error: ConnectionClosed | ProtocolError) -> ConnectionClosed:
+    """The error a send raises on an ended connection: a peer's protocol violation is, for it, a closed channel."""
+    fresh = ConnectionClosed(str(error))
+    fresh.__cause__ = error.__cause__ or error
+    return fresh
 
 
 def _fresh(error: ConnectionClosed | ProtocolError) -> ConnectionClosed | ProtocolError:
