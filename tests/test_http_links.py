@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import msgspec
 import pytest
@@ -515,16 +516,37 @@ async def test_the_server_ending_a_session_reaches_its_client_through_the_keeper
 
 
 async def test_server_shutdown_ends_every_session_on_a_link() -> None:
-    with anyio.fail_after(LIMIT):
+    stop, stopped = anyio.Event(), anyio.Event()
+    clock = ManualClock()
+
+    async def run_server(*, task_status: anyio.abc.TaskStatus[RunningServer]) -> None:
         async with server() as running:
-            envs = [await CounterClient(poll_url(running), retries=1).connect() for _ in range(3)]
-            for env in envs:
-                await env.step(CountAction())
-        assert len(AsyncCounterEnv.closed) == 3
-        for env in envs:
-            with pytest.raises(ConnectionClosed):
-                await env.step(CountAction())
-            await env.close()
+            task_status.started(running)
+            await stop.wait()
+        stopped.set()
+
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as task_group:
+            running = await task_group.start(run_server)
+            url = poll_url(running)
+            async with (
+                CounterClient(url, retries=1, clock=clock) as one,
+                CounterClient(url, retries=1, clock=clock) as two,
+            ):
+                for env in (one, two):
+                    await env.step(CountAction())
+                await anyio.wait_all_tasks_blocked()
+                clock.advance(IDLE_POLL)  # the keeper's poll waits at the server
+                [held] = links_of(running)._links.values()
+                await wait_until(lambda: held._parked is not None, "the server holds the poll")
+                # The server stops while the sessions think: each is told why, and the server
+                # does not wait for the poll.
+                stop.set()
+                await stopped.wait()
+                assert len(AsyncCounterEnv.closed) == 2
+                for env in (one, two):
+                    with pytest.raises(ConnectionClosed, match="server shutting down"):
+                        await env.step(CountAction())
 
 
 async def test_a_session_leaving_leaves_the_others_and_the_last_deletes_the_link() -> None:
@@ -628,6 +650,22 @@ async def raw_link(running: RunningServer, **body: Any) -> AsyncIterator[RawLink
         yield link
 
 
+async def collect(link: RawLink, response: httpx.Response, count: int, *, ack: int) -> tuple[list[Any], int]:
+    """The entries after place ``ack``: those ``response`` carries, and more polled for until there are ``count``.
+
+    Returns:
+        The entries, and the place of the last one.
+    """
+    entries: list[Any] = []
+    last = ack
+    while True:
+        if response.status_code == 200:
+            entries, last = response.json(), int(response.headers["OpenEnv-Seq"])
+        if len(entries) >= count:
+            return entries, last
+        response = await link.get(ack=ack, wait=LIMIT)  # every entry after place `ack`, again
+
+
 def error_code(response: httpx.Response) -> str:
     assert response.headers["content-type"] == "application/json"
     return str(response.json()["error"]["code"])
@@ -653,15 +691,14 @@ async def test_a_link_exchange_on_the_wire() -> None:
             }
             assert len(created["link_id"]) >= 43
             assert created["link_key"] != created["link_id"]
-            # Two sessions opened and stepped in one message; both replies in its response.
+            # Two sessions opened and stepped in one message.
             both = [[1, 0, 0, OPEN], [1, 1, 0, step(1, 2)], [2, 0, 0, OPEN], [2, 1, 0, step(1, 5)]]
             response = await link.post(1, both)
-            assert response.status_code == 200
-            assert response.headers["OpenEnv-Seq"] == "2"
             assert response.headers["OpenEnv-Received"] == "1"
-            entries = response.json()
-            assert [(channel, seq) for channel, seq, _, _ in entries] == [(1, 1), (2, 1)]
-            assert [frame["data"]["observation"]["count"] for *_, frame in entries] == [2, 5]
+            entries, last = await collect(link, response, 2, ack=0)
+            assert last == 2
+            assert sorted((channel, seq) for channel, seq, _, _ in entries) == [(1, 1), (2, 1)]
+            assert {channel: frame["data"]["observation"]["count"] for channel, _, _, frame in entries} == {1: 2, 2: 5}
             # A message sent again (its response was lost) is not taken twice: it gets the entries again.
             again = await link.post(1, [[1, 0, 0, OPEN], [1, 1, 0, step(1, 2)]], ack=0)
             assert again.json() == entries
@@ -669,11 +706,13 @@ async def test_a_link_exchange_on_the_wire() -> None:
             response = await link.get(ack=2, wait=0)
             assert (response.status_code, response.headers["OpenEnv-Received"]) == (204, "1")
             response = await link.post(2, [[1, 2, 1, step(2, 1)]], ack=2)
-            assert response.json()[0][3]["data"]["observation"]["count"] == 3  # 2 + 1: step 1 ran once
-            assert response.headers["OpenEnv-Seq"] == "3"
+            entries, last = await collect(link, response, 1, ack=2)
+            assert entries[0][3]["data"]["observation"]["count"] == 3  # 2 + 1: step 1 ran once
+            assert last == 3
             # A close ends its session: an end entry (seq 0) on its channel.
             response = await link.post(3, [[2, 2, 1, {"type": "close"}]], ack=3)
-            assert response.json() == [[2, 0, 0, {"type": "end", "reason": "closed by the client", "code": 1000}]]
+            entries, _ = await collect(link, response, 1, ack=3)
+            assert entries == [[2, 0, 0, {"type": "end", "reason": "closed by the client", "code": 1000}]]
             await wait_until(lambda: len(AsyncCounterEnv.closed) == 1)
             assert (await link.http.delete(link.url)).status_code == 204
             await wait_until(lambda: len(AsyncCounterEnv.closed) == 2)
@@ -690,7 +729,8 @@ async def test_a_long_poll_is_answered_when_another_request_comes() -> None:
                     statuses.append((await link.get(wait=LIMIT * 2)).status_code)
 
                 task_group.start_soon(poll)
-                await anyio.wait_all_tasks_blocked()  # held by the server
+                held = links_of(running)._links[link.created["link_id"]]
+                await wait_until(lambda: held._parked is not None, "the server holds the poll")
                 response = await link.post(1, [[1, 0, 0, OPEN], [1, 1, 0, step(1)]])
                 assert response.status_code == 200
             assert statuses == [204]  # answered at once, with nothing: the newer request brings the reply
@@ -740,7 +780,7 @@ async def test_a_link_that_keeps_too_much_unacknowledged_takes_nothing_more() ->
             links_of(running).max_unacknowledged_bytes = 50
             async with raw_link(running) as link:
                 response = await link.post(1, [[1, 0, 0, OPEN], [1, 1, 0, step(1)], [1, 2, 0, step(2)]])
-                assert response.headers["OpenEnv-Seq"] == "2"
+                assert (await collect(link, response, 2, ack=0))[1] == 2
                 # Not acknowledged (ack 0): over 50 bytes kept, so message 2 is not taken,
                 # and its response carries what the client should acknowledge.
                 response = await link.post(2, [[1, 3, 0, step(3)]], ack=0)

@@ -396,6 +396,7 @@ class HTTPPollingTransport(Transport):
             raise ConnectError(f"cannot open a session on the link to {self.url}: {exc}") from exc
         self._link = link
         self.shared = True
+        self.send_waits = False  # a frame is posted, and leaves with the next receive's request
         return True
 
     async def _create_session(self, client: httpx.AsyncClient) -> None:

@@ -57,7 +57,7 @@ from .._asgi import Receive, Scope, Send
 from .._envelope import Entry, EnvelopeCodec
 from .._link_host import LinkHost
 from .._link_state import LinkProtocolError
-from .._sessions import SessionRegistry
+from .._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_BODY_SIZE,
@@ -288,6 +288,10 @@ class PollingLink:
         if state.has_outgoing:
             self.log.append(state.outgoing())
             self._answer_parked()
+        if self.host.shutting_down:
+            # Its last session ended as the server stops: so does the link, so that
+            # no request of its waits here while the server waits for its requests.
+            self.close(SHUTDOWN_REASON)
 
     def close(self, reason: str) -> None:
         """Ask the link to end: the messages taken are read, then every session ends with ``reason``."""
