@@ -1,5 +1,11 @@
 """The HTTP long-polling transport, client side: ``http+poll://`` and ``https+poll://`` URLs, on httpx.
 
+By default a session rides the link this event loop shares with every session
+to the same server and options (`transports.http._link`): its frames travel in
+envelopes with the others', a request per batch. Against a server without links
+(an older openenv), or with ``share=False``, it has a session of its own on the
+server, spoken to as follows (the per-session protocol).
+
 One HTTP request per step in the common case: `HTTPPollingTransport.send` POSTs
 the request frame, and the server holds the response until the reply is ready
 (up to ``poll_timeout``), so the reply comes back in it. The transport queues it
@@ -173,6 +179,13 @@ class HTTPPollingTransport(Transport):
     and ``docs/http-polling.md``). The URL is the server's base URL with the
     scheme ``http+poll`` (or ``https+poll``); plain ``http://`` stays WebSocket.
 
+    The sessions an event loop opens to one server with the same options share
+    a link: the frames they send in one turn of the event loop leave in one
+    request, and one long poll brings the replies of all of them. Its requests
+    are made by the calls waiting on it, and while nobody waits by its keeper
+    (`keep`, which the client's owner runs). A server without links gets a
+    session of its own per transport, as before.
+
     Examples:
         ```python
         import httpx
@@ -181,7 +194,7 @@ class HTTPPollingTransport(Transport):
 
         async with EchoEnv("http+poll://127.0.0.1:8000", poll_timeout=10.0) as env:
             await env.reset()
-            print(env.transport.session_id is not None)  # True
+            print(env.transport.shared)  # True: on the link every session here shares
 
         # Your own httpx client: its proxy (proxy="http://proxy:3128"), TLS
         # settings, auth, headers and cookies apply to every request.
