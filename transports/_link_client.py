@@ -27,9 +27,9 @@ from openenv import Clock, ConnectionClosed, ProtocolError
 from ._envelope import End, EnvelopeCodec
 from ._link_state import ClientLinkState
 
-__all__ = ["RECEIVE_BUFFER", "ClientLink", "LinkChannel", "fresh"]
+__all__ = ["RECEIVE_LIMIT", "ClientLink", "LinkChannel", "for_send", "fresh"]
 
-RECEIVE_BUFFER = 64
+RECEIVE_LIMIT = 4096
 """The most frames a session may hold unread; a server sending more breaks the protocol."""
 
 
@@ -37,22 +37,23 @@ class LinkChannel:
     """One session's side of a link: its frames from the server, and how its channel ended.
 
     Attributes:
-        number: The channel's number on the link.
+        number: The channel's number on the link (1 for the one session of an unshared link).
         frames: Frames from the server, not yet taken by the session.
         ended: Why nothing more will come, once the session's channel has ended.
     """
 
-    __slots__ = ("ended", "frames", "number", "waiter")
+    __slots__ = ("ended", "frames", "number", "waiter", "waiters")
 
     def __init__(self, number: int) -> None:
         self.number = number
         self.frames: deque[bytes] = deque()
         self.ended: ConnectionClosed | ProtocolError | None = None
-        # Set to wake the session waiting in receive: a frame came, or it is its turn to do the I/O.
+        # Set to wake the calls waiting in receive (they share it): a frame came, or one is to do the I/O now.
         self.waiter: anyio.Event | None = None
+        self.waiters = 0  # calls waiting in receive, not doing the I/O
 
     def wake(self) -> None:
-        """Wake the session if it waits in ``receive``."""
+        """Wake the calls of the session waiting in ``receive``."""
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -138,10 +139,10 @@ class ClientLink:
             ConnectionClosed: The session's channel has ended, or the frame was refused.
         """
         if channel.ended is not None:
-            raise fresh(channel.ended)
+            raise for_send(channel.ended)
         channel_state = self._state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
-            raise fresh(channel.ended or self._ended_error())
+            raise for_send(channel.ended or self._ended_error())
         try:
             self._check_frame(frame)
         except msgspec.DecodeError as exc:
@@ -160,14 +161,18 @@ class ClientLink:
     # -- waiting -----------------------------------------------------------------------
 
     async def _wait_for(self, channel: LinkChannel) -> None:
-        """Wait until ``channel`` gets a frame, ends, or is woken to do the I/O itself."""
-        waiter = channel.waiter = anyio.Event()
+        """Wait until ``channel`` gets a frame, ends, or is woken to do the I/O itself (several calls may wait)."""
+        waiter = channel.waiter
+        if waiter is None:
+            waiter = channel.waiter = anyio.Event()
+        channel.waiters += 1
         self._waiting[channel.number] = channel
         try:
             await waiter.wait()
         finally:
-            channel.waiter = None
-            self._waiting.pop(channel.number, None)
+            channel.waiters -= 1
+            if not channel.waiters:
+                self._waiting.pop(channel.number, None)
 
     def _wake_one(self) -> bool:
         """Wake one session waiting without a frame (its turn to do the I/O); whether there was one."""
@@ -184,9 +189,9 @@ class ClientLink:
         if channel is None:
             return  # a session that has left: nobody waits for it
         frames = channel.frames
-        if len(frames) >= RECEIVE_BUFFER:
+        if len(frames) >= RECEIVE_LIMIT:
             self._end_all(
-                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_BUFFER} unread frames to one session")
+                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_LIMIT} unread frames to one session")
             )
             return
         frames.append(frame if type(frame) is bytes else bytes(frame))
@@ -254,6 +259,13 @@ class ClientLink:
 
     async def _keep(self) -> None:
         """The carrier's idle work (none by default)."""
+
+
+def for_send(error: ConnectionClosed | ProtocolError) -> ConnectionClosed:
+    """The error a send raises on an ended channel: a peer's protocol violation is, for it, a closed channel."""
+    new = ConnectionClosed(str(error))
+    new.__cause__ = error.__cause__ or error
+    return new
 
 
 def fresh(error: ConnectionClosed | ProtocolError) -> ConnectionClosed | ProtocolError:

@@ -7,8 +7,17 @@ and open their channels on it at once. A server that does not offer links
 (OpenEnv's, an older openenv) is remembered, and every session then gets a
 connection (or a session) of its own, as before, without trying again.
 
-The registry knows nothing of what carries a link: a transport hands it a key
-(its URL and every option, beginning with its own name) and a way to open one.
+Why one connection rather than a few: the server answers a link's frames as a
+batch (the more sessions in one message, the less each costs), a session never
+waits behind another's work (its frames are handed over as they come, not in
+turn), and one socket is what firewalls, proxies and the server's connection
+limit count. A reply far larger than the others does hold up the replies behind
+it on the wire; a client expecting such replies opens the sessions that send
+them with ``share=False``.
+
+The registry knows nothing of what carries a link (a WebSocket connection, HTTP
+long-polling requests): a transport hands it a key (its URL and every option)
+and a way to open one.
 """
 
 from __future__ import annotations
