@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
 import anyio
 import anyio.lowlevel
+import msgspec
 from anyio.abc import TaskGroup
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
@@ -541,7 +542,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             EnvPoolError: Sessions failed (see the failure policy); its ``errors``
                 holds each one's exception.
             ValueError: Not one action per session.
-            TypeError: ``actions`` is not a sequence of actions.
+            TypeError: One action instead of a list of them.
             ClientStateError: The pool is not open.
         """
         self._check_open()
@@ -674,10 +675,10 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     @staticmethod
     def _check_actions(actions: Sequence[Any], expected: int) -> None:
-        if not isinstance(actions, Sequence) or isinstance(actions, (str, bytes)):
+        if isinstance(actions, (Mapping, str, bytes, msgspec.Struct)) or not hasattr(actions, "__len__"):
             raise TypeError(
-                f"actions must be a list with one action per session, not {type(actions).__name__} "
-                "(to step one session, call pool.clients[i].step(action))"
+                f"step takes a list of actions, one per session ({expected}), not one {type(actions).__name__}: "
+                f"for the same action in every session, step([action] * pool.size)"
             )
         if len(actions) != expected:
             raise ValueError(f"step needs one action per session: {expected}, not {len(actions)}")

@@ -156,6 +156,30 @@ async def test_a_missing_or_wrong_token_is_refused_before_any_environment(server
             assert CountedEnv.built == 2
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_refused_client_is_told_how_to_send_a_token(server_name: ServerName, scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, CountedEnv, auth_token="s3cret") as server:
+            url = _url(server, scheme)
+            with pytest.raises(openenv.AuthenticationError, match="none was sent") as missing:
+                async with MessageEnv(url):
+                    pass
+            assert "auth_token=" in str(missing.value)
+            assert "OPENENV_AUTH_TOKEN" in str(missing.value)
+            with pytest.raises(openenv.AuthenticationError, match="refused the token") as wrong:
+                async with MessageEnv(url, auth_token="wrong"):
+                    pass
+            assert "{" not in str(wrong.value)  # the server's JSON error is told in words
+
+
+async def test_a_websocket_path_the_server_does_not_serve_says_so(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, CountedEnv) as server:
+            with pytest.raises(openenv.ConnectError, match="no WebSocket endpoint there"):
+                async with MessageEnv(f"{server.url}/nothing/here/ws"):
+                    pass
+
+
 async def test_health_is_open_and_every_other_route_needs_the_token(server_name: ServerName) -> None:
     with anyio.fail_after(LIMIT):
         async with serving(server_name, CountedEnv, auth_token="s3cret") as server, httpx.AsyncClient() as http:
@@ -743,11 +767,17 @@ async def test_a_link_survives_a_dropped_connection(server_name: ServerName) -> 
             # The connection is gone without a closing handshake; the link waits.
             async with link_ws(url, token) as ws:
                 await ws.send_text('[[0,0,0,{"type":"resume","received":[[1,2]]}]]')
-                received = await entries(ws)
-                while len(received) < 2:  # the resumed, then the reply the client lacks
+                resumed, *received = await entries(ws)
+                assert resumed[3]["type"] == "resumed"
+                assert resumed[3]["opened"] == 1
+                [(channel, held)] = resumed[3]["received"]
+                if held == 2:  # the server had not read frame 3 when the connection dropped: sent again
+                    await ws.send_text('[[1,3,2,{"type":"step","id":3,"data":{"message":"two"}}]]')
+                else:
+                    assert (channel, held) == (1, 3)
+                while not received:  # the reply the client lacks
                     received += await entries(ws)
-                resumed, replayed = received
-                assert resumed[3] == {"type": "resumed", "received": [[1, 3]], "opened": 1}
+                [replayed] = received
                 assert replayed[:2] == [1, 3]
                 assert (replayed[3]["id"], replayed[3]["data"]["observation"]["echoed_message"]) == (3, "two")
                 # A frame sent again anyway is dropped: never run twice.

@@ -29,6 +29,7 @@ from typing import Literal, TypeAlias
 import msgspec
 
 __all__ = [
+    "ENTRY_OVERHEAD",
     "LINK_CHANNEL",
     "Control",
     "End",
@@ -38,10 +39,14 @@ __all__ = [
     "Open",
     "Resume",
     "Resumed",
+    "fits",
 ]
 
 LINK_CHANNEL = 0
 """The channel of the link's own control entries (`Hello`, `Resume`, `Resumed`)."""
+
+ENTRY_OVERHEAD = 64
+"""Bytes an entry may take besides its frame, at most: its three numbers and the punctuation around them."""
 
 Entry: TypeAlias = tuple[int, int, int, msgspec.Raw]
 """One frame in an envelope: ``(channel, seq, ack, frame)``; ``seq`` 0 marks a control entry."""
@@ -61,10 +66,13 @@ class Open(_Control, tag="open"):
 
 
 class End(_Control, tag="end"):
-    """Server to client, on a channel: the session there has ended; nothing more will come on it.
+    """On a channel: the session there has ended; nothing more will come on it.
 
-    Client to server, on a channel the server has not ended: the client leaves
-    the session (without its ``close`` frame, say); the server ends it.
+    From the server: the session ended (idle, the server stopping, a fatal error
+    frame just sent, a reply over the client's message limit). From the client:
+    it gave the session up without a ``close`` request (a request over the
+    server's message limit, a frame that is not one value of the link's
+    encoding), or leaves it (its ``close`` request, if any, went before).
 
     Attributes:
         reason: Why (idle too long, the server stopping, a fatal error frame just sent, ...).
@@ -81,10 +89,13 @@ class Hello(_Control, tag="hello"):
     Attributes:
         token: The secret a new connection presents to take the link over after a drop.
         resume_timeout: Seconds the server keeps the link's sessions after its connection drops.
+        max_message_size: The largest message the server takes, in bytes (``None``: no limit):
+            the client sends no envelope larger, and gives up a frame that alone would be.
     """
 
     token: str
     resume_timeout: float
+    max_message_size: int | None = None
 
 
 class Resume(_Control, tag="resume"):
@@ -158,6 +169,35 @@ class EnvelopeCodec:
         """
         return self._encoder.encode(entries)
 
+    def encode_within(self, entries: list[Entry], limit: int | None) -> list[bytes]:
+        """The messages holding ``entries`` in order, each no larger than ``limit`` bytes (``None``: one).
+
+        An entry that alone does not fit (see `fits`) still gets a message of its own:
+        the sender gives such a frame up before posting it.
+
+        Args:
+            entries: The entries to send.
+            limit: The largest message the other side takes.
+
+        Returns:
+            One message or more.
+        """
+        if limit is None:
+            return [self.encode(entries)]
+        messages: list[bytes] = []
+        group: list[Entry] = []
+        size = 2  # the envelope's brackets
+        for entry in entries:
+            entry_size = len(entry[3]) + ENTRY_OVERHEAD
+            if group and size + entry_size > limit:
+                messages.append(self.encode(group))
+                group, size = [], 2
+            group.append(entry)
+            size += entry_size
+        if group:
+            messages.append(self.encode(group))
+        return messages
+
     def decode(self, message: bytes | bytearray | memoryview) -> list[Entry]:
         """The entries of one message; their frames are views into it, not decoded.
 
@@ -200,3 +240,8 @@ class EnvelopeCodec:
             msgspec.DecodeError: It is not a control object this side knows.
         """
         return self._control.decode(frame)
+
+
+def fits(frame_size: int, limit: int | None) -> bool:
+    """Whether a frame of ``frame_size`` bytes fits in an envelope no larger than ``limit`` bytes."""
+    return limit is None or frame_size + ENTRY_OVERHEAD + 2 <= limit

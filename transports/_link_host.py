@@ -47,9 +47,9 @@ from anyio.abc import TaskGroup
 from openenv import Dialect
 from openenv._inline import Suspended, finish, start
 from openenv._worker import Call, CallBatch, wait_for
-from openenv.server import ServerSession, encode_fatal_error, factory_name
+from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
-from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume
+from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume, fits
 from ._link_state import ServerLinkState
 from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
 
@@ -69,6 +69,7 @@ MAX_WAITING_FRAMES: Final = 4096
 # WebSocket close codes (RFC 6455), as a connection of its own would end with.
 NORMAL_CLOSURE: Final = 1000
 GOING_AWAY: Final = 1001
+MESSAGE_TOO_BIG: Final = 1009
 
 _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
 
@@ -111,6 +112,7 @@ class LinkHost:
         error_details: Whether error replies name the server's exceptions.
         transport: The transport's name, for the registry's leases (``"websocket"``, ``"http"``).
         flush: Called once replies were posted, to send them.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Attributes:
         codec: The link's envelope codec.
@@ -126,6 +128,7 @@ class LinkHost:
         error_details: bool,
         transport: str,
         flush: Callable[[], Awaitable[None]],
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.dialect = dialect
         self.codec = EnvelopeCodec(dialect.encoding)
@@ -135,6 +138,7 @@ class LinkHost:
         self._error_details = error_details
         self._transport = transport
         self._flush = flush
+        self._metrics = metrics
         self._sessions: dict[int, _Session] = {}
         self._tasks: TaskGroup | None = None
         self._flush_soon_pending = False
@@ -143,15 +147,18 @@ class LinkHost:
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
         self.shutting_down = False  # its last session was ended because the server stops
+        self.client_max_message_size: int | None = None  # the largest message its client takes
 
     @property
     def sessions(self) -> int:
         """How many sessions are open on the link."""
         return len(self._sessions)
 
-    def hello(self, token: str, resume_timeout: float) -> None:
+    def hello(self, token: str, resume_timeout: float, max_message_size: int | None) -> None:
         """Post the link's `Hello`: the first entry a client gets on a new link."""
-        self.state.post_control(LINK_CHANNEL, Hello(token=token, resume_timeout=resume_timeout))
+        self.state.post_control(
+            LINK_CHANNEL, Hello(token=token, resume_timeout=resume_timeout, max_message_size=max_message_size)
+        )
 
     async def host(self, carry: Callable[[], Awaitable[str]]) -> None:
         """Run ``carry`` (the carrier's loop) with the sessions' tasks beside it; end every session after.
@@ -214,12 +221,12 @@ class LinkHost:
                 batch = await self._handle(session, bytes(item), batch)
             elif isinstance(item, Open):
                 self._open(number)
+            elif isinstance(item, Resume):
+                self.state.resumed(item)
             elif isinstance(item, End):
                 session = sessions.get(number)
                 if session is not None:
-                    self._end(session, "the client left the session", NORMAL_CLOSURE)
-            elif isinstance(item, Resume):
-                self.state.resumed(item)
+                    self._end(session, "given up by the client", NORMAL_CLOSURE)
         if batch is not None:
             await self._collect(batch)
 
@@ -284,6 +291,14 @@ class LinkHost:
         assert lease is not None
         channel = self.state.channels.get(session.number)
         if reply is not None and channel is not None:
+            if not fits(len(reply), self.client_max_message_size):
+                logger.warning("a reply of %d bytes is over its client's limit: the session ends", len(reply))
+                self._end(
+                    session,
+                    f"a reply of {len(reply)} bytes is over the client's limit of {self.client_max_message_size} bytes",
+                    MESSAGE_TOO_BIG,
+                )
+                return
             self.state.post(channel, msgspec.Raw(reply))
         if server_session.closed:
             self._end(session, "closed by the client", NORMAL_CLOSURE)
@@ -378,7 +393,7 @@ class LinkHost:
             self._turn_away(session, frame)
             return
         session.session = ServerSession(
-            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate
+            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate, metrics=self._metrics
         )
 
     def _turn_away(self, session: _Session, frame: bytes) -> None:

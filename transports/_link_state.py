@@ -253,11 +253,9 @@ class ServerLinkState(_LinkState):
                     raise LinkProtocolError(f"channel {number} opened again (the last opened is {self.opened})")
                 self.opened = number
                 channels[number] = ChannelState(number)
-            elif isinstance(control, End) and number != LINK_CHANNEL:
-                if number > self.opened:
-                    raise LinkProtocolError(f"an end of channel {number}, which was never opened")
-                if channels.pop(number, None) is None:
-                    continue  # ended already: nothing to end
+            elif isinstance(control, End):
+                if number not in channels:
+                    continue  # ended already
             elif not (isinstance(control, Resume) and number == LINK_CHANNEL):
                 raise LinkProtocolError(f"a {type(control).__name__} control from the client")
             events.append((number, control))

@@ -42,7 +42,6 @@ import msgspec
 
 from openenv import (
     EVENT_LOOP_CLOCK,
-    AuthenticationError,
     Clock,
     ConnectError,
     ConnectionClosed,
@@ -57,9 +56,11 @@ from .._links import Private, forget, join
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
+    authentication_error,
     client_headers,
     connect_once,
     default_ssl_context,
+    is_loopback,
     no_tls_context,
     not_connected,
     split_url,
@@ -207,8 +208,11 @@ class HTTPPollingTransport(Transport):
         url: The server's base URL (``http+poll://host:8000``, ``https+poll://host/prefix``).
         client: The ``httpx.AsyncClient`` to send requests with (its proxies,
             TLS settings, auth, headers and cookies apply). The transport never
-            closes a client it was given; without one, it makes its own and
-            closes it on `aclose`.
+            closes a client it was given; without one, it makes its own, which
+            takes its proxy from ``HTTP_PROXY``, ``HTTPS_PROXY`` or ``ALL_PROXY``
+            (``NO_PROXY`` lists hosts reached directly), except for a loopback
+            host (``localhost``, ``127.0.0.1``, ``::1``), always reached
+            directly; and closes it on `aclose`.
         connect_timeout: Seconds allowed to create the session (retries
             included), and for each TCP/TLS connect afterwards (``None``: no limit).
         poll_timeout: The longest the server may hold one request waiting for a
@@ -360,6 +364,9 @@ class HTTPPollingTransport(Transport):
     def _new_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             headers={"User-Agent": USER_AGENT},
+            # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY apply (httpx's trust_env), but
+            # never to this machine, which a proxy elsewhere cannot reach (as over WebSocket).
+            trust_env=not is_loopback(httpx.URL(self.url).host),
             verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
             # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
             # so that the client gives up an idle connection before the server closes it.
@@ -424,7 +431,7 @@ class HTTPPollingTransport(Transport):
         try:
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
         except RequestFailed as exc:
-            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.__cause__
+            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.cause
         self._on_created(response)
 
     def _on_created(self, response: httpx.Response) -> None:
@@ -436,10 +443,8 @@ class HTTPPollingTransport(Transport):
             self._finish(ConnectionClosed(reason))
             return
         if status == 401:
-            raise AuthenticationError(
-                f"the server at {self.url} refused the token: HTTP 401 {response.reason_phrase}: "
-                f"{error_detail(response)}"
-            )
+            refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
+            raise authentication_error(self.url, refusal, token_sent="authorization" in response.request.headers)
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(
@@ -543,7 +548,7 @@ class HTTPPollingTransport(Transport):
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
-                    raise error from exc.__cause__
+                    raise error from exc.cause
                 answer = _Answer(response)
                 if answer.sets_cookie:
                     self._build_headers()
@@ -698,7 +703,10 @@ class HTTPPollingTransport(Transport):
             if self._unconfirmed and self._unconfirmed[0][0] <= seq:
                 self._unconfirmed.clear()
                 raise ConnectionClosed(reason)
-            # The frame arrived (a close, say): `receive` fetches what is left, then ends.
+            # The frame arrived (a close, say), and a 410 comes only once the client
+            # holds every reply: nothing is left to fetch (a reply in flight in another
+            # request still arrives), and the server may be going away.
+            self._finish(ConnectionClosed(reason))
         elif status == 404:
             # The server does not know the session (any more): no use deleting it.
             self._session_url = None

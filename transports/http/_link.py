@@ -38,12 +38,13 @@ import anyio.lowlevel
 import httpx
 import msgspec
 
-from openenv import AuthenticationError, Clock, ConnectError, ConnectionClosed, OpenEnvError, ProtocolError
+from openenv import Clock, ConnectError, ConnectionClosed, OpenEnvError, ProtocolError
 
-from .._envelope import End, Entry, EnvelopeCodec
+from .._envelope import End, Entry, EnvelopeCodec, fits
 from .._link_client import ClientLink, LinkChannel, fresh
 from .._link_state import LinkProtocolError
 from .._links import PRIVATE, Private
+from .._network_client import authentication_error
 from ._protocol import ACK_HEADER, ERROR_HEADER, LINK_KEY_HEADER, LINKS_PATH, RECEIVED_HEADER, SEQ_HEADER, WAIT_HEADER
 from ._requests import Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
 
@@ -54,11 +55,6 @@ IDLE_POLL = 1.0
 
 MAX_POSTS = 2
 """POSTs of a link in flight at once: the one the server holds waiting, and the one that answers it."""
-
-# What an envelope adds around its entries, at most, beside each entry's frame:
-# the brackets, and per entry its channel, numbers and separators.
-_ENVELOPE_OVERHEAD = 16
-_ENTRY_OVERHEAD = 64
 
 _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
@@ -155,9 +151,10 @@ class PollingLink(ClientLink):
                 larger than the server takes or not one value of the link's
                 encoding (the session ends, alone: the frame was not sent).
         """
-        limit = self._max_body_size - _ENVELOPE_OVERHEAD - _ENTRY_OVERHEAD
-        if len(frame) > limit and channel.ended is None:
-            self._refuse(channel, f"a frame of {len(frame)} bytes is over the server's limit of {limit} bytes")
+        if not fits(len(frame), self._max_body_size) and channel.ended is None:
+            self._refuse(
+                channel, f"a frame of {len(frame)} bytes is over the server's limit of {self._max_body_size} bytes"
+            )
         super().post(channel, frame)
 
     async def receive(self, channel: LinkChannel) -> bytes:
@@ -323,21 +320,9 @@ class PollingLink(ClientLink):
 
     def _pack(self, entries: list[Entry]) -> None:
         """Number the entries posted as messages, each within the server's size limit."""
-        limit = self._max_body_size - _ENVELOPE_OVERHEAD
-        batch: list[Entry] = []
-        size = 0
-        for entry in entries:
-            entry_size = len(memoryview(entry[3])) + _ENTRY_OVERHEAD
-            if batch and size + entry_size > limit:
-                self._add_message(batch)
-                batch, size = [], 0
-            batch.append(entry)
-            size += entry_size
-        self._add_message(batch)
-
-    def _add_message(self, entries: list[Entry]) -> None:
-        self._messages.append(_Message(self._next_message, self._codec.encode(entries)))
-        self._next_message += 1
+        for body in self._codec.encode_within(entries, self._max_body_size):
+            self._messages.append(_Message(self._next_message, body))
+            self._next_message += 1
 
     async def _poll(self, wait: float) -> None:
         """Long-poll (``GET``) for the link's next entries; handle the response."""
@@ -377,7 +362,7 @@ class PollingLink(ClientLink):
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     self._end_all(
                         ConnectionClosed(f"sending {what} of the link to {self.url} failed{tries}: {exc.reason}"),
-                        exc.__cause__,
+                        exc.cause,
                     )
                     return
                 self._on_response(response, message)
@@ -543,7 +528,7 @@ async def create_link(
             try:
                 response = await exchange(client, request, retries=retries, clock=clock, owned_by_protocol=ERROR_HEADER)
             except RequestFailed as exc:
-                raise ConnectError(f"cannot create a link at {url}: {exc.reason}") from exc.__cause__
+                raise ConnectError(f"cannot create a link at {url}: {exc.reason}") from exc.cause
         if response is None:
             raise ConnectError(f"timed out after {connect_timeout} s creating a link at {url}")
         status = response.status_code
@@ -553,9 +538,8 @@ async def create_link(
                     await client.aclose()
             return PRIVATE  # a server without links: a session of its own, as before
         if status == 401:
-            raise AuthenticationError(
-                f"the server at {url} refused the token: HTTP 401 {response.reason_phrase}: {error_detail(response)}"
-            )
+            refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
+            raise authentication_error(url, refusal, token_sent="authorization" in response.request.headers)
         if status != 201:
             raise ConnectError(
                 f"the server at {url} refused to create a link: HTTP {status} {response.reason_phrase}: "

@@ -52,6 +52,7 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import EVENT_LOOP_CLOCK, Clock, Dialect
 from openenv.channel import FrameQueue, QueueClosed
+from openenv.server import SessionMetrics
 
 from .._asgi import Receive, Scope, Send
 from .._envelope import Entry, EnvelopeCodec
@@ -172,6 +173,7 @@ class PollingLink:
         max_unacknowledged_bytes: The most bytes of entries kept unacknowledged
             before the link stops taking messages.
         clock: Where the idle timeouts are measured.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Attributes:
         id: The link's id (in its URL).
@@ -191,6 +193,7 @@ class PollingLink:
         unused_timeout: float,
         max_unacknowledged_bytes: int,
         clock: Clock,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.id = secrets.token_urlsafe(32)
         self.key = secrets.token_urlsafe(32).encode()
@@ -203,6 +206,7 @@ class PollingLink:
             error_details=error_details,
             transport="http",
             flush=self.flush,
+            metrics=metrics,
         )
         self.codec: EnvelopeCodec = self.host.codec
         self.log = _Log()
@@ -425,6 +429,7 @@ class HTTPLinkEndpoint:
         max_unacknowledged_bytes: The most bytes of entries a link keeps for
             its client; beyond, it takes no message until the client acknowledges them.
         clock: Where the links' idle timeouts are measured (a test's clock, say).
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
         ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
@@ -443,6 +448,7 @@ class HTTPLinkEndpoint:
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
         clock: Clock = EVENT_LOOP_CLOCK,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
@@ -457,6 +463,7 @@ class HTTPLinkEndpoint:
         self.error_details = error_details
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.clock = clock
+        self.metrics = metrics
         self._links: dict[str, PollingLink] = {}
         self._task_group: TaskGroup | None = None
 
@@ -527,6 +534,7 @@ class HTTPLinkEndpoint:
             unused_timeout=self.unused_timeout,
             max_unacknowledged_bytes=self.max_unacknowledged_bytes,
             clock=self.clock,
+            metrics=self.metrics,
         )
         self._links[link.id] = link
         await task_group.start(self._run_link, link)

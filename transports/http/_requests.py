@@ -7,11 +7,11 @@ own (`transports.http._client`) and a link of many sessions (`transports.http._l
 from __future__ import annotations
 
 import httpx
-import msgspec
 
 from openenv import Clock
 
-from .._network_client import describe, user_agent
+from .._network_client import describe, error_message, network_cause, user_agent
+from .._network_client import error_detail as body_detail
 
 __all__ = [
     "GATEWAY_STATUSES",
@@ -78,52 +78,38 @@ class _Chunks:
         return body
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
-_decode_error = msgspec.json.Decoder(_Error).decode
-
-
 class RequestFailed(Exception):
-    """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
+    """A request failed for good: after ``attempts`` tries, the last one for ``reason``.
 
-    def __init__(self, reason: str, attempts: int) -> None:
+    Attributes:
+        cause: What the transport's own error is raised from: without the I/O
+            libraries' frames when the network failed (`network_cause`).
+    """
+
+    def __init__(self, reason: str, attempts: int, cause: BaseException | None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.attempts = attempts
+        self.cause = network_cause(cause) if cause is not None else None
 
 
 def error_detail(response: httpx.Response) -> str:
     """What an error response says, in a line: our JSON error's message, or the start of the body."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
-        text = response.content.decode("utf-8", "replace").strip()
-        return text[:200]
-    return f"{error.message} ({error.code})" if error.code else error.message
+    return body_detail(response.content)
 
 
 def error_code(response: httpx.Response) -> str:
     """The code of our JSON error response (``""`` for another body)."""
-    try:
-        return _decode_error(response.content).error.code
-    except msgspec.DecodeError:
-        return ""
+    error = error_message(response.content)
+    return "" if error is None else error[0]
 
 
 def end_reason(response: httpx.Response, prefix: str) -> str:
     """Why the server says a session or link ended (a 410), without its ``prefix`` ("the session has ended: ")."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
+    error = error_message(response.content)
+    if error is None:
         return error_detail(response)
-    return error.message.removeprefix(prefix)
+    return error[1].removeprefix(prefix)
 
 
 def timeouts(connect: float | None, wait: float) -> dict[str, float | None]:
@@ -166,7 +152,7 @@ async def exchange(
             cause: BaseException | None = exc
         except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
             # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
-            raise RequestFailed(describe(exc), 1) from exc
+            raise RequestFailed(describe(exc), 1, exc) from None
         else:
             if response.status_code not in GATEWAY_STATUSES or owned_by_protocol in response.headers:
                 return response
@@ -174,7 +160,7 @@ async def exchange(
             failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
             cause = None
         if attempt > retries:
-            raise RequestFailed(failure, attempt) from cause
+            raise RequestFailed(failure, attempt, cause)
         await clock.sleep(backoff(attempt))
 
 

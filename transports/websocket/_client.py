@@ -10,6 +10,7 @@ where the server does not offer links (OpenEnv's) or the caller asked for one
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Hashable, Sequence
 from typing import Literal
@@ -31,9 +32,16 @@ from .._links import PRIVATE, Private, forget, join
 from .._network_client import HeaderPairs, client_headers, connect_once, split_url
 from ._handshake import Handshaken, Upgrade, close_quietly, handshake
 from ._link import Link, LinkChannel
-from ._subprotocols import LINK_SUBPROTOCOLS, RESUME_HEADER, dialect_of, offered_subprotocols
+from ._subprotocols import (
+    LINK_SUBPROTOCOLS,
+    MAX_MESSAGE_HEADER,
+    RESUME_HEADER,
+    RESUME_TIMEOUT_HEADER,
+    dialect_of,
+    offered_subprotocols,
+)
 
-__all__ = ["WebSocketTransport", "websocket_url"]
+__all__ = ["ENDPOINT_PATH", "WebSocketTransport", "websocket_url"]
 
 # Headers the handshake owns; a caller sets them through the constructor's options.
 _HANDSHAKE_HEADERS = frozenset(
@@ -45,10 +53,16 @@ _HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-extensions",
         "sec-websocket-protocol",
         RESUME_HEADER.lower(),
+        RESUME_TIMEOUT_HEADER.lower(),
+        MAX_MESSAGE_HEADER.lower(),
     }
 )
 
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
+
+ENDPOINT_PATH = "/ws"
+"""Where a server's WebSocket endpoint is, below its base URL (OpenEnv's and ours)."""
 
 
 def websocket_url(url: str) -> str:
@@ -56,14 +70,17 @@ def websocket_url(url: str) -> str:
 
     ``http://`` becomes ``ws://``, ``https://`` becomes ``wss://``, a URL without
     a scheme gets ``ws://``; then trailing slashes are stripped from the path and
-    ``/ws`` is appended, always (``ws://host/ws`` becomes ``ws://host/ws/ws``,
-    exactly as OpenEnv's client does). A query string stays at the end.
+    ``/ws`` is appended, as OpenEnv's client does, unless the path ends in
+    ``/ws`` already: ``ws://host:8000/ws``, the endpoint's own URL, is taken as
+    it is (OpenEnv's client would connect to ``/ws/ws``, which no server
+    serves). A query string stays at the end.
 
     Args:
         url: The server's base URL (``http://localhost:8000``, ``wss://host/env/``).
 
     Returns:
-        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``).
+        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``;
+        ``ws://localhost:8000/ws`` for ``ws://localhost:8000/ws`` too).
 
     Raises:
         ValueError: The URL's scheme is not ``ws``, ``wss``, ``http`` or ``https``.
@@ -71,7 +88,8 @@ def websocket_url(url: str) -> str:
     parts = split_url(url, _SCHEMES, default_scheme="ws")
     if parts is None:
         raise ValueError(f"{url!r} is not a ws://, wss://, http:// or https:// URL")
-    return f"{parts.scheme}://{parts.location}/ws{parts.query}{parts.fragment}"
+    location = parts.location if parts.location.endswith(ENDPOINT_PATH) else parts.location + ENDPOINT_PATH
+    return f"{parts.scheme}://{location}{parts.query}{parts.fragment}"
 
 
 class WebSocketTransport(Transport):
@@ -309,10 +327,34 @@ class WebSocketTransport(Transport):
         ``key`` is the registry's key of a shared link (``None``: the connection is private).
         """
         handshaken: Handshaken | None = None
+        limit = self._limit_header()
+        link: Link | None = None
         with self._clock.move_on_after(self.connect_timeout):
-            handshaken = await handshake(upgrade, self._offer)
-        if handshaken is None:
-            raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+            handshaken = await handshake(upgrade, self._offer, limit)
+            link = self._link_of(handshaken, upgrade, key, limit)
+            try:
+                await link.start()  # a shared link's Hello: its token and the server's message limit
+            except BaseException:
+                await link.aclose()
+                raise
+            return link
+        if handshaken is not None:
+            await close_quietly(handshaken.stream)
+        raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+
+    def _limit_header(self) -> list[tuple[str, str]]:
+        """The handshake headers that tell a link's server this client's limits: its messages, its resuming."""
+        headers = [] if self.max_message_size is None else [(MAX_MESSAGE_HEADER, str(self.max_message_size))]
+        if not self.resume:
+            headers.append((RESUME_TIMEOUT_HEADER, "0"))  # it never comes back: end the sessions with the connection
+        elif self.resume_timeout is not None:
+            headers.append((RESUME_TIMEOUT_HEADER, str(math.ceil(self.resume_timeout))))
+        return headers
+
+    def _link_of(
+        self, handshaken: Handshaken, upgrade: Upgrade, key: Hashable | None, limit: list[tuple[str, str]]
+    ) -> Link:
+        """Make a link of a connection past its handshake."""
         selected = handshaken.protocol.subprotocol
         shared = selected in LINK_SUBPROTOCOLS
         dialect: Dialect = dialect_of(selected)
@@ -320,7 +362,7 @@ class WebSocketTransport(Transport):
         async def reconnect(token: str) -> Handshaken:
             opened: Handshaken | None = None
             with self._clock.move_on_after(self.connect_timeout):
-                opened = await handshake(upgrade, [selected] if selected else [], [(RESUME_HEADER, token)])
+                opened = await handshake(upgrade, [selected] if selected else [], [(RESUME_HEADER, token), *limit])
             if opened is None:
                 raise ConnectError(f"timed out after {self.connect_timeout} s reconnecting to {self.url}")
             if opened.protocol.subprotocol != selected:

@@ -31,9 +31,19 @@ from websockets.protocol import Event
 from websockets.typing import Subprotocol
 from websockets.uri import WebSocketURI
 
-from openenv import AuthenticationError, ConnectError
+from openenv import ConnectError
 
-from .._network_client import STREAM_ERRORS, default_ssl_context, describe, user_agent
+from .._network_client import (
+    STREAM_ERRORS,
+    authentication_error,
+    default_ssl_context,
+    describe,
+    error_detail,
+    error_message,
+    network_cause,
+    sends_token,
+    user_agent,
+)
 from ._subprotocols import SPOKEN
 
 __all__ = ["CONNECT_ERRORS", "READ_SIZE", "Handshaken", "Upgrade", "close_quietly", "connect_error", "handshake"]
@@ -78,28 +88,28 @@ class Upgrade(NamedTuple):
     """TLS settings for ``wss://`` (``None``: the system's)."""
 
 
-def connect_error(url: str, exc: BaseException) -> ConnectError:
+def connect_error(url: str, exc: BaseException, *, token_sent: bool = False) -> ConnectError:
     """Translate a failure to connect, most specific class first.
 
     Args:
         url: The WebSocket URL.
         exc: The failure: the socket's, or websockets'.
+        token_sent: Whether the handshake carried a bearer token (for a 401's words).
 
     Returns:
-        The error to raise (from ``exc``).
+        The error to raise (from `network_cause` of ``exc``).
     """
     if isinstance(exc, InvalidStatus):
         response = exc.response
-        detail = response.body.decode("utf-8", "replace").strip()[:200] if response.body else ""
+        detail = error_detail(bytes(response.body)) if response.body else ""
+        refusal = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
         if response.status_code == 401:
-            return AuthenticationError(
-                f"the server at {url} refused the token: HTTP 401 {response.reason_phrase}"
-                + (f": {detail}" if detail else "")
-            )
-        return ConnectError(
-            f"the server at {url} refused the WebSocket handshake: HTTP "
-            f"{response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
-        )
+            return authentication_error(url, refusal, token_sent=token_sent)
+        hint = ""
+        if response.status_code in (403, 404) and error_message(bytes(response.body)) is None:
+            # What Starlette (ours, OpenEnv's) answers a WebSocket to a path it does not serve.
+            hint = " (no WebSocket endpoint there? give the server's base URL: the client appends /ws)"
+        return ConnectError(f"the server at {url} refused the WebSocket handshake: {refusal}{hint}")
     if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
         return ConnectError(f"the server at {url} closed the connection during the WebSocket handshake")
     if isinstance(exc, NegotiationError):
@@ -179,7 +189,7 @@ async def handshake(
     try:
         stream = await _connect_tcp(upgrade)
     except CONNECT_ERRORS as exc:
-        raise connect_error(url, exc) from exc
+        raise connect_error(url, exc) from network_cause(exc)
     try:
         protocol = ClientProtocol(
             upgrade.uri,
@@ -215,6 +225,7 @@ async def handshake(
     except BaseException as exc:
         await close_quietly(stream)
         if isinstance(exc, CONNECT_ERRORS) and not isinstance(exc, ConnectError):
-            raise connect_error(url, exc) from exc
+            token_sent = sends_token([*upgrade.headers, *extra_headers])
+            raise connect_error(url, exc, token_sent=token_sent) from network_cause(exc)
         raise
     return Handshaken(stream, protocol, events[1:], upgrade.uri.secure)

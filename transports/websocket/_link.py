@@ -51,7 +51,7 @@ from openenv import (
     ProtocolError,
 )
 
-from .._envelope import End, EnvelopeCodec, Hello, Resumed
+from .._envelope import End, EnvelopeCodec, Hello, Resumed, fits
 from .._link_client import RECEIVE_LIMIT, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
@@ -162,7 +162,8 @@ class Link:
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keeper's ping awaiting its pong
         self._token: str | None = None  # the link's resume token, from the server's Hello
         self._server_resume_timeout = 0.0
-        self._broken: BaseException | None = None  # the connection dropped; not yet replaced
+        self._server_limit: int | None = None  # the largest message the server takes, from its Hello
+        self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
         self._ended: ConnectionClosed | ProtocolError | None = None  # the link is over, for good
         self._closing = False
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
@@ -203,6 +204,27 @@ class Link:
     def _act_on_early_events(self) -> None:
         early, self._early = self._early, []
         self._after_events(early)  # a close or a protocol error may have come with the response, too
+
+    async def start(self) -> None:
+        """Read the server's `Hello` of a shared link (its token, its message limit); nothing to do for one session.
+
+        Raises:
+            ConnectionClosed: The connection ended first.
+            ProtocolError: The server's first message is no envelope.
+        """
+        if self._state is None:
+            return
+        self._act_on_early_events()  # the Hello may have come with the handshake's response
+        self._reading = True
+        try:
+            while self._token is None:
+                if self._ended is not None:
+                    raise self._ended_error()
+                if self._broken is not None:
+                    raise _fresh(self._broken)
+                await self._read_some()
+        finally:
+            self._release_reading()
 
     @property
     def sessions(self) -> int:
@@ -260,6 +282,14 @@ class Link:
         channel_state = state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
             raise _for_send(channel.ended or self._ended_error())
+        if not fits(len(frame), self._server_limit):
+            # Sent, it would end the connection of every session (1009): this session gives up alone.
+            reason = f"a frame of {len(frame)} bytes is over the server's limit of {self._server_limit} bytes"
+            channel.ended = ConnectionClosed(f"1009 (message too big): {reason}; the session ended")
+            state.post_control(channel.number, End(reason=reason, code=1009))
+            state.forget(channel.number)
+            await self._flush()
+            raise _for_send(channel.ended)
         state.post(channel_state, msgspec.Raw(frame))
         if len(self._channels) == 1:
             await self._flush()
@@ -545,7 +575,7 @@ class Link:
     def _after_events(self, events: list[Event]) -> None:
         self._handle_events(events)
         protocol = self._protocol
-        if protocol.state is not State.OPEN and self._broken is None:
+        if protocol.state is not State.OPEN and self._broken is None and not self._resuming:
             if isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS):
                 text = f"the server at {self.url} broke the WebSocket protocol: {protocol.parser_exc}"
                 self._end_all(ProtocolError(text), protocol.parser_exc)
@@ -591,6 +621,7 @@ class Link:
             if isinstance(control, Hello):
                 self._token = control.token
                 self._server_resume_timeout = control.resume_timeout
+                self._server_limit = control.max_message_size
             elif isinstance(control, Resumed):
                 state.resumed(control)
                 self._resumed = True
@@ -632,7 +663,8 @@ class Link:
                 return
             self._check_writable()
             assert self._envelope is not None
-            self._send_data(self._envelope.encode(entries))
+            for message in self._envelope.encode_within(entries, self._server_limit):
+                self._send_data(message)
             await self._write_pending()
 
     def _check_writable(self) -> None:
@@ -741,7 +773,7 @@ class Link:
                     await self._resume_once()
                     self.resumes += 1
                     return
-                except AuthenticationError as exc:
+                except (AuthenticationError, _Refused) as exc:
                     self._end_all(ConnectionClosed(f"{why}; the sessions could not be resumed: {exc}"), exc)
                     return
                 except (ConnectError, ConnectionClosed) as exc:
@@ -776,17 +808,25 @@ class Link:
         handshaken = await self._reconnect(self._token)
         async with self._write_lock:
             self._resumed = False
+            self._resuming = True
             self._take_over(handshaken)
             assert self._envelope is not None
-            resume = self._state.resume()
-            self._send_data(self._envelope.encode([resume]))
-            await self._write_pending()
-        while not self._resumed:
-            if self._broken is not None:
-                raise ConnectionClosed(str(self._broken))
-            if self._ended is not None:
-                raise self._ended_error()
-            await self._read_some()
+            if self._protocol.state is State.OPEN:
+                resume = self._state.resume()
+                self._send_data(self._envelope.encode([resume]))
+                await self._write_pending()
+        try:
+            while not self._resumed:
+                refused = self._protocol.close_rcvd
+                if refused is not None:  # it knows no such link (a restarted server, one that gave up)
+                    raise _Refused(f"the server refused it ({refused})")
+                if self._broken is not None:
+                    raise ConnectionClosed(str(self._broken))
+                if self._ended is not None:
+                    raise self._ended_error()
+                await self._read_some()
+        finally:
+            self._resuming = False
         await self._flush()  # what the server lacks
 
     def _end_all(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
@@ -825,6 +865,11 @@ class Link:
         error = self._ended or self._broken
         if error is None:
             error = self._closed_error("the connection was lost")
-        raise _for_send(error)  # type: ignore[arg-type]
+        raise _for_send(error)
 
-    _resumed = False
+    _resumed = False  # the server's Resumed came on the connection that takes the link over
+    _resuming = False  # a connection is taking the link over: its close is a refusal, not the link's end
+
+
+class _Refused(ConnectionClosed):
+    """The server closed a connection that came to take a link over: it does not know the link."""

@@ -24,6 +24,7 @@ import anyio
 import msgspec
 
 from openenv import Dialect
+from openenv.server import SessionMetrics
 
 from .._asgi import Receive, Send
 from .._link_host import LinkHost
@@ -75,6 +76,10 @@ class ServerLink:
         dialect: The dialect of the sessions' frames (the link subprotocol's).
         error_details: Whether error replies name the server's exceptions.
         resume_timeout: Seconds the sessions wait for their client after the connection drops.
+        max_message_size: The largest message the server takes (its `Hello` tells the client).
+        client_max_message_size: The largest message the client takes (its handshake said):
+            no envelope is larger, and a session whose reply alone would be ends.
+        metrics: Where the sessions' requests are counted, or ``None``.
         on_end: Called once when the link is over (the endpoint forgets its token there).
 
     Attributes:
@@ -89,9 +94,13 @@ class ServerLink:
         dialect: Dialect,
         error_details: bool,
         resume_timeout: float,
+        max_message_size: int | None = None,
+        client_max_message_size: int | None = None,
+        metrics: SessionMetrics | None = None,
         on_end: Callable[[ServerLink], object],
     ) -> None:
         self.token = secrets.token_urlsafe(32)
+        self._max_message_size = max_message_size
         self.dialect = dialect
         self._resume_timeout = resume_timeout
         self._on_end = on_end
@@ -103,13 +112,21 @@ class ServerLink:
             error_details=error_details,
             transport="websocket",
             flush=self._flush,
+            metrics=metrics,
         )
+        self._host.client_max_message_size = client_max_message_size
         self._current: LinkConnection | None = None
         self._incoming: LinkConnection | None = None  # a connection taking the link over
         self._arrived = anyio.Event()  # set when `_incoming` is set
         self._send_lock = anyio.Lock(fast_acquire=True)
         self._close_code = _NORMAL_CLOSURE
         self._close_reason = ""
+        # Cancels the wait for the next message of a connection that is being taken over: its
+        # server may report the connection's end only once its client answers, which a dead one never does.
+        self._receiving = anyio.CancelScope()
+        self._in_receive = False
+        # A connection that takes the link over gets nothing before the client's Resume says what it holds.
+        self._awaiting_resume = False
 
     async def run(self, first: LinkConnection) -> None:
         """Host the link on ``first`` and on every connection that takes it over, until it is over.
@@ -119,7 +136,7 @@ class ServerLink:
         last one closed on purpose, or none came back in time) and every
         session's environment is closed; the connection in use then is closed.
         """
-        self._host.hello(self.token, self._resume_timeout)
+        self._host.hello(self.token, self._resume_timeout, self._max_message_size)
 
         async def carry() -> str:
             connection: LinkConnection | None = first
@@ -128,6 +145,7 @@ class ServerLink:
                 if await self._serve(connection):
                     return "the client closed the connection"
                 connection = await self._next_connection(connection)
+                self._awaiting_resume = True
             return "the client is gone"
 
         try:
@@ -158,6 +176,8 @@ class ServerLink:
         if incoming is not None:
             incoming.released.set()  # a connection that was waiting to take over: this one wins
         self._arrived.set()
+        if self._in_receive:
+            self._receiving.cancel()
         current = self._current
         if current is not None and not current.disconnected:
             await _close(current.send, _GOING_AWAY, "the link moved to another connection")
@@ -176,36 +196,54 @@ class ServerLink:
 
     async def _serve(self, connection: LinkConnection) -> bool:
         """Read envelopes from ``connection`` and answer them until it ends; whether it ended on purpose."""
-        binary = self._binary
         host = self._host
         await self._flush()  # the Hello, or what a connection that takes over lacks
-        while True:
-            await host.room()
-            if self._incoming is not None:
-                return False  # another connection takes the link over
-            message = await connection.receive()
-            kind = message["type"]
-            if kind == "websocket.disconnect":
-                connection.disconnected = True
-                return self._incoming is None and message.get("code", 1005) not in _DROPPED
-            if kind != "websocket.receive":
-                continue
-            data = message.get("bytes") if binary else message.get("text")
-            if data is None:
-                expected = "binary" if binary else "text"
-                self._close_code, self._close_reason = _UNSUPPORTED_DATA, f"a link's messages are {expected}"
-                return True
-            try:
-                await host.take(data if binary else data.encode())
-            except (msgspec.DecodeError, LinkProtocolError) as exc:
-                self._close_code, self._close_reason = _PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
-                return True
-            await self._flush()
+        with anyio.CancelScope() as self._receiving:
+            while True:
+                await host.room()
+                if self._incoming is not None:
+                    return False  # another connection takes the link over
+                self._in_receive = True
+                try:
+                    message = await connection.receive()
+                finally:
+                    self._in_receive = False
+                if self._incoming is not None:
+                    # Taken over meanwhile: this message is not taken (the client sends what it holds
+                    # again, once the server's Resumed says what it lacks).
+                    return False
+                ended = await self._answer(connection, message)
+                if ended is not None:
+                    return ended and self._incoming is None
+        return False  # its wait was cancelled: taken over
+
+    async def _answer(self, connection: LinkConnection, message: dict[str, Any]) -> bool | None:
+        """Act on one ASGI message of the connection: ``None`` to read on, else whether it ended on purpose."""
+        kind = message["type"]
+        if kind == "websocket.disconnect":
+            connection.disconnected = True
+            return message.get("code", 1005) not in _DROPPED
+        if kind != "websocket.receive":
+            return None
+        binary = self._binary
+        data = message.get("bytes") if binary else message.get("text")
+        if data is None:
+            expected = "binary" if binary else "text"
+            self._close_code, self._close_reason = _UNSUPPORTED_DATA, f"a link's messages are {expected}"
+            return True
+        try:
+            await self._host.take(data if binary else data.encode())
+        except (msgspec.DecodeError, LinkProtocolError) as exc:
+            self._close_code, self._close_reason = _PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
+            return True
+        self._awaiting_resume = False  # its first message, the Resume, is taken
+        await self._flush()
+        return None
 
     async def _flush(self) -> None:
         """Send every posted entry on the connection in use, as one message (nothing without one)."""
         state = self._host.state
-        if not state.has_outgoing:
+        if not state.has_outgoing or self._awaiting_resume:
             return
         async with self._send_lock:
             connection = self._current
@@ -214,12 +252,12 @@ class ServerLink:
             entries = state.outgoing()
             if not entries:
                 return
-            message = self._host.codec.encode(entries)
             try:
-                if self._binary:
-                    await connection.send({"type": "websocket.send", "bytes": message})
-                else:
-                    await connection.send({"type": "websocket.send", "text": message.decode()})
+                for message in self._host.codec.encode_within(entries, self._host.client_max_message_size):
+                    if self._binary:
+                        await connection.send({"type": "websocket.send", "bytes": message})
+                    else:
+                        await connection.send({"type": "websocket.send", "text": message.decode()})
             except OSError:
                 connection.disconnected = True  # its receive reports the disconnect next
 

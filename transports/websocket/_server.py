@@ -25,13 +25,20 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, encode_fatal_error, host_session
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import LINK_SUBPROTOCOLS, RESUME_HEADER, SPOKEN, dialect_of
+from ._subprotocols import (
+    LINK_SUBPROTOCOLS,
+    MAX_MESSAGE_HEADER,
+    RESUME_HEADER,
+    RESUME_TIMEOUT_HEADER,
+    SPOKEN,
+    dialect_of,
+)
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -49,6 +56,8 @@ _CLOSE_GRACE = 1.0
 
 
 _RESUME = RESUME_HEADER.lower().encode()
+_MAX_MESSAGE = MAX_MESSAGE_HEADER.lower().encode()
+_RESUME_TIMEOUT = RESUME_TIMEOUT_HEADER.lower().encode()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -56,6 +65,11 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return value  # type: ignore[no-any-return]
     return None
+
+
+def _number(value: bytes | None) -> int | None:
+    """A header's value as a whole number, if it is one."""
+    return int(value) if value is not None and value.isdigit() and len(value) < 20 else None
 
 
 def select_subprotocol(offered: Iterable[str]) -> str | None:
@@ -124,6 +138,7 @@ class WebSocketEndpoint:
         resume_timeout: Seconds a resumable session (one whose client offered
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._link_server`.
+        metrics: Where the sessions' requests are counted, or ``None``.
     """
 
     def __init__(
@@ -133,11 +148,14 @@ class WebSocketEndpoint:
         registry: SessionRegistry,
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
+        self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
+        self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE  # the server's, which the runner sets
         self._links: dict[str, ServerLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -164,20 +182,39 @@ class WebSocketEndpoint:
             return
         if subprotocol in LINK_SUBPROTOCOLS:
             token = _header(scope, _RESUME)
-            await self._serve_link(LinkConnection(receive, send), dialect, None if token is None else token.decode())
+            await self._serve_link(
+                LinkConnection(receive, send),
+                dialect,
+                None if token is None else token.decode(),
+                _number(_header(scope, _MAX_MESSAGE)),
+                _number(_header(scope, _RESUME_TIMEOUT)),
+            )
             return
         lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         await self._serve_connection(receive, send, dialect, lend)
 
-    async def _serve_link(self, connection: LinkConnection, dialect: Dialect, token: str | None) -> None:
+    async def _serve_link(
+        self,
+        connection: LinkConnection,
+        dialect: Dialect,
+        token: str | None,
+        client_limit: int | None,
+        client_resume_timeout: int | None,
+    ) -> None:
         """Host a new link on the connection, or (given a token) carry an existing one on it."""
         if token is None:
+            resume_timeout = self.resume_timeout
+            if client_resume_timeout is not None:  # the client will not try longer (0: it never comes back)
+                resume_timeout = min(resume_timeout, client_resume_timeout)
             link = ServerLink(
                 self.factory,
                 registry=self.registry,
                 dialect=dialect,
                 error_details=self.error_details,
-                resume_timeout=self.resume_timeout,
+                resume_timeout=resume_timeout,
+                max_message_size=self.max_message_size,
+                client_max_message_size=client_limit,
+                metrics=self.metrics,
                 on_end=lambda ended: self._links.pop(ended.token, None),
             )
             self._links[link.token] = link
@@ -211,6 +248,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
                     )
                 )

@@ -31,9 +31,11 @@ __all__ = [
     "LINK_JSON_SUBPROTOCOL",
     "LINK_MSGPACK_SUBPROTOCOL",
     "LINK_SUBPROTOCOLS",
+    "MAX_MESSAGE_HEADER",
     "MSGPACK_SUBPROTOCOL",
     "PLAIN",
     "RESUME_HEADER",
+    "RESUME_TIMEOUT_HEADER",
     "SPOKEN",
     "SUBPROTOCOLS",
     "dialect_of",
@@ -66,6 +68,15 @@ SPOKEN: dict[str, Dialect] = {**LINK_SUBPROTOCOLS, **SUBPROTOCOLS}
 
 RESUME_HEADER: Final = "OpenEnv-Resume"
 """The handshake header that names the link a new connection takes over."""
+
+RESUME_TIMEOUT_HEADER: Final = "OpenEnv-Resume-Timeout"
+"""The handshake header in which a client says how long it would try to take a link over (0: never).
+
+A link's server keeps its sessions that long at most after the connection drops.
+"""
+
+MAX_MESSAGE_HEADER: Final = "OpenEnv-Max-Message-Size"
+"""The handshake header in which a client says the largest message it takes, in bytes (for a link's envelopes)."""
 
 
 def dialect_of(subprotocol: str | None) -> Dialect:
