@@ -10,6 +10,7 @@ its environment runs every request once; the protocol tests speak raw HTTP.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -581,6 +582,24 @@ async def test_a_restarted_server_is_a_prompt_connection_closed() -> None:
                 proxy.upstream = other  # a restarted server knows no link
                 with pytest.raises(ConnectionClosed, match="does not know this link"):
                     await env.step(CountAction())
+
+
+async def test_link_ids_stay_out_of_the_logs(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    caplog.set_level(logging.INFO)
+    with anyio.fail_after(LIMIT):
+        async with serve(AsyncCounterEnv, log_level="debug") as running:
+            async with CounterClient(poll_url(running)) as env:
+                await env.step(CountAction())
+                link_id = link_of(env)._link_url.path.rsplit("/", 1)[-1]
+            await wait_until(lambda: links_of(running).link_count == 0)
+    server_loggers = ("uvicorn", "hypercorn", "openenv")
+    logged = "\n".join(record.getMessage() for record in caplog.records if record.name.startswith(server_loggers))
+    logged += capsys.readouterr().out  # hypercorn writes its access log to stdout
+    assert "/poll/links/..." in logged  # the access log was on
+    assert f"HTTP long-polling link {link_id[:8]}… opened" in logged  # the server's own log: a prefix
+    assert link_id not in logged  # the id is the link's address: never whole
 
 
 # -- a server without links ------------------------------------------------------------
