@@ -383,6 +383,28 @@ async def test_a_sessions_bad_input_or_failure_reaches_no_other() -> None:
             assert (await good.state()).step_count == 2
 
 
+async def test_a_call_cancelled_while_it_gathers_the_turns_frames_leaves_no_one_waiting() -> None:
+    with anyio.fail_after(LIMIT):
+        async with server() as running:
+            url = poll_url(running)
+            async with HTTPPollingTransport(url) as one, HTTPPollingTransport(url) as other:
+                replies: list[bytes] = []
+
+                async def other_step() -> None:
+                    await other.send(b'{"type":"step","id":1,"data":{"by":2}}')
+                    replies.append(await other.receive())  # waits for the request `one` was to make
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(other_step)
+                    await one.send(b'{"type":"step","id":1,"data":{"by":1}}')
+                    with anyio.CancelScope() as scope:
+                        scope.cancel()
+                        await one.receive()  # cancelled at its first checkpoint: while it gathers the turn's frames
+                assert json.loads(replies[0])["data"]["observation"]["count"] == 2
+                # Its frame went with the other's: its reply waits for it.
+                assert json.loads(await one.receive())["data"]["observation"]["count"] == 1
+
+
 async def test_a_failing_factory_ends_only_its_session() -> None:
     built: list[int] = []
 

@@ -181,8 +181,11 @@ class PollingLink(ClientLink):
                         coalesced = self._coalescing = True
                         try:
                             await anyio.lowlevel.checkpoint()
-                        finally:
+                        except BaseException:
                             self._coalescing = False
+                            self._wake_one()  # the others waited for this one's request: one of them makes it
+                            raise
+                        self._coalescing = False
                         continue
                     await self._post(self._wait)
                     continue
@@ -250,7 +253,9 @@ class PollingLink(ClientLink):
         clock = self._clock
         while self._ended is None and not self._closing:
             quiet = clock.now() - self._last_request
-            if not self._waiting and not self._requests and not self._coalescing and quiet >= IDLE_POLL:
+            # Nobody's request is in flight, for a second: the sessions think (or those waiting
+            # were not woken to make one, which must not leave them waiting).
+            if not self._requests and not self._coalescing and quiet >= IDLE_POLL:
                 if self._posts < MAX_POSTS and self._unsent():
                     await self._post(self._wait)
                 else:
