@@ -41,7 +41,7 @@ from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync import SyncEnvClient
 
@@ -396,7 +396,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         The server is told with a ``close`` frame, best effort (given up after a
         second on a slow connection); then the transport closes, within its own
-        bound (``close_timeout``, ``close_grace``). Never raises for a connection that is already broken;
+        bound (its ``close_timeout``). Never raises for a connection that is already broken;
         it is safe on a client never connected. Afterwards every request raises
         `ClientStateError`.
         """
@@ -923,22 +923,35 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _receive_reply(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
     ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        use_ids = codec.dialect.request_ids
         while True:
-            frame = await transport.receive()
-            try:
-                reply = codec.decode_reply(frame)
-            except (ProtocolError, ReplyValidationError):
-                # A late reply for a call that gave up is dropped even if malformed.
-                if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
-                    continue
-                raise
-            if self._owner_of(reply.id if use_ids else None) != request_id:
-                self._drop_late_reply(reply)
-                continue
-            if isinstance(reply, ErrorReply):
-                raise server_error_from_frame(reply.data)
-            return reply
+            reply = self._reply_in(codec, await transport.receive(), request_id)
+            if reply is not None:
+                return reply
+
+    def _reply_in(
+        self, codec: ClientCodec[Any, Any, Any], frame: bytes, request_id: int
+    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage | None:
+        """The reply to ``request_id`` in ``frame``, or ``None`` for a late reply to an earlier request (dropped).
+
+        Raises:
+            ServerError: The reply is an error frame (a subclass per code).
+            ProtocolError: The frame is not a reply, or answers no request.
+            ReplyValidationError: The reply does not fit the client's types.
+        """
+        use_ids = codec.dialect.request_ids
+        try:
+            reply = codec.decode_reply(frame)
+        except (ProtocolError, ReplyValidationError):
+            # A late reply for a call that gave up is dropped even if malformed.
+            if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
+                return None
+            raise
+        if self._owner_of(reply.id if use_ids else None) != request_id:
+            self._drop_late_reply(reply)
+            return None
+        if isinstance(reply, ErrorReply):
+            raise server_error_from_frame(reply.data)
+        return reply
 
     async def _raise_parting_error(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed

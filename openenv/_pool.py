@@ -46,7 +46,7 @@ from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync_pool import SyncEnvPool
 
@@ -813,19 +813,32 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             await lock.acquire()
         try:
             codec, transport, frame, request_id = client._prepare(lambda rid: encode(client, rid))
-            await client._send_request(codec, transport, frame, request_id)
+            try:
+                transport.send_nowait(frame)  # queued: it leaves with the others' frames
+            except anyio.WouldBlock:
+                await client._send_request(codec, transport, frame, request_id)
+            else:
+                client._unanswered.append(request_id)
         except BaseException:
             lock.release()
             raise
         self._sessions[index].pending = _Pending(kind, codec, transport, request_id, reset_arguments)
 
     async def _reply(self, index: int) -> Any:
-        """Wait for one session's reply; its error as a value."""
+        """Wait for one session's reply (taken at once if it came already); its error as a value."""
         session = self._sessions[index]
         pending = session.pending
         assert pending is not None
+        client, transport = session.client, pending.transport
         try:
-            return await session.client._receive_reply(pending.codec, pending.transport, pending.request_id)
+            while True:
+                try:
+                    frame = transport.receive_nowait()
+                except anyio.WouldBlock:
+                    frame = await transport.receive()
+                reply = client._reply_in(pending.codec, frame, pending.request_id)
+                if reply is not None:
+                    return reply
         except OpenEnvError as exc:
             return exc
 
@@ -852,9 +865,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     async def _sweep(self, indices: Sequence[int], outcome: _Outcome) -> None:
         """Take the replies already there, without waiting for any."""
         with anyio.CancelScope() as nothing_more:
-            nothing_more.cancel()  # every wait ends at once: only what is there is taken
+            nothing_more.cancel()  # a transport without receive_nowait is asked once, and waits for nothing
             for index in indices:
-                if index in outcome or self._sessions[index].pending is None:
+                session = self._sessions[index]
+                pending = session.pending
+                if index in outcome or pending is None:
                     continue
                 try:
                     reply = await self._reply(index)

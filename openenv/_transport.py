@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Any
 
+import anyio
+
 from ._messages import Dialect
 
 __all__ = ["Transport"]
@@ -41,6 +43,10 @@ class Transport(ABC):
       frames of one turn of the event loop travel together.
     - `receive` returns the next frame from the server. When the peer closes the
       channel, or the network breaks it, it raises `ConnectionClosed`.
+    - `send_nowait` and `receive_nowait` are optional: a transport that can
+      hand a frame over, or take one it already holds, without waiting does so
+      there and then; the others raise `anyio.WouldBlock` (the default), and the
+      caller awaits `send` or `receive`. An `EnvPool` steps many sessions with them.
     - `keep` does the transport's idle work until the channel is closed (or
       returns at once if it has none; the default). Its owner cancels it before
       leaving the task group it runs in.
@@ -165,6 +171,30 @@ class Transport(ABC):
                 `aclose` was called.
             ProtocolError: The peer sent something that is not a frame.
         """
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Hand one frame over at once, if the transport can without waiting (it queues frames, say).
+
+        Args:
+            frame: The encoded frame.
+
+        Raises:
+            anyio.WouldBlock: It cannot (the default): await `send` instead.
+            ConnectionClosed: The channel is closed or broken.
+        """
+        raise anyio.WouldBlock
+
+    def receive_nowait(self) -> bytes:
+        """A frame from the server that the transport holds already, without waiting.
+
+        Returns:
+            The frame.
+
+        Raises:
+            anyio.WouldBlock: It holds none (or cannot tell: the default): await `receive` instead.
+            ConnectionClosed: The channel has ended and every frame was returned.
+        """
+        raise anyio.WouldBlock
 
     async def keep(self) -> None:  # noqa: B027 - optional: most transports have no idle work
         """Do the channel's idle work until it is closed; the default has none and returns at once.

@@ -88,6 +88,22 @@ class FrameQueue(Generic[T]):
         self._closed = True
         self._wake()
 
+    def get_nowait(self) -> T:
+        """Take the oldest item if there is one.
+
+        Returns:
+            The oldest item.
+
+        Raises:
+            anyio.WouldBlock: The queue is empty.
+            QueueClosed: The queue is closed and empty.
+        """
+        if self._items:
+            return self._items.popleft()
+        if self._closed:
+            raise QueueClosed("the queue is closed")
+        raise anyio.WouldBlock
+
     async def get(self) -> T:
         """Take the oldest item, waiting for one if the queue is empty.
 

@@ -355,7 +355,7 @@ async def test_every_session_goes_on_after_a_cut_mid_step() -> None:
 async def test_a_sessions_bad_input_or_failure_reaches_no_other() -> None:
     with anyio.fail_after(LIMIT):
         async with (
-            server(http_max_body_size=4096) as running,
+            server(max_message_size=4096) as running,
             CounterClient(poll_url(running)) as garbled,
             CounterClient(poll_url(running)) as oversize,
             CounterClient(poll_url(running)) as failing,
@@ -478,8 +478,8 @@ async def test_an_idle_session_ends_alone() -> None:
 async def test_a_link_nobody_polls_expires_with_its_sessions() -> None:
     clock = ManualClock()
     with anyio.fail_after(LIMIT):
-        async with server(http_idle_timeout=30.0) as running:
-            links_of(running).clock = clock
+        async with server(clock=clock) as running:
+            links_of(running).idle_timeout = 30.0  # the sessions' own (300 s) does not pass meanwhile
             # No owner, no keeper: nothing polls between calls.
             one = await CounterClient(poll_url(running)).connect()
             two = await CounterClient(poll_url(running)).connect()
@@ -779,7 +779,7 @@ async def test_a_long_poll_is_answered_when_another_request_comes() -> None:
 
 async def test_bad_requests_to_a_link() -> None:
     with anyio.fail_after(LIMIT):
-        async with server(http_max_body_size=1000) as running, raw_link(running) as link:
+        async with server(max_message_size=1000) as running, raw_link(running) as link:
             response = await link.post(1, [[1, 0, 0, OPEN], [1, 1, 0, step(1)]])
             assert response.status_code == 200
             key = link.http.headers.pop("OpenEnv-Link-Key")

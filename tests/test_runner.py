@@ -44,6 +44,7 @@ def test_current_backend_outside_a_loop() -> None:
         current_backend()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_serve_starts_on_a_free_port_and_stops(anyio_backend: str) -> None:
     with anyio.fail_after(LIMIT):
@@ -190,7 +191,7 @@ async def test_a_step_outliving_the_shutdown_grace_is_ended_with_the_reason(
             client: openenv.EnvClient[object, object, object] = openenv.EnvClient(
                 server.url.replace("http", scheme, 1), timeout=None
             )
-            await client.__aenter__()
+            await client.connect()  # closed from another task: no owner block
             task_group.start_soon(step_forever, client)
             await EndlessStepEnv.stepping.wait()
     assert len(errors) == 1

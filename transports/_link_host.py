@@ -77,7 +77,7 @@ _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server
 class _Session:
     """One session of the link: its slot, its environment, and its frames waiting their turn."""
 
-    __slots__ = ("_settled", "frames", "lease", "number", "running", "session")
+    __slots__ = ("_settled", "frames", "lease", "number", "running", "scope", "session")
 
     def __init__(self, number: int) -> None:
         self.number = number
@@ -85,6 +85,7 @@ class _Session:
         self.session: ServerSession | None = None
         self.frames: deque[bytes] = deque()  # received, not yet handled (this one is busy, or not admitted yet)
         self.running = False  # a frame of this session is being handled outside the link's task
+        self.scope: anyio.CancelScope | None = None  # the task handling its frames, if one does
         self._settled: anyio.Event | None = None
 
     def stop_running(self) -> None:
@@ -316,31 +317,40 @@ class LinkHost:
     async def _run_session(self, session: _Session, call: Call | None, frame: bytes) -> None:
         server_session = session.session
         assert server_session is not None
+        session.scope = scope = anyio.CancelScope()
         try:
-            if call is not None:
-                try:
-                    reply = await wait_for(call)
-                except Exception:
-                    logger.exception("a plain call failed on its session's thread")
-                    reply = session_failed_frame(self.dialect)
-                if reply is None:
-                    reply = await server_session.handle(frame)
-                self._replied(session, reply)
-            while session.frames and session.number in self._sessions:
-                waiting = session.frames.popleft()
-                self._count_waiting(-1)
-                assert session.lease is not None
-                session.lease.mark_busy()
-                outcome = start(server_session.handle(waiting))
-                if isinstance(outcome, Suspended):
-                    self._suspends = True
-                    outcome = await finish(outcome)
-                elif self._trials > 0:
-                    self._trials -= 1
-                self._replied(session, outcome)
+            with scope:
+                await self._run_frames(session, server_session, call, frame)
         finally:
+            session.scope = None
             session.stop_running()
         await self._flush_soon()
+
+    async def _run_frames(
+        self, session: _Session, server_session: ServerSession, call: Call | None, frame: bytes
+    ) -> None:
+        """Handle ``call``'s frame (when given), then the session's frames waiting, in order."""
+        if call is not None:
+            try:
+                reply = await wait_for(call)
+            except Exception:
+                logger.exception("a plain call failed on its session's thread")
+                reply = session_failed_frame(self.dialect)
+            if reply is None:
+                reply = await server_session.handle(frame)
+            self._replied(session, reply)
+        while session.frames and session.number in self._sessions:
+            waiting = session.frames.popleft()
+            self._count_waiting(-1)
+            assert session.lease is not None
+            session.lease.mark_busy()
+            outcome = start(server_session.handle(waiting))
+            if isinstance(outcome, Suspended):
+                self._suspends = True
+                outcome = await finish(outcome)
+            elif self._trials > 0:
+                self._trials -= 1
+            self._replied(session, outcome)
 
     def _count_waiting(self, change: int) -> None:
         self._waiting_frames += change
@@ -406,9 +416,13 @@ class LinkHost:
         self._end(session, "the session could not start", NORMAL_CLOSURE)
 
     def _asked_to_end(self, session: _Session) -> None:
-        """The registry asks an idle session to end (idle too long, the server stopping)."""
+        """The registry asks a session to end: idle too long, the server stopping (cut, even when busy)."""
         lease = session.lease
         reason = lease.close_reason if lease is not None else None
+        if session.running and session.scope is not None:
+            # Cut while a call of its runs in its task: cancel it (a plain call runs on to its end
+            # on the session's thread; nobody waits for it).
+            session.scope.cancel()
         if session.number in self._sessions:
             self._end(session, reason or SHUTDOWN_REASON, GOING_AWAY)
             if self._tasks is not None:

@@ -29,6 +29,8 @@ from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
 
+from ._deprecated import renamed_option
+
 __all__ = ["InProcessTransport"]
 
 logger = logging.getLogger("openenv.server")
@@ -66,13 +68,14 @@ class InProcessTransport(Transport):
         factory: Builds the environment (usually its class); overrides the URL.
         dialect: The dialect to speak. The default, JSON with request ids, is what
             our WebSocket server negotiates; ``Dialect()`` speaks plain OpenEnv.
-        close_grace: Seconds to let the session finish its current request and
+        close_timeout: Seconds to let the session finish its current request and
             close its environment before it is cancelled (5 by default).
+        close_grace: Deprecated: ``close_timeout``, the name every transport uses.
 
     Attributes:
         url: The URL given, or ``None``.
         dialect: The dialect the session speaks.
-        close_grace: Seconds the session gets to finish when the transport closes.
+        close_timeout: Seconds the session gets to finish when the transport closes.
 
     Raises:
         ValueError: Neither ``url`` nor ``factory`` was given.
@@ -86,13 +89,16 @@ class InProcessTransport(Transport):
         *,
         factory: Callable[[], Any] | None = None,
         dialect: Dialect = Dialect(request_ids=True),
-        close_grace: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
+        close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
+        close_grace: float | None = None,
     ) -> None:
         if url is None and factory is None:
             raise ValueError("InProcessTransport needs an inproc:// URL or a factory")
+        if close_grace is not None:
+            close_timeout = renamed_option("InProcessTransport", "close_grace", "close_timeout", close_grace)
         self.url = url
         self.dialect = dialect
-        self.close_grace = close_grace
+        self.close_timeout = close_timeout
         self._factory = factory
         self._session: ServerSession | None = None
         # Unbounded queues are safe here: the client sends one request at a time
@@ -199,6 +205,35 @@ class InProcessTransport(Transport):
         except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue one frame for the session (what `send` does, without the await).
+
+        Raises:
+            ConnectionClosed: The transport is not connected, or the session has ended.
+        """
+        if self._to_server is None:
+            raise ConnectionClosed("the transport is not connected")
+        try:
+            self._to_server.put(frame)
+        except QueueClosed:
+            raise ConnectionClosed("the in-process session has ended") from None
+
+    def receive_nowait(self) -> bytes:
+        """A reply the session has queued already.
+
+        Raises:
+            anyio.WouldBlock: None is queued (or no task serves the session: then `receive` does).
+            ConnectionClosed: The session has ended and every frame it sent was returned.
+        """
+        outbox = self._from_server
+        if outbox is None:
+            raise ConnectionClosed("the transport is not connected")
+        if outbox:
+            return outbox.get_nowait()
+        if outbox.closed:
+            raise ConnectionClosed("the in-process session has ended")
+        raise anyio.WouldBlock
+
     async def receive(self) -> bytes:
         """Return the session's next frame, waiting for it.
 
@@ -231,7 +266,7 @@ class InProcessTransport(Transport):
         self._end()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close, give the session `close_grace` seconds to finish its request, then close its environment.
+        """Close, give the session `close_timeout` seconds to finish its request, then close its environment.
 
         Args:
             *exc_info: The exception that ended the block, if any (unused).
@@ -241,6 +276,6 @@ class InProcessTransport(Transport):
         if session is None:
             return
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.close_grace):
+            with anyio.move_on_after(self.close_timeout):
                 await self._idle.wait()
             await session.aclose()

@@ -45,7 +45,16 @@ from .._link_client import ClientLink, LinkChannel, fresh
 from .._link_state import LinkProtocolError
 from .._links import PRIVATE, Private
 from .._network_client import authentication_error
-from ._protocol import ACK_HEADER, ERROR_HEADER, LINK_KEY_HEADER, LINKS_PATH, RECEIVED_HEADER, SEQ_HEADER, WAIT_HEADER
+from ._protocol import (
+    ACK_HEADER,
+    ERROR_HEADER,
+    LINK_KEY_HEADER,
+    LINKS_PATH,
+    RECEIVED_HEADER,
+    SEQ_HEADER,
+    WAIT_HEADER,
+    LinkCreated,
+)
 from ._requests import Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
 
 __all__ = ["IDLE_POLL", "MAX_POSTS", "PollingLink", "create_link"]
@@ -87,7 +96,7 @@ class PollingLink(ClientLink):
         headers: The caller's headers, for every request (beside the client's own).
         codec: The link's envelope codec.
         media_type: The envelopes' media type.
-        max_body_size: The largest message the server takes.
+        max_body_size: The largest message the server takes (``None``: it says none).
         wait: Seconds the server may hold a request waiting for entries.
         retries: How many times a request the network failed is sent again.
         connect_timeout: Seconds allowed for each TCP/TLS connect.
@@ -107,7 +116,7 @@ class PollingLink(ClientLink):
         headers: list[tuple[str, str]],
         codec: EnvelopeCodec,
         media_type: str,
-        max_body_size: int,
+        max_body_size: int | None,
         wait: float,
         retries: int,
         connect_timeout: float | None,
@@ -467,16 +476,7 @@ class PollingLink(ClientLink):
         )
 
 
-class _Created(msgspec.Struct):
-    """The body of the ``201`` that creates a link."""
-
-    link_id: str
-    link_key: str
-    max_body_size: int
-    max_wait: float | None = None
-
-
-_decode_created = msgspec.json.Decoder(_Created).decode
+_decode_created = msgspec.json.Decoder(LinkCreated).decode
 
 
 async def create_link(
@@ -569,7 +569,7 @@ async def create_link(
         headers=headers,
         codec=EnvelopeCodec("msgpack" if encoding == "msgpack" else "json"),
         media_type=media_type,
-        max_body_size=created.max_body_size,
+        max_body_size=created.max_body_size or None,
         wait=wait,
         retries=retries,
         connect_timeout=connect_timeout,

@@ -30,7 +30,7 @@ its sessions (a new link that gets no message for ``unused_timeout``); while
 the entries it keeps unacknowledged weigh more than ``max_unacknowledged_bytes``,
 the link takes no message (the response, carrying the entries, says so with
 ``OpenEnv-Received``: the client acknowledges them and sends the message
-again); a body over ``max_body_size`` is ``413``; at most `MAX_QUEUED_MESSAGES`
+again); a body over ``max_message_size`` is ``413``; at most `MAX_QUEUED_MESSAGES`
 messages wait for the link's task.
 """
 
@@ -50,9 +50,9 @@ import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 from starlette.routing import BaseRoute, Route
 
-from openenv import EVENT_LOOP_CLOCK, Clock, Dialect
+from openenv import Clock, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import SessionMetrics
+from openenv.server import SERVER_DEFAULTS, SessionMetrics
 
 from .._asgi import Receive, Scope, Send
 from .._envelope import Entry, EnvelopeCodec
@@ -61,7 +61,6 @@ from .._link_state import LinkProtocolError
 from .._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._protocol import (
     ACK_HEADER,
-    DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_WAIT,
     LINK_KEY_HEADER,
     LINK_PATH,
@@ -70,6 +69,7 @@ from ._protocol import (
     RECEIVED_HEADER,
     SEQ_HEADER,
     WAIT_HEADER,
+    LinkCreated,
     dialect_for,
 )
 from ._server import (
@@ -119,16 +119,6 @@ _RECEIVED = RECEIVED_HEADER.lower().encode()
 _LINK_KEY = LINK_KEY_HEADER.lower().encode()
 
 
-class _Created(msgspec.Struct):
-    """The body of the ``201`` that creates a link."""
-
-    link_id: str
-    link_key: str
-    encoding: str
-    max_body_size: int
-    max_wait: float
-
-
 class _Log:
     """The entries a link has sent and the client has not acknowledged, each at its place (1, 2, 3, ...)."""
 
@@ -172,7 +162,7 @@ class PollingLink:
         unused_timeout: The same, before its first message.
         max_unacknowledged_bytes: The most bytes of entries kept unacknowledged
             before the link stops taking messages.
-        clock: Where the idle timeouts are measured.
+        clock: Where the link's waits are measured (the registry's clock).
         metrics: Where the sessions' requests are counted, or ``None``.
 
     Attributes:
@@ -341,7 +331,7 @@ class PollingLink:
             _HTTPError: ``409 sequence_gap``: the messages before it did not come in time.
         """
         if seq > self.taken + 1:
-            with anyio.move_on_after(min(wait, GAP_WAIT)):
+            with self._clock.move_on_after(min(wait, GAP_WAIT)):
                 while seq > self.taken + 1 and self.end_reason is None:
                     await self._wait_taken()
             if seq > self.taken + 1:
@@ -356,7 +346,7 @@ class PollingLink:
         if self.log.size > self._max_unacknowledged_bytes:
             return True  # not taken: the client acknowledges what the response carries, then sends it again
         if len(self._inbox) >= MAX_QUEUED_MESSAGES:
-            with anyio.move_on_after(wait):
+            with self._clock.move_on_after(wait):
                 while len(self._inbox) >= MAX_QUEUED_MESSAGES and self._closing is None:
                     await self._wait_taken()
             if seq <= self.taken or self._closing is not None:
@@ -380,7 +370,7 @@ class PollingLink:
                 return log.after(ack)
         self._answer_parked()  # one request waits at a time: the newest
         parked = self._parked = anyio.Event()
-        with anyio.move_on_after(wait):
+        with self._clock.move_on_after(wait):
             await parked.wait()
         if self._parked is parked:
             self._parked = None
@@ -418,21 +408,24 @@ class HTTPLinkEndpoint:
 
     Args:
         factory: Builds one environment per session.
-        registry: The app's session registry; a link that gets no request for
-            its ``idle_timeout_of("http")`` ends, with its sessions.
+        registry: The app's session registry. Its clock times the links' waits:
+            a long poll, a link's idleness, an ended link's record lingering.
         max_wait: The longest the server holds a request waiting for entries, in seconds.
-        max_body_size: The largest envelope accepted, in bytes (``413`` beyond).
+        max_message_size: The largest envelope accepted, in bytes (``413``
+            beyond); told to each client as its link's ``max_body_size``.
         linger: Seconds an ended link's record stays (its last entries can be
             fetched, and requests get ``410``) before its id is forgotten.
         unused_timeout: Seconds a new link may wait for its first message.
+        idle_timeout: Seconds a link may go without a request before it ends,
+            with its sessions; ``None`` (the default) takes the registry's for
+            HTTP sessions (``idle_timeout_of("http")``).
         error_details: Whether error replies name the server's exceptions.
         max_unacknowledged_bytes: The most bytes of entries a link keeps for
             its client; beyond, it takes no message until the client acknowledges them.
-        clock: Where the links' idle timeouts are measured (a test's clock, say).
         metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
-        ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
+        ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout`` or
             ``max_unacknowledged_bytes`` is not positive, or ``linger`` is negative.
     """
 
@@ -442,27 +435,29 @@ class HTTPLinkEndpoint:
         *,
         registry: SessionRegistry,
         max_wait: float = DEFAULT_MAX_WAIT,
-        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_message_size: int = SERVER_DEFAULTS.max_message_size,
         linger: float = _LINGER,
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
+        idle_timeout: float | None = None,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
-        clock: Clock = EVENT_LOOP_CLOCK,
         metrics: SessionMetrics | None = None,
     ) -> None:
-        if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
-            raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
+        if not max_wait > 0 or not max_message_size > 0 or not linger >= 0:
+            raise ValueError("max_wait and max_message_size must be positive, linger 0 or more")
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be positive (or None for the registry's), not {idle_timeout}")
         if not unused_timeout > 0 or not max_unacknowledged_bytes > 0:
             raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
-        self.max_body_size = max_body_size
+        self.max_message_size = max_message_size
+        self.idle_timeout = idle_timeout
         self.linger = linger
         self.unused_timeout = unused_timeout
         self.error_details = error_details
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
-        self.clock = clock
         self.metrics = metrics
         self._links: dict[str, PollingLink] = {}
         self._task_group: TaskGroup | None = None
@@ -530,15 +525,15 @@ class HTTPLinkEndpoint:
             registry=self.registry,
             dialect=dialect,
             error_details=self.error_details,
-            idle_timeout=self.registry.idle_timeout_of("http"),
+            idle_timeout=self.idle_timeout if self.idle_timeout is not None else self.registry.idle_timeout_of("http"),
             unused_timeout=self.unused_timeout,
             max_unacknowledged_bytes=self.max_unacknowledged_bytes,
-            clock=self.clock,
+            clock=self.registry.clock,
             metrics=self.metrics,
         )
         self._links[link.id] = link
         await task_group.start(self._run_link, link)
-        created = _Created(link.id, link.key.decode(), dialect.encoding, self.max_body_size, self.max_wait)
+        created = LinkCreated(link.id, link.key.decode(), dialect.encoding, self.max_message_size, self.max_wait)
         location = LINK_PATH.replace("{link_id}", link.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], _json_encode(created))
         client = scope.get("client")
@@ -552,7 +547,7 @@ class HTTPLinkEndpoint:
         try:
             await link.run(task_status=task_status)
             logger.info("HTTP long-polling link %s… ended: %s", link.id[:_LOGGED_ID_LENGTH], link.end_reason)
-            with anyio.move_on_after(self.linger):
+            with self.registry.clock.move_on_after(self.linger):
                 await link.forgotten.wait()
         finally:
             if self._links.get(link.id) is link:
@@ -606,7 +601,7 @@ class HTTPLinkEndpoint:
                         f"this link's envelopes are {MEDIA_TYPES[encoding]}, not "
                         f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
                     )
-                body = await _read_body(receive, self.max_body_size, content_length)
+                body = await _read_body(receive, self.max_message_size, content_length)
                 try:
                     entries = link.codec.decode(body)
                 except msgspec.DecodeError as exc:

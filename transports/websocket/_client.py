@@ -427,6 +427,32 @@ class WebSocketTransport(Transport):
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         return await link.receive(channel)
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Post a frame on a link shared with other sessions, to leave with the next flush.
+
+        Raises:
+            anyio.WouldBlock: The frame must be written now (a connection of one
+                session): await `send` instead.
+            ConnectionClosed: The session has ended, or the transport is not connected.
+        """
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        link.send_nowait(channel, frame)
+
+    def receive_nowait(self) -> bytes:
+        """A frame from the server that came already.
+
+        Raises:
+            anyio.WouldBlock: None has: await `receive` instead.
+            ConnectionClosed: The session has ended and every frame was returned.
+            ProtocolError: The server broke the protocol.
+        """
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        return link.receive_nowait(channel)
+
     async def keep(self) -> None:
         """Keep the connection while nobody calls: answer pings, ping a quiet server, resume a drop.
 

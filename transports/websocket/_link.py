@@ -37,8 +37,6 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import ByteStream, SocketAttribute
 from websockets.client import ClientProtocol
-from websockets.exceptions import PayloadTooBig
-from websockets.exceptions import ProtocolError as WebSocketProtocolError
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.protocol import Event, State
 
@@ -67,8 +65,9 @@ IDLE_READ = 1.0
 RECEIVE_BUFFER = 64
 """Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
 
-# The peer broke the WebSocket protocol (the parser's reasons to fail a connection).
-PEER_PROTOCOL_ERRORS = (WebSocketProtocolError, PayloadTooBig, UnicodeDecodeError)
+# The close codes websockets' protocol fails a connection with when the peer broke the protocol:
+# a malformed frame, invalid UTF-8 in a text message, a message over the size limit.
+PEER_PROTOCOL_ERRORS = frozenset({CloseCode.PROTOCOL_ERROR, CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG})
 
 # Seconds between attempts to resume a dropped link: doubled each time, up to the maximum.
 _FIRST_RETRY_DELAY = 0.05
@@ -192,6 +191,7 @@ class Link:
             self._socket = self._stream.extra(SocketAttribute.raw_socket).dup()
             self._socket.setblocking(False)
         self._partial = bytearray()  # a data message arriving in fragments
+        self._unsent: list[bytes] = []  # bytes the protocol queued, taken from it and not yet written
         self._broken = None
         if self._gone.is_set():
             self._gone = anyio.Event()
@@ -293,6 +293,39 @@ class Link:
         state.post(channel_state, msgspec.Raw(frame))
         if len(self._channels) == 1:
             await self._flush()
+
+    def send_nowait(self, channel: LinkChannel, frame: bytes) -> None:
+        """Post a session's frame on a shared link with other sessions, to leave with the next flush.
+
+        Raises:
+            anyio.WouldBlock: It cannot be posted without waiting (a link of one
+                session writes at once; a frame over the server's limit ends its session): use `send`.
+            ConnectionClosed: The session's channel has ended.
+        """
+        state = self._state
+        if state is None or len(self._channels) == 1:
+            raise anyio.WouldBlock
+        if channel.ended is not None:
+            raise _for_send(channel.ended)
+        channel_state = state.channels.get(channel.number)
+        if channel_state is None or not fits(len(frame), self._server_limit):
+            raise anyio.WouldBlock
+        state.post(channel_state, msgspec.Raw(frame))
+
+    def receive_nowait(self, channel: LinkChannel) -> bytes:
+        """A frame the session holds already.
+
+        Raises:
+            anyio.WouldBlock: It holds none.
+            ConnectionClosed: The channel has ended and every frame was returned.
+            ProtocolError: The server broke the protocol (likewise).
+        """
+        frames = channel.frames
+        if frames:
+            return frames.popleft()
+        if channel.ended is not None:
+            raise _fresh(channel.ended)
+        raise anyio.WouldBlock
 
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
@@ -523,7 +556,8 @@ class Link:
 
     async def _read_some(self) -> None:
         """Read once from the socket and act on what came; a failure breaks the connection (noted)."""
-        if self._protocol.writes:  # a pong owed for a ping that came with the handshake's response, say
+        self._unsent += self._protocol.data_to_send()
+        if self._unsent:  # a pong owed for a ping that came with the handshake's response, say
             await self._write_controls()
         try:
             data = await self._receive()
@@ -541,7 +575,8 @@ class Link:
         protocol = self._protocol
         protocol.receive_data(data)
         events = protocol.events_received()
-        if protocol.writes:
+        self._unsent += protocol.data_to_send()
+        if self._unsent:  # pongs, a close echo
             await self._write_controls()
         self._after_events(events)
 
@@ -576,9 +611,9 @@ class Link:
         self._handle_events(events)
         protocol = self._protocol
         if protocol.state is not State.OPEN and self._broken is None and not self._resuming:
-            if isinstance(protocol.parser_exc, PEER_PROTOCOL_ERRORS):
-                text = f"the server at {self.url} broke the WebSocket protocol: {protocol.parser_exc}"
-                self._end_all(ProtocolError(text), protocol.parser_exc)
+            broke = self._broken_protocol()
+            if broke is not None:
+                self._end_all(broke)
             elif protocol.close_rcvd is not None:
                 self._end_all(
                     ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
@@ -680,12 +715,17 @@ class Link:
         unless the link will be resumed (then what was posted is sent again).
         """
         protocol = self._protocol
+        unsent = self._unsent
         try:
-            while protocol.writes:  # a loop: a reader may queue a pong while we wait on the socket
-                writes = protocol.data_to_send()
-                data = writes[0] if len(writes) == 1 else b"".join(writes)
+            while True:  # a loop: a reader may queue a pong while we wait on the socket
+                unsent += protocol.data_to_send()
+                if not unsent:
+                    break
+                # b"" is the protocol asking for EOF: the socket is closed later.
+                data = unsent[0] if len(unsent) == 1 else b"".join(unsent)
+                unsent.clear()
                 if not data:
-                    continue  # b"" alone is the protocol asking for EOF: the socket is closed later
+                    continue
                 sock = self._socket
                 if sock is None:
                     await self._stream.send(data)
@@ -743,6 +783,7 @@ class Link:
         self._gone.set()
         self._protocol.receive_eof()  # the protocol is CLOSED after it; nothing more is written
         self._protocol.data_to_send()
+        self._unsent.clear()
         self._shut_down()
         if self._closing or self._reconnect is None or self._token is None:
             self._end_all(error)
@@ -847,11 +888,19 @@ class Link:
             turn.set()
         self._forget()
 
+    def _broken_protocol(self) -> ProtocolError | None:
+        """The error to tell when the client failed the connection because the server broke the protocol."""
+        protocol = self._protocol
+        sent = protocol.close_sent
+        if sent is None or protocol.close_rcvd is not None or sent.code not in PEER_PROTOCOL_ERRORS:
+            return None
+        return ProtocolError(f"the server at {self.url} broke the WebSocket protocol: {sent.reason} ({sent.code})")
+
     def _closed_error(self, default: str) -> ConnectionClosed | ProtocolError:
         protocol = self._protocol
-        parser_exc = protocol.parser_exc
-        if isinstance(parser_exc, PEER_PROTOCOL_ERRORS):
-            return ProtocolError(f"the server at {self.url} broke the WebSocket protocol: {parser_exc}")
+        broke = self._broken_protocol()
+        if broke is not None:
+            return broke
         if protocol.close_rcvd is not None:
             return ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
         return ConnectionClosed(f"{default} ({self.url})")

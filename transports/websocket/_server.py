@@ -25,7 +25,7 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, encode_fatal_error, host_session
+from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
@@ -139,6 +139,7 @@ class WebSocketEndpoint:
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._link_server`.
         metrics: Where the sessions' requests are counted, or ``None``.
+        max_message_size: The largest message the server takes (a link's client is told it).
     """
 
     def __init__(
@@ -149,13 +150,14 @@ class WebSocketEndpoint:
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
         metrics: SessionMetrics | None = None,
+        max_message_size: int | None = SERVER_DEFAULTS.max_message_size,
     ) -> None:
         self.factory = factory
         self.registry = registry
         self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
-        self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE  # the server's, which the runner sets
+        self.max_message_size = max_message_size
         self._links: dict[str, ServerLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
