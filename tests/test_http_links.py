@@ -144,6 +144,28 @@ async def test_many_sessions_ride_one_link_and_each_gets_its_own_replies() -> No
             assert len(AsyncCounterEnv.closed) == sessions
 
 
+async def test_frames_handed_over_without_waiting() -> None:
+    requests = Requests()
+    with anyio.fail_after(LIMIT):
+        async with server() as running, httpx.AsyncClient(event_hooks={"request": [requests]}) as http:
+            url = poll_url(running)
+            async with HTTPPollingTransport(url, client=http) as one, HTTPPollingTransport(url, client=http) as other:
+                assert not one.send_waits  # on a link, a send only posts its frame
+                before = len(requests.sent)
+                one.send_nowait(b'{"type":"step","id":1,"data":{"by":1}}')
+                other.send_nowait(b'{"type":"step","id":1,"data":{"by":2}}')
+                assert len(requests.sent) == before  # posted, not sent
+                with pytest.raises(anyio.WouldBlock):
+                    one.receive_nowait()
+                assert json.loads(await other.receive())["data"]["observation"]["count"] == 2
+                assert len(requests.sent) == before + 1  # one request carried both
+                assert json.loads(one.receive_nowait())["data"]["observation"]["count"] == 1  # it came with it
+            async with HTTPPollingTransport(url, client=http, share=False) as own:
+                assert own.send_waits
+                with pytest.raises(anyio.WouldBlock):
+                    own.send_nowait(b'{"type":"state","id":1}')
+
+
 async def test_plain_environments_on_a_link() -> None:
     async def walk(url: str, index: int) -> None:
         async with CounterClient(url) as env:

@@ -150,6 +150,21 @@ class ClientLink:
             self._refuse(channel, f"a frame that is not one {encoding} value cannot travel on a link ({exc})")
         self._state.post(channel_state, msgspec.Raw(frame))
 
+    def receive_nowait(self, channel: LinkChannel) -> bytes:
+        """A frame the session holds already.
+
+        Raises:
+            anyio.WouldBlock: It holds none.
+            ConnectionClosed: The channel has ended and every frame was returned.
+            ProtocolError: The server broke the protocol (likewise).
+        """
+        frames = channel.frames
+        if frames:
+            return frames.popleft()
+        if channel.ended is not None:
+            raise fresh(channel.ended)
+        raise anyio.WouldBlock
+
     def _refuse(self, channel: LinkChannel, reason: str) -> NoReturn:
         """Refuse a frame of a session, unsent: the session ends (the server is told), the others go on."""
         error = ConnectionClosed(reason)

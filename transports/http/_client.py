@@ -777,6 +777,33 @@ class HTTPPollingTransport(Transport):
                 self._polling = False
                 self._settle()
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Post a frame on the link, to leave with the next request (a session of its own POSTs: it cannot).
+
+        Raises:
+            anyio.WouldBlock: The session is not on a link: await `send` instead.
+            ConnectionClosed: The session has ended, or the frame was refused (see `send`).
+        """
+        link = self._link
+        if link is None:
+            raise anyio.WouldBlock
+        assert self._channel is not None
+        link.post(self._channel, frame)
+
+    def receive_nowait(self) -> bytes:
+        """A reply that came already, on a link (a session of its own: await `receive`).
+
+        Raises:
+            anyio.WouldBlock: None came, or the session is not on a link.
+            ConnectionClosed: The session has ended and every frame was returned.
+            ProtocolError: The server broke the protocol.
+        """
+        link = self._link
+        if link is None:
+            raise anyio.WouldBlock
+        assert self._channel is not None
+        return link.receive_nowait(self._channel)
+
     async def keep(self) -> None:
         """Keep the link while nobody calls: long-poll it, so it stays alive and the server's news arrives.
 
