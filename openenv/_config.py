@@ -78,6 +78,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "allow_origins",
             "error_details",
             "metrics",
+            "resume_timeout",
         }
     )
     """The app's fields: those ``create_app`` reads (the others are the ASGI server's)."""
@@ -130,6 +131,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     errors by code, bytes, per environment (``transports._metrics``). Behind the same token as every
     route but ``/health``. Off by default: counting costs each request a few hundred nanoseconds."""
 
+    resume_timeout: Annotated[float, Meta(ge=0)] = 30.0
+    """The app's: seconds the sessions of a link (a WebSocket connection carrying many, ``openenv.v2.*``)
+    wait for their client to take the link over on a new connection after it drops; then they end. A
+    client may ask for less (``OpenEnv-Resume-Timeout``; 0 when it will not resume)."""
+
     header_timeout: Annotated[float, Meta(gt=0)] = 10.0
     """Seconds a connection may take to send a request's headers (the WebSocket handshake's
     included), from its first byte or the connection's start; then it is closed."""
@@ -170,6 +176,7 @@ class ServerOptions(TypedDict, total=False):
     allow_origins: typing.Sequence[str]
     error_details: bool
     metrics: bool
+    resume_timeout: float
     header_timeout: float
     max_connections: int | None
     shutdown_timeout: float

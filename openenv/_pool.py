@@ -29,6 +29,7 @@ from ._exceptions import (
     CapacityReachedError,
     ClientStateError,
     ConnectError,
+    ConnectionClosed,
     EncodingError,
     EnvPoolError,
     InvalidJSONError,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
     from ._sync_pool import SyncEnvPool
 
-__all__ = ["AutoResetMode", "EnvPool", "FinalStepResult", "IndexedStepResult", "ReplacedStepResult"]
+__all__ = ["AutoResetMode", "EnvPool", "FinalStepResult", "ReplacedStepResult"]
 
 logger = logging.getLogger("openenv.client")
 
@@ -101,16 +102,6 @@ class FinalStepResult(StepResult[ObsT], frozen=True, kw_only=True):
     """
 
     final_observation: Any
-
-
-class IndexedStepResult(StepResult[ObsT], frozen=True, kw_only=True):
-    """A result `EnvPool.recv` returns: a step's (or reset's) result and the session it came from.
-
-    Attributes:
-        index: The session's index in the pool.
-    """
-
-    index: int
 
 
 class _Session(Generic[ActT, ObsT, StateT]):
@@ -618,12 +609,13 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         min_results: int | None = None,
         *,
         timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
-    ) -> list[IndexedStepResult[ObsT]]:
+    ) -> dict[int, StepResult[ObsT]]:
         """Take the results of the sessions that are ready (envpool's ``recv``), at least ``min_results`` of them.
 
         Waits until at least ``min_results`` sessions sent to with `send` have
-        answered, then returns every result ready, each an `IndexedStepResult`
-        with its session's ``index``, in the order of the indices. Sessions
+        answered, then returns every result ready, by session index, in the
+        order of the indices: each the result `step` would have given (a
+        `FinalStepResult`, a `ReplacedStepResult` where those apply). Sessions
         still thinking go on; take their results with a later call.
 
         Args:
@@ -633,7 +625,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 clients' timeout (``None``: no limit).
 
         Returns:
-            The results ready, tagged with their indices.
+            The results ready, by session index.
 
         Raises:
             EnvPoolError: Sessions failed (see the failure policy; ``"replace"``
@@ -660,10 +652,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 outcome.errors[index] = TimeoutError(f"no result within {self._timeout_of(timeout)} s")
         taken = {index: kind for index, kind in pending.items() if index in outcome}
         results = await self._settle(taken, outcome, timeout)
-        return [
-            IndexedStepResult(result.observation, result.reward, result.done, index=index)
-            for index, result in sorted(results.items())
-        ]
+        return dict(sorted(results.items()))
 
     # -- the batch -----------------------------------------------------------------
 
@@ -817,6 +806,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 transport.send_nowait(frame)  # queued: it leaves with the others' frames
             except anyio.WouldBlock:
                 await client._send_request(codec, transport, frame, request_id)
+            except ConnectionClosed as exc:  # the server said why first, perhaps (CAPACITY_REACHED)
+                await client._raise_parting_error(codec, transport, exc)
             else:
                 client._unanswered.append(request_id)
         except BaseException:

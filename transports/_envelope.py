@@ -211,7 +211,10 @@ class EnvelopeCodec:
             msgspec.DecodeError: The message is not an envelope (malformed, or an
                 entry of the wrong shape), or holds more than ``max_entries``.
         """
-        entries = self._entries.decode(message)
+        try:
+            entries = self._entries.decode(message)
+        except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
+            raise msgspec.DecodeError(f"nested too deeply ({exc})") from None
         if len(entries) > self.max_entries:
             raise msgspec.DecodeError(f"an envelope holds at most {self.max_entries} entries, not {len(entries)}")
         return entries
@@ -239,7 +242,10 @@ class EnvelopeCodec:
         Raises:
             msgspec.DecodeError: It is not a control object this side knows.
         """
-        return self._control.decode(frame)
+        try:
+            return self._control.decode(frame)
+        except RecursionError as exc:
+            raise msgspec.DecodeError(f"nested too deeply ({exc})") from None
 
 
 def fits(frame_size: int, limit: int | None) -> bool:

@@ -70,6 +70,7 @@ MAX_WAITING_FRAMES: Final = 4096
 NORMAL_CLOSURE: Final = 1000
 GOING_AWAY: Final = 1001
 MESSAGE_TOO_BIG: Final = 1009
+INTERNAL_ERROR: Final = 1011
 
 _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
 
@@ -274,7 +275,8 @@ class LinkHost:
                 reply = call.outcome()
             except Exception:
                 logger.exception("a plain call failed on its session's thread")
-                reply = session_failed_frame(self.dialect)
+                self._fail(session)
+                continue
             if reply is None:  # not for the thread (a close, an MCP call): on the event loop, in order
                 session.frames.appendleft(frame)
                 self._count_waiting(1)
@@ -335,7 +337,8 @@ class LinkHost:
                 reply = await wait_for(call)
             except Exception:
                 logger.exception("a plain call failed on its session's thread")
-                reply = session_failed_frame(self.dialect)
+                self._fail(session)
+                return
             if reply is None:
                 reply = await server_session.handle(frame)
             self._replied(session, reply)
@@ -351,6 +354,14 @@ class LinkHost:
             elif self._trials > 0:
                 self._trials -= 1
             self._replied(session, outcome)
+
+    def _fail(self, session: _Session) -> None:
+        """End a session the server failed (a bug, not the environment): one ``SESSION_ERROR``, then `End`."""
+        session.stop_running()
+        channel = self.state.channels.get(session.number)
+        if channel is not None:
+            self.state.post(channel, msgspec.Raw(session_failed_frame(self.dialect)))
+        self._end(session, "the session failed on the server", INTERNAL_ERROR)
 
     def _count_waiting(self, change: int) -> None:
         self._waiting_frames += change

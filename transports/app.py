@@ -265,6 +265,7 @@ def create_app(
         error_details=config.error_details,
         metrics=counted,
         max_message_size=config.max_message_size,
+        resume_timeout=config.resume_timeout,
     )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.

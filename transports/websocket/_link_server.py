@@ -24,7 +24,7 @@ import anyio
 import msgspec
 
 from openenv import Dialect
-from openenv.server import SessionMetrics
+from openenv.server import SERVER_DEFAULTS, SessionMetrics
 
 from .._asgi import Receive, Send
 from .._link_host import LinkHost
@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_RESUME_TIMEOUT", "LinkConnection", "ServerLink"]
 
 logger = logging.getLogger("openenv.server")
 
-DEFAULT_RESUME_TIMEOUT: Final = 30.0
+DEFAULT_RESUME_TIMEOUT: Final = SERVER_DEFAULTS.resume_timeout
 """Seconds a link's sessions wait for their client to come back after its connection drops."""
 
 # The close codes ASGI servers report for a connection that dropped without a

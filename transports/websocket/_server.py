@@ -1,12 +1,15 @@
 """The server end of the WebSocket transport: the ``/ws`` endpoint, as a raw ASGI app.
 
-It speaks whatever the client negotiated: a client that offers one of our
-subprotocols (``openenv.v1.json``, ``openenv.v1.msgpack``) gets the first of them
-in its own order of preference; a client that offers none (OpenEnv's reference
-client) gets no subprotocol and plain OpenEnv frames. Then it takes a session
-slot (or sends ``CAPACITY_REACHED`` and closes, as the reference does: the whole
-story is in `transports._sessions`) and runs
-`openenv.server.host_session` over the connection.
+It speaks whatever the client negotiated: a client that offers some of our
+subprotocols gets the first of them in its own order of preference; a client
+that offers none (OpenEnv's reference client) gets no subprotocol and plain
+OpenEnv frames. On a link subprotocol (``openenv.v2.json``,
+``openenv.v2.msgpack``) the connection carries many sessions, or takes a
+dropped link over (``OpenEnv-Resume``): `transports.websocket._link_server`.
+On any other it carries one session: it takes a session slot (or sends
+``CAPACITY_REACHED`` and closes, as the reference does: the whole story is in
+`transports._sessions`) and runs `openenv.server.host_session` over the
+connection.
 
 This is the hot path of a server: it reads and writes ASGI messages directly,
 without Starlette's ``WebSocket`` wrapper, and does as little as it can per frame.
@@ -114,10 +117,13 @@ def _wrong_frame_error(dialect: Dialect, frame: bytes | str) -> bytes:
 
 
 class WebSocketEndpoint:
-    """The ``/ws`` endpoint: one environment session per WebSocket connection.
+    """The ``/ws`` endpoint: a link of many sessions, or one session, per WebSocket connection.
 
     An ASGI application for ``websocket`` scopes (mount it with Starlette's
-    ``WebSocketRoute``). Per connection it selects the subprotocol, accepts, takes
+    ``WebSocketRoute``). Per connection it selects the subprotocol and accepts.
+    A link (``openenv.v2.*``) is served by `transports.websocket._link_server.ServerLink`,
+    each of its sessions taking a slot as a connection's would. On any other
+    subprotocol it takes
     a slot in ``registry`` (or sends one ``CAPACITY_REACHED`` error frame and
     closes), builds the environment with ``factory`` and serves it until the
     client sends ``close`` (the session ends; the client is expected to close
@@ -135,9 +141,10 @@ class WebSocketEndpoint:
         registry: The app's session registry (capacity and idle reaping).
         error_details: Whether error replies name the server's exceptions (see
             `openenv.server.ServerSession`).
-        resume_timeout: Seconds a resumable session (one whose client offered
-            a resumable subprotocol) waits for its client to come back after
-            its connection drops; see `transports.websocket._link_server`.
+        resume_timeout: Seconds a link's sessions wait for their client to
+            come back after its connection drops (less if the client's
+            ``OpenEnv-Resume-Timeout`` says so); see
+            `transports.websocket._link_server`.
         metrics: Where the sessions' requests are counted, or ``None``.
         max_message_size: The largest message the server takes (a link's client is told it).
     """

@@ -1,0 +1,228 @@
+"""Links: what every session is promised holds when many share one connection (issue 21, item 7).
+
+Each test opens several sessions from one process to one real server (uvicorn
+on asyncio, hypercorn+websockets on trio), so that they ride one link, and
+checks that each is served as a connection of its own would serve it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+import openenv
+from openenv import EnvPool, FinalStepResult
+from tests.envs import AsyncCounterEnv, CountAction, SyncCounterEnv
+from tests.helpers import CounterClient, ManualClock, wait_until
+from tests.test_server_app import RawWebSocket
+from transports import _link_host
+from transports.app import create_app
+from transports.runner import RunningServer, ServerName, current_backend, serve
+from transports.websocket import WebSocketTransport
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 30  # seconds: the bound of every test's waits
+
+
+@pytest.fixture(params=[("asyncio", "uvicorn"), ("trio", "hypercorn+websockets")], ids=["asyncio-uvicorn", "trio"])
+def backend_and_server(request: pytest.FixtureRequest) -> tuple[str, ServerName]:
+    pair: tuple[str, ServerName] = request.param
+    return pair
+
+
+@pytest.fixture
+def anyio_backend(backend_and_server: tuple[str, ServerName]) -> str:
+    return backend_and_server[0]
+
+
+@asynccontextmanager
+async def serving(factory: Any = AsyncCounterEnv, **options: Any) -> AsyncIterator[RunningServer]:
+    name: ServerName = "uvicorn" if current_backend() == "asyncio" else "hypercorn+websockets"
+    async with serve(factory, server=name, **options) as server:
+        yield server
+
+
+def link_of(env: openenv.EnvClient[Any, Any, Any]) -> object:
+    transport = env.transport
+    assert isinstance(transport, WebSocketTransport)
+    assert transport.shared
+    return transport._link
+
+
+@asynccontextmanager
+async def clients(url: str, count: int, **options: Any) -> AsyncIterator[list[CounterClient]]:
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(CounterClient(url, **options)) for _ in range(count)]
+
+
+def active(server: RunningServer) -> int:
+    count: int = server.app.state.sessions.active
+    return count
+
+
+async def test_sessions_of_one_process_share_one_connection_and_each_is_its_own() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, clients(server.url, 3) as envs:
+            assert len({id(link_of(env)) for env in envs}) == 1
+            for n, env in enumerate(envs):
+                await env.reset(start=10 * n)
+
+            async def steps(env: CounterClient, by: int) -> None:
+                for _ in range(5):
+                    await env.step(CountAction(by=by))
+
+            async with anyio.create_task_group() as task_group:
+                for n, env in enumerate(envs):
+                    task_group.start_soon(steps, env, n + 1)
+            assert [(await env.state()).count for env in envs] == [5, 20, 35]
+            assert active(server) == 3  # sessions, not connections
+
+
+async def test_max_sessions_counts_sessions_on_a_link_and_a_refusal_ends_only_its_own() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(max_sessions=2) as server, clients(server.url, 3) as envs:
+            first, second, third = envs
+            assert (await first.step(CountAction(by=1))).observation.count == 1
+            assert (await second.step(CountAction(by=2))).observation.count == 2
+            with pytest.raises(openenv.CapacityReachedError):
+                await third.step(CountAction())
+            with pytest.raises(openenv.ConnectionClosed):
+                await third.state()
+            assert (await first.step(CountAction(by=1))).observation.count == 2  # unharmed
+            assert active(server) == 2
+
+
+async def test_the_admission_queue_admits_a_link_session_when_a_slot_frees() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving(max_sessions=1, queue_timeout=LIMIT) as server,
+            CounterClient(server.url) as holder,
+            CounterClient(server.url) as waiting,
+        ):
+            await holder.reset()
+            counts: list[int] = []
+
+            async def wait_for_a_slot() -> None:
+                counts.append((await waiting.step(CountAction(by=7))).observation.count)
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(wait_for_a_slot)
+                await wait_until(lambda: server.app.state.sessions.queued == 1, "the second session waits")
+                assert counts == []
+                await holder.close()  # its slot goes to the session queued on the same link
+            assert counts == [7]
+
+
+async def test_an_idle_session_on_a_link_is_ended_alone() -> None:
+    clock = ManualClock()
+    with anyio.fail_after(LIMIT):
+        name: ServerName = "uvicorn" if current_backend() == "asyncio" else "hypercorn+websockets"
+        app = create_app(AsyncCounterEnv, session_idle_timeout=600.0, clock=clock)
+        async with serve(app, server=name) as server, clients(server.url, 2) as (idle, busy):
+            await idle.reset()
+            await busy.reset()
+            await clock.advance_when_blocked(400.0)
+            await busy.step(CountAction())  # the busy one's idle clock starts again; the other's runs on
+            await clock.advance_when_blocked(205.0)  # idle for 605 s, and the other for 205 s
+            await wait_until(lambda: active(server) == 1, "the idle session is ended")
+            with pytest.raises(openenv.ConnectionClosed, match="1001"):
+                await idle.step(CountAction())
+            assert (await busy.step(CountAction())).observation.count == 2
+
+
+@pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])
+async def test_bad_input_and_a_raising_environment_reach_no_other_session(factory: Any) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(factory) as server, clients(server.url, 2) as (bad, good):
+            await bad.reset()
+            await good.reset()
+            with pytest.raises(openenv.ValidationError):
+                await bad.step({"by": "two"})  # type: ignore[arg-type]
+            with pytest.raises(openenv.ExecutionError):
+                await bad.step(CountAction(fail=True))
+            assert (await good.step(CountAction(by=3))).observation.count == 3
+            assert (await bad.step(CountAction(by=1))).observation.count == 1  # and it goes on
+
+
+async def test_a_frame_over_the_servers_limit_ends_only_its_session() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(max_message_size=64 * 1024) as server, clients(server.url, 2) as (sender, bystander):
+            await bystander.reset()
+            await sender.reset()
+            with pytest.raises(openenv.ConnectionClosed, match="1009"):
+                await sender.reset(note="x" * 100_000)
+            assert (await bystander.step(CountAction(by=2))).observation.count == 2
+            await wait_until(lambda: active(server) == 1, "the sender's session is over")
+
+
+async def test_a_token_is_checked_once_per_connection_and_a_wrong_one_shares_nothing() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(auth_token="s3cret") as server, clients(server.url, 2, auth_token="s3cret") as envs:
+            assert link_of(envs[0]) is link_of(envs[1])
+            await envs[0].reset()
+            with pytest.raises(openenv.AuthenticationError):
+                async with CounterClient(server.url, auth_token="wrong"):
+                    pass
+            assert (await envs[1].step(CountAction())).observation.count == 1
+
+
+async def test_a_message_that_is_not_an_envelope_ends_only_its_link(caplog: pytest.LogCaptureFixture) -> None:
+    with anyio.fail_after(LIMIT), caplog.at_level(logging.WARNING):
+        async with serving() as server, CounterClient(server.url) as bystander:
+            await bystander.reset()
+            deep = "[" * 2000 + "]" * 2000
+            for bad in ("not json", deep, '[[1,1,0,{"type":"reset"}]]'):  # the last: no channel was opened
+                async with RawWebSocket.connect(server.ws_url, ["openenv.v2.json"]) as ws:
+                    assert ws.subprotocol == "openenv.v2.json"
+                    await ws.receive()  # the Hello
+                    await ws.send_text(bad)
+                    assert (await ws.expect_close()).code == 1002
+            assert (await bystander.step(CountAction())).observation.count == 1
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_client_faster_than_its_sessions_is_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_link_host, "MAX_WAITING_FRAMES", 8)
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, RawWebSocket.connect(server.ws_url, ["openenv.v2.json"]) as ws:
+            await ws.receive()  # the Hello
+            await ws.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","data":{}}]]')
+            await ws.receive()
+            step = '[1,%d,1,{"type":"step","data":{"by":1,"delay":5}}]'
+            # Each step waits 5 s; more than the bound of them wait their turn: the server reads no more.
+            envelope = "[" + ",".join(step % seq for seq in range(2, 40)) + "]"
+            sent = await ws.flood(lambda protocol: protocol.send_text(envelope.encode()), limit=64 * 2**20)
+            assert sent < 64 * 2**20
+
+
+async def test_send_and_recv_keep_what_each_result_is() -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving() as server,
+            EnvPool(server.url, size=3, client=CounterClient, autoreset_mode="same_step") as pool,
+        ):
+            await pool.reset(start=[0, 0, 9])  # the third ends its episode at its next step (count 10)
+            await pool.send([CountAction(by=1)] * 3)
+            results = await pool.recv()
+            assert sorted(results) == [0, 1, 2]
+            assert not isinstance(results[0], FinalStepResult)
+            final = results[2]
+            assert isinstance(final, FinalStepResult)
+            assert (final.done, final.final_observation.count, final.observation.count) == (True, 10, 0)
+
+
+async def test_a_pool_larger_than_a_server_is_placed_or_told_why() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(max_sessions=2) as server:
+            pool = EnvPool(server.url, size=5, client=CounterClient, retry_interval=0.01, placement_timeout=0.2)
+            async with pool:
+                with pytest.raises(openenv.EnvPoolError) as info:
+                    await pool.reset()
+            assert len(info.value.errors) == 3
+            assert all(isinstance(error, openenv.CapacityReachedError) for error in info.value.errors.values())
