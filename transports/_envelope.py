@@ -71,7 +71,8 @@ class End(_Control, tag="end"):
     From the server: the session ended (idle, the server stopping, a fatal error
     frame just sent, a reply over the client's message limit). From the client:
     it gave the session up without a ``close`` request (a request over the
-    server's message limit).
+    server's message limit, a frame that is not one value of the link's
+    encoding), or leaves it (its ``close`` request, if any, went before).
 
     Attributes:
         reason: Why (idle too long, the server stopping, a fatal error frame just sent, ...).

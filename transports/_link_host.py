@@ -27,8 +27,9 @@ handled in order, one at a time; one session's bad input, crash or slow step
 reaches no other; its slot, idle timeout and capacity refusal are its own.
 
 The carrier (the WebSocket endpoint's `transports.websocket._link_server.ServerLink`,
-the HTTP long-polling endpoint) decides when posted entries leave: it is told
-through ``flush`` once replies are posted.
+the HTTP long-polling endpoint's `transports.http._link_server.PollingLink`)
+decides when posted entries leave: it is told through ``flush`` once replies
+are posted.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from openenv._inline import Suspended, finish, start
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
-from ._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Open, Resume, fits
+from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume, fits
 from ._link_state import ServerLinkState
 from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
 
@@ -191,6 +192,14 @@ class LinkHost:
             transports._link_state.LinkProtocolError: It breaks the link protocol.
         """
         await self._dispatch(self.state.take(self.codec.decode(message)))
+
+    async def take_entries(self, entries: list[Entry]) -> None:
+        """Take the entries of one envelope the carrier decoded already (`codec`); see `take`.
+
+        Raises:
+            transports._link_state.LinkProtocolError: They break the link protocol.
+        """
+        await self._dispatch(self.state.take(entries))
 
     def release_all(self) -> None:
         """Give back every slot still held (after a failure of the carrier)."""

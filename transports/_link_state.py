@@ -130,6 +130,12 @@ class ClientLinkState(_LinkState):
         """Stop keeping a channel whose session is over (its last frames need no resending)."""
         self.channels.pop(number, None)
 
+    def leave(self, number: int) -> None:
+        """Leave a channel the server has not ended: queue an `End` on it (the session there ends), then forget it."""
+        if number in self.channels:
+            self.post_control(number, End(reason="the client left the session"))
+            del self.channels[number]
+
     def take(self, entries: Iterable[Entry]) -> list[Control]:
         """Take the entries of one envelope from the server.
 
@@ -212,8 +218,9 @@ class ServerLinkState(_LinkState):
         Returns:
             In order: ``(channel, frame)`` for each new frame of a session,
             ``(channel, control)`` for each control (`Open` on a new channel,
-            `Resume` on the link's). Frames already held are dropped, and so are
-            frames of channels that have ended (their sessions are gone).
+            `End` of a channel the client leaves, `Resume` on the link's).
+            Frames already held are dropped, and so are frames of channels that
+            have ended (their sessions are gone).
 
         Raises:
             LinkProtocolError: A control that cannot be read or is out of place

@@ -4,12 +4,13 @@
 
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
+- ``/poll/links``…: its links, many sessions over one client's requests (`transports.http.HTTPLinkEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
 - ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`).
 
-Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
+Its lifespan runs the idle-session reaper and the host tasks of the HTTP sessions and links.
 Everything a further transport's routes need is kept on ``app.state``:
 ``app.state.sessions`` (the one `SessionRegistry`, shared by every transport, so
 ``max_sessions`` counts all sessions), ``app.state.factory``,
@@ -54,10 +55,12 @@ from openenv.server import (
 from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from
 from ._sessions import MONOTONIC_CLOCK, SessionRegistry
+from .http._link_server import HTTPLinkEndpoint
 from .http._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    LINK_KEY_HEADER,
     RECEIVED_HEADER,
     SEQ_HEADER,
     SESSION_KEY_HEADER,
@@ -182,7 +185,8 @@ def create_app(
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
         ``config`` (the checked `openenv.ServerConfig`), ``sessions`` (the
         `SessionRegistry`), ``http_polling`` (the
-        `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
+        `transports.http.HTTPPollingEndpoint`), ``http_links`` (its links,
+        `transports.http.HTTPLinkEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``factory``, ``schemas``,
         ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
         ``lifespan_tasks``.
@@ -217,6 +221,13 @@ def create_app(
         counted = ServerMetrics()
         counted.watch(factory_name(env_factory), registry)
     polling = HTTPPollingEndpoint(
+        env_factory,
+        registry=registry,
+        max_message_size=config.max_message_size,
+        error_details=config.error_details,
+        metrics=counted,
+    )
+    links = HTTPLinkEndpoint(
         env_factory,
         registry=registry,
         max_message_size=config.max_message_size,
@@ -260,6 +271,7 @@ def create_app(
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
         *polling.routes(),
+        *links.routes(),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
@@ -289,6 +301,7 @@ def create_app(
                     WAIT_HEADER,
                     IDEMPOTENCY_KEY_HEADER,
                     SESSION_KEY_HEADER,
+                    LINK_KEY_HEADER,
                 ],
                 expose_headers=[SEQ_HEADER, RECEIVED_HEADER, ERROR_HEADER, "Location", "Retry-After"],
             )
@@ -296,9 +309,10 @@ def create_app(
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.config = config
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, links.run]
     app.state.sessions = registry
     app.state.http_polling = polling
+    app.state.http_links = links
     app.state.websocket = websocket
     app.state.factory = env_factory
     app.state.schemas = schemas

@@ -2,7 +2,7 @@
 
 A `WebSocketTransport` is one session's side of a connection (`transports.websocket._link.Link`):
 of a link shared by every session this event loop opens to the same server with
-the same options (`transports.websocket._links`), or of a connection of its own
+the same options (`transports._links`), or of a connection of its own
 where the server does not offer links (OpenEnv's) or the caller asked for one
 (``share=False``). Opening the connection, and its handshake, is
 `transports.websocket._handshake`'s.
@@ -28,10 +28,10 @@ from openenv._limits import (
 )
 
 from .._envelope import EnvelopeCodec
+from .._links import PRIVATE, Private, forget, join
 from .._network_client import HeaderPairs, client_headers, connect_once, split_url
 from ._handshake import Handshaken, Upgrade, close_quietly, handshake
 from ._link import Link, LinkChannel
-from ._links import PRIVATE, _Private, forget, join
 from ._subprotocols import (
     LINK_SUBPROTOCOLS,
     MAX_MESSAGE_HEADER,
@@ -299,7 +299,7 @@ class WebSocketTransport(Transport):
             key = self._key()
             private: list[Link] = []
 
-            async def connect() -> Link | _Private:
+            async def connect() -> Link | Private:
                 opened = await self._open(upgrade, key)
                 if opened.shared:
                     return opened

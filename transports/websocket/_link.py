@@ -29,7 +29,6 @@ import contextlib
 import math
 import os
 import socket
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
@@ -51,6 +50,9 @@ from openenv import (
 )
 
 from .._envelope import End, EnvelopeCodec, Hello, Resumed, fits
+from .._link_client import RECEIVE_LIMIT, LinkChannel
+from .._link_client import for_send as _for_send
+from .._link_client import fresh as _fresh
 from .._link_state import ClientLinkState, LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
@@ -62,9 +64,6 @@ IDLE_READ = 1.0
 
 RECEIVE_BUFFER = 64
 """Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
-
-RECEIVE_LIMIT = 4096
-"""The most frames a session may hold unread; a server sending more breaks the protocol."""
 
 # The close codes websockets' protocol fails a connection with when the peer broke the protocol:
 # a malformed frame, invalid UTF-8 in a text message, a message over the size limit.
@@ -95,33 +94,6 @@ def _refused(exc: BaseException) -> bool:
             return all(isinstance(e, ConnectionRefusedError) or _refused(e) for e in inner)
         cause = cause.__cause__
     return cause is not None
-
-
-class LinkChannel:
-    """One session's side of a link: its frames from the server, and how its channel ended.
-
-    Attributes:
-        number: The channel's number on the link (1 for the one session of an unshared link).
-        frames: Frames from the server, not yet taken by the session.
-        ended: Why nothing more will come, once the session's channel has ended.
-    """
-
-    __slots__ = ("ended", "frames", "number", "waiter", "waiters")
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.frames: deque[bytes] = deque()
-        self.ended: ConnectionClosed | ProtocolError | None = None
-        # Set to wake the calls waiting in receive (they share it): a frame came, or one is to read now.
-        self.waiter: anyio.Event | None = None
-        self.waiters = 0  # calls waiting in receive, not reading
-
-    def wake(self) -> None:
-        """Wake the session if it waits in `Link.receive`."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.set()
 
 
 class Link:
@@ -950,17 +922,3 @@ class Link:
 
 class _Refused(ConnectionClosed):
     """The server closed a connection that came to take a link over: it does not know the link."""
-
-
-def _for_send(error: ConnectionClosed | ProtocolError) -> ConnectionClosed:
-    """The error a send raises on an ended connection: a peer's protocol violation is, for it, a closed channel."""
-    fresh = ConnectionClosed(str(error))
-    fresh.__cause__ = error.__cause__ or error
-    return fresh
-
-
-def _fresh(error: ConnectionClosed | ProtocolError) -> ConnectionClosed | ProtocolError:
-    """A new exception like ``error`` (the same one raised twice would grow its traceback), from its cause."""
-    fresh = type(error)(str(error))
-    fresh.__cause__ = error.__cause__ or error
-    return fresh

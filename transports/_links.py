@@ -1,11 +1,11 @@
 """The links this event loop holds: one per server and set of options, shared by every session to it.
 
 All the sessions a process opens to one server (the same URL, credentials and
-options) ride one connection, as httpx's clients share a connection pool. The
-first session to connect opens it; the sessions that connect meanwhile wait for
-it and open their channels on it at once. A server that does not offer links
+options) ride one link, as httpx's clients share a connection pool. The first
+session to connect opens it; the sessions that connect meanwhile wait for it
+and open their channels on it at once. A server that does not offer links
 (OpenEnv's, an older openenv) is remembered, and every session then gets a
-connection of its own, as before, without trying again.
+connection (or a session) of its own, as before, without trying again.
 
 Why one connection rather than a few: the server answers a link's frames as a
 batch (the more sessions in one message, the less each costs), a session never
@@ -14,31 +14,46 @@ turn), and one socket is what firewalls, proxies and the server's connection
 limit count. A reply far larger than the others does hold up the replies behind
 it on the wire; a client expecting such replies opens the sessions that send
 them with ``share=False``.
+
+The registry knows nothing of what carries a link (a WebSocket connection, HTTP
+long-polling requests): a transport hands it a key (its URL and every option)
+and a way to open one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
 
 from openenv import OpenEnvError
 
-from ._link import Link
-
-__all__ = ["PRIVATE", "forget", "join"]
+__all__ = ["PRIVATE", "Private", "SharedLink", "forget", "join"]
 
 
-class _Private:
-    """Marks a server that does not share connections: each session opens its own."""
+class SharedLink(Protocol):
+    """What the registry asks of a link: whether it is over (then it hands out no more)."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the link is over for good."""
+        ...
+
+
+LinkT = TypeVar("LinkT", bound=SharedLink)
+
+
+class Private:
+    """Marks a server that does not share: each session opens its own."""
 
     def __repr__(self) -> str:
         return "PRIVATE"
 
 
-PRIVATE = _Private()
-"""What `join`'s ``connect`` returns for a connection that cannot be shared."""
+PRIVATE = Private()
+"""What `join`'s ``connect`` returns for a server that does not offer links."""
 
 
 class _Connecting:
@@ -51,10 +66,10 @@ class _Connecting:
         self.error: BaseException | None = None
 
 
-_LINKS: anyio.lowlevel.RunVar[dict[Hashable, Link | _Connecting | _Private]] = anyio.lowlevel.RunVar("openenv_links")
+_LINKS: anyio.lowlevel.RunVar[dict[Hashable, object]] = anyio.lowlevel.RunVar("openenv_shared_links")
 
 
-def _links() -> dict[Hashable, Link | _Connecting | _Private]:
+def _links() -> dict[Hashable, object]:
     links = _LINKS.get(None)
     if links is None:
         links = {}
@@ -62,14 +77,14 @@ def _links() -> dict[Hashable, Link | _Connecting | _Private]:
     return links
 
 
-async def join(key: Hashable, connect: Callable[[], Awaitable[Link | _Private]]) -> Link | None:
+async def join(key: Hashable, connect: Callable[[], Awaitable[LinkT | Private]]) -> LinkT | None:
     """The shared link for ``key``, opened with ``connect`` if this loop has none; ``None`` if it cannot be shared.
 
     Args:
-        key: What makes two sessions' connections interchangeable (the URL and every option).
+        key: What makes two sessions' links interchangeable (the transport's
+            name, the URL and every option).
         connect: Opens a link. It returns `PRIVATE` (having kept nothing open)
-            when the server selected no link subprotocol; the caller then opens a
-            connection of its own.
+            when the server offers none; the caller then opens a connection of its own.
 
     Returns:
         A shared link, still open; or ``None``: open a connection of your own.
@@ -83,16 +98,17 @@ async def join(key: Hashable, connect: Callable[[], Awaitable[Link | _Private]])
         entry = links.get(key)
         if entry is PRIVATE:
             return None
-        if isinstance(entry, Link):
-            if not entry.ended:
-                return entry
-            del links[key]
-            continue
         if isinstance(entry, _Connecting):
             await entry.done.wait()
             if isinstance(entry.error, OpenEnvError):
                 raise _again(entry.error)
             continue  # opened, or the attempt was cancelled: look again (and try ourselves)
+        if entry is not None:
+            link: LinkT = entry  # type: ignore[assignment]  # only links are stored besides the two markers
+            if not link.ended:
+                return link
+            del links[key]
+            continue
         connecting = links[key] = _Connecting()
         try:
             outcome = await connect()
@@ -103,15 +119,14 @@ async def join(key: Hashable, connect: Callable[[], Awaitable[Link | _Private]])
             raise
         finally:
             connecting.done.set()
-        if outcome is PRIVATE:
+        if isinstance(outcome, Private):
             links[key] = PRIVATE
             return None
-        assert isinstance(outcome, Link)
         links[key] = outcome
         return outcome
 
 
-def forget(key: Hashable, link: Link) -> None:
+def forget(key: Hashable, link: object) -> None:
     """Stop handing ``link`` out (it ended, or its last session left)."""
     links = _LINKS.get(None)
     if links is not None and links.get(key) is link:
