@@ -226,3 +226,16 @@ async def test_a_pool_larger_than_a_server_is_placed_or_told_why() -> None:
                     await pool.reset()
             assert len(info.value.errors) == 3
             assert all(isinstance(error, openenv.CapacityReachedError) for error in info.value.errors.values())
+
+
+async def test_a_frame_that_is_not_one_value_ends_only_its_session() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, clients(server.url, 2) as (sender, bystander):
+            await bystander.reset()
+            transport = sender.transport
+            assert transport is not None
+            # Embedded as it is, it would break the whole message: the session gives up alone.
+            with pytest.raises(openenv.ConnectionClosed, match="not one JSON value"):
+                await transport.send(b'{"type": "step"} trailing')
+            assert (await bystander.step(CountAction(by=4))).observation.count == 4
+            await wait_until(lambda: active(server) == 1, "the sender's session is over")

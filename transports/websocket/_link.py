@@ -146,6 +146,11 @@ class Link:
         self._on_idle: Callable[[Link], object] | None = on_idle
         self._binary = binary
         self._envelope = envelope
+        # Checks that a frame is one value of the link's encoding (it is embedded in the envelope as it is).
+        self._check_frame: Callable[[bytes], object] | None = None
+        if envelope is not None:
+            decoder = msgspec.json.Decoder if envelope.encoding == "json" else msgspec.msgpack.Decoder
+            self._check_frame = decoder(msgspec.Raw).decode
         self._state = (
             None if envelope is None else ClientLinkState(envelope, deliver=self._deliver, end=self._end_channel)
         )
@@ -282,17 +287,31 @@ class Link:
         channel_state = state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
             raise _for_send(channel.ended or self._ended_error())
-        if not fits(len(frame), self._server_limit):
-            # Sent, it would end the connection of every session (1009): this session gives up alone.
-            reason = f"a frame of {len(frame)} bytes is over the server's limit of {self._server_limit} bytes"
-            channel.ended = ConnectionClosed(f"1009 (message too big): {reason}; the session ended")
-            state.post_control(channel.number, End(reason=reason, code=1009))
-            state.forget(channel.number)
+        refusal = self._refusal(frame)
+        if refusal is not None:
+            # Sent, it would end the connection of every session: this session gives up alone.
+            channel.ended = ConnectionClosed(f"{refusal}; the session ended")
+            state.leave(channel.number)
             await self._flush()
             raise _for_send(channel.ended)
         state.post(channel_state, msgspec.Raw(frame))
         if len(self._channels) == 1:
             await self._flush()
+
+    def _refusal(self, frame: bytes) -> str | None:
+        """Why a frame cannot travel in an envelope (too big for the server, not one value), or ``None``."""
+        if not fits(len(frame), self._server_limit):
+            return (
+                f"1009 (message too big): a frame of {len(frame)} bytes is over the server's limit "
+                f"of {self._server_limit} bytes"
+            )
+        assert self._check_frame is not None
+        try:
+            self._check_frame(frame)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            encoding = "MessagePack" if self._binary else "JSON"
+            return f"a frame that is not one {encoding} value cannot travel on a link ({exc})"
+        return None
 
     def send_nowait(self, channel: LinkChannel, frame: bytes) -> None:
         """Post a session's frame on a shared link with other sessions, to leave with the next flush.
@@ -308,8 +327,8 @@ class Link:
         if channel.ended is not None:
             raise _for_send(channel.ended)
         channel_state = state.channels.get(channel.number)
-        if channel_state is None or not fits(len(frame), self._server_limit):
-            raise anyio.WouldBlock
+        if channel_state is None or self._refusal(frame) is not None:
+            raise anyio.WouldBlock  # `send` tells why
         state.post(channel_state, msgspec.Raw(frame))
 
     def receive_nowait(self, channel: LinkChannel) -> bytes:
