@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import anyio
 import msgspec
@@ -65,7 +65,8 @@ class ClientLink:
 
     Args:
         url: The server's URL, for the messages.
-        codec: The link's envelope codec.
+        codec: The link's envelope codec; ``None`` for a connection that carries
+            one session, whose frames are its messages (a WebSocket one only).
         clock: Where the keeper's waits are measured.
         on_idle: Called once when the link ends, or its last session leaves
             (a registry of shared links forgets it there).
@@ -74,25 +75,27 @@ class ClientLink:
         url: The server's URL.
     """
 
-    shared = True
-
     def __init__(
         self,
         *,
         url: str,
-        codec: EnvelopeCodec,
+        codec: EnvelopeCodec | None,
         clock: Clock,
-        on_idle: Callable[[ClientLink], object] = lambda link: None,
+        on_idle: Callable[[Any], object] = lambda link: None,
     ) -> None:
         self.url = url
+        self.shared = codec is not None
         self._codec = codec
         self._clock = clock
-        self._on_idle: Callable[[ClientLink], object] | None = on_idle
-        self._state = ClientLinkState(codec, deliver=self._deliver, end=self._end_channel)
+        self._on_idle: Callable[[Any], object] | None = on_idle
+        self._state: ClientLinkState | None = None
         # Checks that a frame is one value of the link's encoding (embedded raw, anything else breaks the envelope).
-        self._check_frame = (
-            msgspec.json.Decoder(msgspec.Raw) if codec.encoding == "json" else msgspec.msgpack.Decoder(msgspec.Raw)
-        ).decode
+        self._check_frame: Callable[[bytes], object] | None = None
+        if codec is not None:
+            self._state = ClientLinkState(codec, deliver=self._deliver, end=self._end_channel)
+            self._check_frame = (
+                msgspec.json.Decoder(msgspec.Raw) if codec.encoding == "json" else msgspec.msgpack.Decoder(msgspec.Raw)
+            ).decode
         self._channels: dict[int, LinkChannel] = {}
         self._waiting: dict[int, LinkChannel] = {}  # sessions waiting in receive for someone else's I/O
         self._keeping = False  # a keeper is at work
@@ -124,7 +127,12 @@ class ClientLink:
         """
         if self._ended is not None:
             raise self._ended_error()
-        channel = LinkChannel(self._state.open().number)
+        if self._state is None:
+            if self._channels:
+                raise ConnectionClosed(f"the connection to {self.url} carries one session only")
+            channel = LinkChannel(1)
+        else:
+            channel = LinkChannel(self._state.open().number)
         self._channels[channel.number] = channel
         return channel
 
@@ -140,13 +148,15 @@ class ClientLink:
         """
         if channel.ended is not None:
             raise for_send(channel.ended)
+        assert self._state is not None
+        assert self._check_frame is not None
         channel_state = self._state.channels.get(channel.number)
         if channel_state is None:  # ended by the server while the caller got here
             raise for_send(channel.ended or self._ended_error())
         try:
             self._check_frame(frame)
-        except msgspec.DecodeError as exc:
-            encoding = "JSON" if self._codec.encoding == "json" else "MessagePack"
+        except (msgspec.DecodeError, RecursionError) as exc:
+            encoding = "MessagePack" if self._codec is not None and self._codec.encoding == "msgpack" else "JSON"
             self._refuse(channel, f"a frame that is not one {encoding} value cannot travel on a link ({exc})")
         self._state.post(channel_state, msgspec.Raw(frame))
 
@@ -170,6 +180,7 @@ class ClientLink:
         error = ConnectionClosed(reason)
         if channel.ended is None:
             channel.ended = error
+        assert self._state is not None
         self._state.leave(channel.number)
         raise fresh(error)
 

@@ -42,7 +42,7 @@ from openenv import Clock, ConnectError, ConnectionClosed, OpenEnvError, Protoco
 
 from .._envelope import End, Entry, EnvelopeCodec, fits
 from .._link_client import ClientLink, LinkChannel, fresh
-from .._link_state import LinkProtocolError
+from .._link_state import ClientLinkState, LinkProtocolError
 from .._links import PRIVATE, Private
 from .._network_client import authentication_error
 from ._protocol import (
@@ -125,6 +125,9 @@ class PollingLink(ClientLink):
         on_idle: Callable[[ClientLink], object] = lambda link: None,
     ) -> None:
         super().__init__(url=url, codec=codec, clock=clock, on_idle=on_idle)
+        assert self._state is not None  # a polling link always carries envelopes
+        self._envelopes: ClientLinkState = self._state
+        self._envelope_codec: EnvelopeCodec = codec
         self._client = client
         self._owns_client = owns_client
         self._link_url = link_url
@@ -217,7 +220,7 @@ class PollingLink(ClientLink):
         if channel.ended is None:
             channel.ended = ConnectionClosed(f"the HTTP long-polling session to {self.url} was closed by the client")
         channel.wake()
-        self._state.leave(channel.number)  # unless the server ended it: it ends there too
+        self._envelopes.leave(channel.number)  # unless the server ended it: it ends there too
         with anyio.CancelScope(shield=True):
             if self._channels:
                 with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
@@ -293,13 +296,13 @@ class PollingLink(ClientLink):
 
     def _unsent(self) -> bool:
         """Whether entries are posted and not sent, or a message is not in flight and not known to be taken."""
-        if self._state.has_outgoing:
+        if self._envelopes.has_outgoing:
             return True
         return any(not message.in_flight for message in self._messages)
 
     async def _flush(self) -> None:
         """Send everything posted, without waiting for entries; return once the server has it (or the link ended)."""
-        while self._ended is None and (self._state.has_outgoing or self._messages):
+        while self._ended is None and (self._envelopes.has_outgoing or self._messages):
             if self._posts < MAX_POSTS and self._unsent():
                 await self._post(0.0)
             else:
@@ -312,7 +315,7 @@ class PollingLink(ClientLink):
         """POST the oldest message not in flight (a new one of the entries posted, if none); handle its response."""
         message = next((message for message in self._messages if not message.in_flight), None)
         if message is None:
-            entries = self._state.outgoing()
+            entries = self._envelopes.outgoing()
             if not entries:
                 return
             self._pack(entries)
@@ -334,7 +337,7 @@ class PollingLink(ClientLink):
 
     def _pack(self, entries: list[Entry]) -> None:
         """Number the entries posted as messages, each within the server's size limit."""
-        for body in self._codec.encode_within(entries, self._max_body_size):
+        for body in self._envelope_codec.encode_within(entries, self._max_body_size):
             self._messages.append(_Message(self._next_message, body))
             self._next_message += 1
 
@@ -445,7 +448,7 @@ class PollingLink(ClientLink):
     def _take(self, content: bytes, seq: bytes | None) -> None:
         """Hand the entries of a response to their sessions, once each."""
         try:
-            entries = self._codec.decode(content)
+            entries = self._envelope_codec.decode(content)
         except msgspec.DecodeError as exc:
             self._end_all(ProtocolError(f"the server at {self.url} sent a response that is not an envelope: {exc}"))
             return
@@ -461,7 +464,7 @@ class PollingLink(ClientLink):
             )
             return
         try:
-            self._state.take(entries)  # the link's own controls: none on this carrier
+            self._envelopes.take(entries)  # the link's own controls: none on this carrier
         except LinkProtocolError as exc:
             self._end_all(ProtocolError(f"the server at {self.url} broke the link protocol: {exc}"))
             return

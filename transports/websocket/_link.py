@@ -49,15 +49,15 @@ from openenv import (
     ProtocolError,
 )
 
-from .._envelope import End, EnvelopeCodec, Hello, Resumed, fits
-from .._link_client import RECEIVE_LIMIT, LinkChannel
+from .._envelope import EnvelopeCodec, Hello, Resumed, fits
+from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
-from .._link_state import ClientLinkState, LinkProtocolError
+from .._link_state import LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 
-__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "RECEIVE_LIMIT", "Link", "LinkChannel", "Reconnect"]
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
 
 IDLE_READ = 1.0
 """Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
@@ -96,7 +96,7 @@ def _refused(exc: BaseException) -> bool:
     return cause is not None
 
 
-class Link:
+class Link(ClientLink):
     """One open WebSocket connection carrying its sessions' frames; see the module's docstring.
 
     Args:
@@ -134,42 +134,25 @@ class Link:
         clock: Clock,
         on_idle: Callable[[Link], object] = lambda link: None,
     ) -> None:
-        self.url = url
+        super().__init__(url=url, codec=envelope, clock=clock, on_idle=on_idle)
         self.subprotocol = subprotocol
-        self.shared = envelope is not None
         self._close_timeout = close_timeout
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
         self._reconnect = reconnect
         self._resume_timeout = resume_timeout
-        self._clock = clock
-        self._on_idle: Callable[[Link], object] | None = on_idle
         self._binary = binary
         self._envelope = envelope
-        # Checks that a frame is one value of the link's encoding (it is embedded in the envelope as it is).
-        self._check_frame: Callable[[bytes], object] | None = None
-        if envelope is not None:
-            decoder = msgspec.json.Decoder if envelope.encoding == "json" else msgspec.msgpack.Decoder
-            self._check_frame = decoder(msgspec.Raw).decode
-        self._state = (
-            None if envelope is None else ClientLinkState(envelope, deliver=self._deliver, end=self._end_channel)
-        )
-        self._channels: dict[int, LinkChannel] = {}
-        self._waiting: dict[int, LinkChannel] = {}  # sessions waiting in receive, not reading
         self._reading = False  # a session (or the keeper) reads the socket
         self._last_read = clock.now()  # when the socket was last read (or begun to be)
         self._last_received = clock.now()  # when bytes last came from the server
         self._coalescing = False  # a session lets the others of this turn post their frames
         self._write_lock = anyio.Lock(fast_acquire=True)
-        self._keeping = False  # a keeper is at work
-        self._keeper_turn: anyio.Event | None = None  # set when the keeper at work stops
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keeper's ping awaiting its pong
         self._token: str | None = None  # the link's resume token, from the server's Hello
         self._server_resume_timeout = 0.0
         self._server_limit: int | None = None  # the largest message the server takes, from its Hello
         self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
-        self._ended: ConnectionClosed | ProtocolError | None = None  # the link is over, for good
-        self._closing = False
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
         self.resumes = 0
         self._take_over(handshaken)
@@ -231,16 +214,6 @@ class Link:
         finally:
             self._release_reading()
 
-    @property
-    def sessions(self) -> int:
-        """How many sessions ride the link now."""
-        return len(self._channels)
-
-    @property
-    def ended(self) -> bool:
-        """Whether the link is over for good (closed, or dropped and not resumed)."""
-        return self._ended is not None
-
     # -- sessions ----------------------------------------------------------------------
 
     def open(self) -> LinkChannel:
@@ -252,15 +225,7 @@ class Link:
         Raises:
             ConnectionClosed: The link is over, or carries one session and has it already.
         """
-        if self._ended is not None:
-            raise self._ended_error()
-        if self._state is None:
-            if self._channels:
-                raise ConnectionClosed(f"the connection to {self.url} carries one session only")
-            channel = LinkChannel(1)
-        else:
-            channel = LinkChannel(self._state.open().number)
-        self._channels[channel.number] = channel
+        channel = super().open()
         self._act_on_early_events()
         return channel
 
@@ -331,21 +296,6 @@ class Link:
             raise anyio.WouldBlock  # `send` tells why
         state.post(channel_state, msgspec.Raw(frame))
 
-    def receive_nowait(self, channel: LinkChannel) -> bytes:
-        """A frame the session holds already.
-
-        Raises:
-            anyio.WouldBlock: It holds none.
-            ConnectionClosed: The channel has ended and every frame was returned.
-            ProtocolError: The server broke the protocol (likewise).
-        """
-        frames = channel.frames
-        if frames:
-            return frames.popleft()
-        if channel.ended is not None:
-            raise _fresh(channel.ended)
-        raise anyio.WouldBlock
-
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
 
@@ -385,17 +335,7 @@ class Link:
             if not self._reading:
                 await self._read_for(channel)
                 continue
-            waiter = channel.waiter
-            if waiter is None:
-                waiter = channel.waiter = anyio.Event()
-            channel.waiters += 1
-            self._waiting[channel.number] = channel
-            try:
-                await waiter.wait()
-            finally:
-                channel.waiters -= 1
-                if not channel.waiters:
-                    self._waiting.pop(channel.number, None)
+            await self._wait_for(channel)
 
     async def leave(self, channel: LinkChannel) -> None:
         """A session is done with the link: send what it posted; close the link if it was the last.
@@ -454,35 +394,6 @@ class Link:
             anyio.notify_closing(sock)  # a task waiting on it wakes up, and finds it closed
             sock.close()
         await close_quietly(self._stream)
-
-    def _forget(self) -> None:
-        on_idle, self._on_idle = self._on_idle, None
-        if on_idle is not None:
-            on_idle(self)
-
-    # -- the keeper ----------------------------------------------------------------------
-
-    async def keep(self) -> None:
-        """The link's idle work, until it ends: read it while nobody does, ping a quiet server.
-
-        Run by a session's owner in a task of its own and cancelled when the owner
-        is done; one keeper works at a time, the others wait their turn.
-        """
-        while self._ended is None and not self._closing:
-            if not self._keeping:
-                self._keeping = True
-                try:
-                    await self._keep()
-                finally:
-                    self._keeping = False
-                    turn, self._keeper_turn = self._keeper_turn, None
-                    if turn is not None:
-                        turn.set()
-                return
-            turn = self._keeper_turn
-            if turn is None:
-                turn = self._keeper_turn = anyio.Event()
-            await turn.wait()
 
     async def _keep(self) -> None:
         clock = self._clock
@@ -568,10 +479,7 @@ class Link:
         """Stop reading; hand the reading to a session still waiting for a frame, if any."""
         self._reading = False
         self._last_read = self._clock.now()
-        for waiting in self._waiting.values():
-            if not waiting.frames:
-                waiting.wake()
-                return
+        self._wake_one()
 
     async def _read_some(self) -> None:
         """Read once from the socket and act on what came; a failure breaks the connection (noted)."""
@@ -679,26 +587,6 @@ class Link:
             elif isinstance(control, Resumed):
                 state.resumed(control)
                 self._resumed = True
-
-    def _deliver(self, number: int, frame: bytes | msgspec.Raw) -> None:
-        channel = self._channels.get(number)
-        if channel is None:
-            return  # a session that has left: nobody waits for it
-        frames = channel.frames
-        if len(frames) >= RECEIVE_LIMIT:
-            self._end_all(
-                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_LIMIT} unread frames to one session")
-            )
-            return
-        frames.append(frame if type(frame) is bytes else bytes(frame))
-        channel.wake()
-
-    def _end_channel(self, number: int, end: End) -> None:
-        channel = self._channels.get(number)
-        if channel is not None and channel.ended is None:
-            text = f"the server at {self.url} ended the session ({end.code})"
-            channel.ended = ConnectionClosed(f"{text}: {end.reason}" if end.reason else text)
-            channel.wake()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -891,21 +779,9 @@ class Link:
 
     def _end_all(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
         """The link is over: every session's channel ends with ``error`` (a session's own end stays)."""
-        if self._ended is not None:
-            return
-        if error.__cause__ is None and cause is not None:
-            error.__cause__ = cause
-        self._ended = error
         if self._broken is None:
             self._broken = error
-        for channel in self._channels.values():
-            if channel.ended is None:
-                channel.ended = error
-            channel.wake()
-        turn, self._keeper_turn = self._keeper_turn, None
-        if turn is not None:
-            turn.set()
-        self._forget()
+        super()._end_all(error, cause)
 
     def _broken_protocol(self) -> ProtocolError | None:
         """The error to tell when the client failed the connection because the server broke the protocol."""
@@ -923,11 +799,6 @@ class Link:
         if protocol.close_rcvd is not None:
             return ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
         return ConnectionClosed(f"{default} ({self.url})")
-
-    def _ended_error(self) -> ConnectionClosed | ProtocolError:
-        error = self._ended
-        assert error is not None
-        return _fresh(error)
 
     def _raise_broken(self) -> NoReturn:
         error = self._ended or self._broken
