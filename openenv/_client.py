@@ -49,6 +49,12 @@ __all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
 _CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type", "clock")
 
 
+def _own_metadata(observation: Any) -> dict[str, Any]:
+    """The ``metadata`` an observation carries itself (a Struct's field, a dict's key), or an empty dict."""
+    metadata = observation.get("metadata") if isinstance(observation, dict) else getattr(observation, "metadata", None)
+    return metadata if isinstance(metadata, dict) else {}
+
+
 class _UseClientDefault(enum.Enum):
     USE_CLIENT_DEFAULT = enum.auto()
 
@@ -712,7 +718,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             else:
                 observation.reward = data.reward
                 observation.done = data.done
-        return StepResult(observation, data.reward, data.done)
+        metadata = data.metadata
+        if metadata is msgspec.UNSET:  # an older server, or none to send: the observation's own, if any
+            metadata = _own_metadata(observation)
+        return StepResult(observation, data.reward, data.done, metadata)
 
     async def _request(
         self,

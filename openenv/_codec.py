@@ -61,24 +61,25 @@ def _out_of_range(exc: msgspec.ValidationError) -> bool:
     return str(exc).startswith("Number out of range")
 
 
-def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool]:
-    """Take out of an observation's fields what does not travel inside it on the wire.
+def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool, Any]:
+    """Take out of an observation's fields what travels beside it on the wire.
 
-    The one place that decides it: ``reward`` and ``done`` travel beside the
-    observation (OpenEnv's ``{"observation", "reward", "done"}``), ``metadata``
-    not at all.
+    The one place that decides it, as OpenEnv 0.10 does: ``reward`` and
+    ``done`` travel beside the observation (``{"observation", "reward",
+    "done"}``); ``metadata`` stays inside it and, when it is not empty, is also
+    written beside it (``data.metadata``).
 
     Args:
-        fields: The observation's fields; ``reward``, ``done`` and ``metadata``
-            are removed from it.
+        fields: The observation's fields; ``reward`` and ``done`` are removed from it.
 
     Returns:
-        The remaining fields, the reward (``None`` if none) and done.
+        The remaining fields, the reward (``None`` if none), done, and the
+        metadata to write beside the observation (``msgspec.UNSET`` for none).
     """
     reward = fields.pop("reward", None)
     done = bool(fields.pop("done", False))
-    fields.pop("metadata", None)
-    return fields, reward, done
+    metadata = fields.get("metadata")
+    return fields, reward, done, metadata if metadata else msgspec.UNSET
 
 
 def _encoder(dialect: Dialect) -> msgspec.json.Encoder | msgspec.msgpack.Encoder:
@@ -424,7 +425,7 @@ class ServerCodec(Generic[ActT]):
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
 
     def observation(self, observation: Any, request_id: int | None) -> bytes:
-        """Encode an observation reply, lifting ``done`` and ``reward`` beside it.
+        """Encode an observation reply, lifting ``done`` and ``reward`` (and non-empty ``metadata``) beside it.
 
         Args:
             observation: What the environment returned: a Struct, a dict, or
@@ -445,8 +446,8 @@ class ServerCodec(Generic[ActT]):
             fields = msgspec.to_builtins(observation)
             if not isinstance(fields, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
-        fields, reward, done = lift_observation_fields(fields)
-        reply = ObservationReply(data=ObservationData(fields, reward, done), id=request_id)
+        fields, reward, done, metadata = lift_observation_fields(fields)
+        reply = ObservationReply(data=ObservationData(fields, reward, done, metadata), id=request_id)
         return self._encode(reply)
 
     def state(self, state: Any, request_id: int | None) -> bytes:

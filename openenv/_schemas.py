@@ -89,7 +89,7 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
         Schema of the type itself, its own definition at the top (as OpenEnv's
         pydantic schemas are). The observation's schema names every field,
         ``done``, ``reward`` and ``metadata`` included, although on the wire
-        some travel beside the others or not at all (see
+        ``done`` and ``reward`` travel beside the others (see
         `openenv._codec.lift_observation_fields`). A tool environment's action
         schema lists its tools' names.
     """

@@ -37,6 +37,9 @@ from openenv.examples.echo import (
 )
 from tests.envs import MessageAction, MessageEchoEnv, MessageObservation
 from tests.interop.reference_venv import (
+    OPENENV_0_10,
+    REFERENCES,
+    Reference,
     ReferenceServer,
     ensure_reference_python,
     reference_env,
@@ -54,10 +57,16 @@ class MessageEnv(EnvClient[MessageAction, MessageObservation, State]):
     pass
 
 
+@pytest.fixture(scope="session", params=REFERENCES, ids=[r.version for r in REFERENCES])
+def reference(request: pytest.FixtureRequest) -> Reference:
+    """Each reference release in turn: openenv 0.10.0, then openenv-core 0.3.0."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="session")
-def reference_python() -> Path:
+def reference_python(reference: Reference) -> Path:
     """The reference venv's python: built once (a few minutes), then reused."""
-    return ensure_reference_python()
+    return ensure_reference_python(reference=reference)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +126,7 @@ async def test_reference_error_codes_become_typed_errors(reference_server: Refer
             with pytest.raises(openenv.UnknownTypeError, match="bogus"):
                 await env.state()
             # The session survived each of them.
-            assert (await env.step({"message": "ok"})).observation == {"echoed_message": "ok"}
+            assert (await env.step({"message": "ok"})).observation["echoed_message"] == "ok"
 
 
 async def test_reference_capacity_is_a_typed_error(reference_python: Path) -> None:
@@ -161,7 +170,9 @@ def reference_script(url: str, *args: str, python: Path | None = None) -> list[d
     return [result for result in run_reference_client(url, *args, python=python) if result["op"] != "init"]
 
 
-def expected_script_results(results: list[dict[str, Any]]) -> None:
+def expected_script_results(results: list[dict[str, Any]], *, metadata: bool = True) -> None:
+    """The default script's results; ``metadata``: observations carry it, as OpenEnv 0.10's server and ours send it."""
+    with_metadata: dict[str, Any] = {"metadata": {}} if metadata else {}
     ops = [(r["op"], r["ok"]) for r in results]
     assert ops == [
         ("reset", True),
@@ -173,19 +184,22 @@ def expected_script_results(results: list[dict[str, Any]]) -> None:
         ("close", True),
     ]
     reset, hello, state, typo, again, state2, _ = results
-    assert reset["observation"] == {"echoed_message": ""}
+    assert reset["observation"] == {"echoed_message": "", **with_metadata}
     assert (reset["reward"], reset["done"]) == (0.0, False)
-    assert hello["observation"] == {"echoed_message": "hello"}
+    assert hello["observation"] == {"echoed_message": "hello", **with_metadata}
     assert (hello["reward"], hello["done"]) == (5.0, False)
     assert state["state"] == {"episode_id": "ep-1", "step_count": 1}
     assert "VALIDATION_ERROR" in typo["error"]
-    assert again["observation"] == {"echoed_message": "again"}
+    assert again["observation"] == {"echoed_message": "again", **with_metadata}
     assert state2["state"] == {"episode_id": "ep-1", "step_count": 2}
 
 
-def test_the_script_against_the_reference_server_itself(reference_server: ReferenceServer) -> None:
+def test_the_script_against_the_reference_server_itself(
+    reference: Reference, reference_python: Path, reference_server: ReferenceServer
+) -> None:
     """The baseline the next test compares against: the reference client on its own server."""
-    expected_script_results(reference_script(reference_server.base_url))
+    results = reference_script(reference_server.base_url, python=reference_python)
+    expected_script_results(results, metadata=reference is OPENENV_0_10)
 
 
 @pytest.mark.parametrize("mode", [[], ["--sync"]], ids=["async", "sync"])
@@ -210,7 +224,7 @@ async def test_reference_client_sees_our_errors(reference_python: Path) -> None:
             )
     assert [r["ok"] for r in results] == [True, False, True, True]
     assert "EXECUTION_ERROR" in results[1]["error"]
-    assert results[2]["observation"] == {"echoed_message": "after"}
+    assert results[2]["observation"] == {"echoed_message": "after", "metadata": {}}
 
 
 async def test_reference_client_sends_pydantic_actions_to_our_server(reference_python: Path) -> None:
@@ -222,7 +236,7 @@ async def test_reference_client_sends_pydantic_actions_to_our_server(reference_p
                 lambda: reference_script(server.url, "--ops", ops, python=reference_python)
             )
     assert [r["ok"] for r in results] == [True, True, True], results
-    assert results[1]["observation"] == {"echoed_message": "typed"}
+    assert results[1]["observation"] == {"echoed_message": "typed", "metadata": {}}
 
 
 async def test_reference_client_at_our_capacity(reference_python: Path) -> None:

@@ -625,14 +625,14 @@ async def test_subprotocol_selection(offered: list[str], selected: str | None) -
                 assert reply == {
                     "type": "observation",
                     "id": 7,
-                    "data": {"observation": {"echoed_message": ""}, "reward": 0.0, "done": False},
+                    "data": {"observation": {"echoed_message": "", "metadata": {}}, "reward": 0.0, "done": False},
                 }
                 await ws.send_bytes(msgspec.msgpack.encode({"type": "state", "id": 8}))
                 assert msgspec.msgpack.decode(await ws.receive_bytes())["id"] == 8
             elif selected == "openenv.v1.json":
                 reply = await ws.request('{"type":"step","id":41,"data":{"message":"hi"}}')
                 assert reply["id"] == 41
-                assert reply["data"]["observation"] == {"echoed_message": "hi"}
+                assert reply["data"]["observation"] == {"echoed_message": "hi", "metadata": {}}
                 reply = await ws.request('{"type":"bogus","id":42}')
                 assert (reply["id"], reply["data"]["code"]) == (42, "UNKNOWN_TYPE")
             else:
@@ -781,7 +781,7 @@ async def test_a_long_step_is_not_idleness() -> None:
     with anyio.fail_after(LIMIT):
         async with ws_server(session_idle_timeout=0.2) as (_, url), RawWebSocket.connect(url) as ws:
             reply = await ws.request('{"type":"step","data":{"message":"slow","delay":0.6}}')
-            assert reply["data"]["observation"] == {"echoed_message": "slow"}
+            assert reply["data"]["observation"] == {"echoed_message": "slow", "metadata": {}}
             await ws.close()
 
 

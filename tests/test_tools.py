@@ -178,7 +178,7 @@ async def test_an_environment_without_tools() -> None:
         with pytest.raises(openenv.MCPError, match="does not support MCP") as caught:
             await env.mcp("tools/list")
         assert caught.value.code == -32603
-        assert (await env.step({"message": "still"})).observation == {"echoed_message": "still"}
+        assert (await env.step({"message": "still"})).observation == {"echoed_message": "still", "metadata": {}}
 
 
 async def ask(session: ServerSession, message: Any) -> Any:
