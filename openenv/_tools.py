@@ -35,7 +35,16 @@ from ._types import ActT, Observation, ObsT, StateT
 from ._unions import struct_union_members
 from ._worker import run_on_session_thread
 
-__all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "runs_plain_steps", "tool"]
+__all__ = [
+    "MCPEnvironment",
+    "ToolSpec",
+    "jsonrpc_error",
+    "mcp_through_step",
+    "mcp_unsupported",
+    "runs_plain_steps",
+    "takes_tool_actions",
+    "tool",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -206,10 +215,80 @@ def mcp_unsupported(request: Any) -> dict[str, Any]:
         request: The JSON-RPC request.
 
     Returns:
-        The error response OpenEnv's server gives (``-32603``).
+        The error response OpenEnv's server gives: ``-32603`` for ``tools/list``
+        and ``tools/call``, after checking (``-32602``) that the params are an
+        object and that a call names its tool; ``-32601`` for any other method.
     """
-    request_id = request.get("id") if isinstance(request, dict) else None
-    return jsonrpc_error(INTERNAL_ERROR, "Environment does not support MCP", request_id)
+    if not isinstance(request, dict):
+        return jsonrpc_error(INVALID_REQUEST, "Invalid Request")
+    request_id = request.get("id")
+    problem = _check_params(request)
+    if problem is not None:
+        return problem
+    method = request.get("method")
+    if method in ("tools/list", "tools/call"):
+        return jsonrpc_error(INTERNAL_ERROR, "Environment does not support MCP", request_id)
+    return jsonrpc_error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id)
+
+
+def _check_params(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``-32602`` error of a request whose params are not an object, or of a call naming no tool."""
+    request_id = request.get("id")
+    params = request.get("params", {})
+    if not isinstance(params, dict):
+        return jsonrpc_error(INVALID_PARAMS, "Params must be an object", request_id)
+    if request.get("method") == "tools/call" and not params.get("name"):
+        return jsonrpc_error(INVALID_PARAMS, "Missing 'name' in params", request_id)
+    return None
+
+
+def takes_tool_actions(action_type: Any) -> bool:
+    """Whether an environment's action type takes `CallToolAction` or `ListToolsAction` (without being a tool env).
+
+    Args:
+        action_type: The environment's ``action_type``.
+
+    Returns:
+        ``True`` if either is the type, or a member of its union.
+    """
+    members = struct_union_members(action_type) or (action_type,)
+    return any(member in (CallToolAction, ListToolsAction) for member in members)
+
+
+async def mcp_through_step(step: Callable[[Any], Awaitable[Any]], request: dict[str, Any]) -> dict[str, Any]:
+    """Answer ``tools/list`` and ``tools/call`` with a step, for an environment whose actions are tool actions.
+
+    OpenEnv's server does so for an environment whose action class is
+    `CallToolAction` or `ListToolsAction` but that has no MCP server of its own.
+
+    Args:
+        step: Runs one step of the environment (as its session runs it).
+        request: The JSON-RPC request.
+
+    Returns:
+        The tools the step listed, or the whole observation of the call; an
+        error as `mcp_unsupported` gives one for any other method.
+    """
+    problem = _check_params(request)
+    method = request.get("method")
+    if problem is not None or method not in ("tools/list", "tools/call"):
+        return problem or mcp_unsupported(request)
+    request_id = request.get("id")
+    params = request.get("params", {})
+    if method == "tools/list":
+        observation = await step(ListToolsAction())
+        if isinstance(observation, ListToolsObservation):
+            tools = [msgspec.to_builtins(tool) for tool in observation.tools]
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+        expected = "ListToolsObservation"
+    else:
+        arguments = params.get("arguments") or {}
+        observation = await step(CallToolAction(tool_name=params["name"], arguments=arguments))
+        if isinstance(observation, CallToolObservation):
+            return {"jsonrpc": "2.0", "id": request_id, "result": msgspec.to_builtins(observation)}
+        expected = "CallToolObservation"
+    message = f"MCP-style {method} step returned {type(observation).__name__}, expected {expected}"
+    return jsonrpc_error(INTERNAL_ERROR, message, request_id)
 
 
 def _tool_result(result: Any) -> dict[str, Any]:

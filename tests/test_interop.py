@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import httpx
 import pytest
 
 import openenv
@@ -35,7 +36,7 @@ from openenv.examples.echo import (
     ListToolsAction,
     ListToolsObservation,
 )
-from tests.envs import MessageAction, MessageEchoEnv, MessageObservation
+from tests.envs import TASKS, MessageAction, MessageEchoEnv, MessageObservation, TaskEchoEnv
 from tests.interop.reference_venv import (
     OPENENV_0_10,
     REFERENCES,
@@ -316,17 +317,62 @@ def test_the_reference_validator_passes_every_criterion_against_openenv_serve(re
     assert done.returncode == 0, done.stderr
 
 
-async def test_the_reference_mcp_client_drives_our_echo(reference_python: Path) -> None:
+def mcp_client_script(python: Path, url: str, *options: str) -> list[dict[str, Any]]:
+    """Run ``reference_mcp_client.py`` against ``url``; its results, one per operation."""
     script = str(Path(__file__).parent / "interop" / "reference_mcp_client.py")
-    with anyio.fail_after(LIMIT * 2):
-        async with openenv.serve(EchoEnvironment, port=0) as server:
-            done = await anyio.to_thread.run_sync(
-                lambda: run_reference_tool(reference_python, str(reference_python), script, server.url)
-            )
+    done = run_reference_tool(python, str(python), script, url, *options)
     assert done.returncode == 0, done.stderr
-    results = [json.loads(line) for line in done.stdout.splitlines()]
-    reset, listing, echoed, measured, step, unknown, state, _ = results
-    assert (reset["observation"], reset["reward"], reset["done"]) == ("Observation", 0.0, False)
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def without_documented_differences(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The MCP script's results with what docs/migrating.md says differs taken out.
+
+    openenv's echo gives a call a reward and its ``CallToolObservation.result``
+    is the tool's value, where echo_env's is FastMCP's whole ``CallToolResult``;
+    an unknown tool's message is worded differently (its error type is the
+    same); episode ids are random.
+    """
+    normal = []
+    for result in results:
+        result = dict(result)
+        if result["op"] == "step":
+            value = result["result"]
+            result["result"] = value["data"] if isinstance(value, dict) and "content" in value else value
+            result.pop("reward")
+        elif result["op"] == "call_tool" and result.get("ok") is False:
+            message = result.pop("error")
+            assert message.startswith("Tool 'no_such_tool' failed: "), message
+            result["error_type_in_message"] = message.endswith("(type: tool_not_found)")
+        elif result["op"] == "state":
+            result["state"] = {**result["state"], "episode_id": "(random)"}
+        normal.append(result)
+    return normal
+
+
+MCP_CLIENT_MODES = [
+    pytest.param(["--mode", "production"], id="production"),
+    pytest.param(["--mode", "production", "--sync"], id="production-sync"),
+    pytest.param(["--mode", "simulation"], id="simulation"),
+    pytest.param(["--mode", "simulation", "--sync"], id="simulation-sync"),
+]
+
+
+@pytest.mark.parametrize("options", MCP_CLIENT_MODES)
+async def test_the_reference_mcp_client_drives_our_echo_as_it_drives_its_own(
+    reference: Reference, reference_python: Path, reference_mcp_echo: ReferenceServer, options: list[str]
+) -> None:
+    """OpenEnv's ``MCPToolClient``, in each of its modes, gets from our echo what it gets from echo_env."""
+    if reference is not OPENENV_0_10 and "production" in options:
+        pytest.skip("openenv-core 0.3.0's MCPToolClient has no production mode")
+    with anyio.fail_after(LIMIT * 4):
+        theirs = await anyio.to_thread.run_sync(
+            lambda: mcp_client_script(reference_python, reference_mcp_echo.base_url, *options)
+        )
+        async with openenv.serve(EchoEnvironment, port=0) as server:
+            ours = await anyio.to_thread.run_sync(lambda: mcp_client_script(reference_python, server.url, *options))
+    assert without_documented_differences(ours) == without_documented_differences(theirs)
+    _, listing, echoed, measured, step, unknown, state, _ = ours
     assert [tool["name"] for tool in listing["tools"]] == ["echo_message", "echo_with_length"]
     assert listing["tools"][0]["input_schema"] == {
         "type": "object",
@@ -334,16 +380,11 @@ async def test_the_reference_mcp_client_drives_our_echo(reference_python: Path) 
         "required": ["message"],
         "additionalProperties": False,
     }
-    assert echoed["result"] == "Hello!"
-    assert measured["result"] == {"message": "abc", "length": 3}
-    assert (step["observation"], step["tool_name"], step["result"]) == (
-        "CallToolObservation",
-        "echo_message",
-        "stepped",
-    )
-    assert (unknown["ok"], unknown["error_type"]) == (False, "RuntimeError")
-    assert "tool_not_found" in unknown["error"]
-    assert state["state"]["step_count"] == 5  # every list_tools and call_tool is a step, as on echo_env
+    assert (echoed["result"], measured["result"]) == ("Hello!", {"message": "abc", "length": 3})
+    assert (step["tool_name"], step["result"]) == ("echo_message", "stepped")
+    assert unknown["ok"] is False
+    # Tool calls are steps in simulation mode; in production mode they go over HTTP, bypassing step.
+    assert state["state"]["step_count"] == (5 if "simulation" in options else 1)
 
 
 @pytest.fixture(scope="module")
@@ -417,3 +458,70 @@ async def test_validation_errors_carry_the_same_errors_list_on_both_servers(refe
                 ours = await errors_of(server.url, frame)
                 assert [error["loc"] for error in ours] == [error["loc"] for error in theirs] == [["data"]]
     assert ours[0]["input"] == theirs[0]["input"] == "hi"
+
+
+# -- (d) OpenEnv 0.10's HTTP additions: the Task API, /schema's reset_observation, metadata ----
+
+
+TASK_REQUESTS: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("GET", "/list_environments", None),
+    ("GET", "/{name}/splits", None),
+    ("POST", "/{name}/tasks", {"split": "train"}),
+    ("POST", "/{name}/num_tasks", {"split": "test"}),
+    ("POST", "/{name}/task", {"split": "train", "index": 1}),
+    ("POST", "/{name}/task", {"split": "train", "index": 3}),
+    ("POST", "/{name}/task_range", {"split": "train", "start": 1}),
+    ("POST", "/{name}/task_range", {"split": "train", "start": 0, "stop": 2}),
+    ("POST", "/{name}/tasks", {}),
+    ("GET", "/other_env/splits", None),
+]
+
+
+async def task_answers(url: str, name: str) -> list[tuple[int, Any]]:
+    """Each of `TASK_REQUESTS`' answers: its status, and its body with the environment's name as ``{name}``."""
+    answers = []
+    async with httpx.AsyncClient(base_url=url) as http:
+        for method, path, body in TASK_REQUESTS:
+            response = await http.request(method, path.format(name=name), json=body)
+            content = json.loads(response.text.replace(name, "{name}"))
+            if response.status_code == 422:
+                content = "(pydantic's or msgspec's wording)"
+            answers.append((response.status_code, content))
+    return answers
+
+
+async def test_the_task_api_answers_as_openenv_0_10_does(reference: Reference, reference_python: Path) -> None:
+    if reference is not OPENENV_0_10:
+        pytest.skip("the Task API is new in openenv 0.10")
+    with ReferenceServer(reference_python, extra_args=["--tasks"]) as theirs, anyio.fail_after(LIMIT):
+        expected = await task_answers(theirs.base_url, "echo_env")
+        async with openenv.serve(TaskEchoEnv, port=0) as ours:
+            assert await task_answers(ours.url, "TaskEchoEnv") == expected
+    assert expected[2] == (200, {"tasks": TASKS["train"], "env_name": "{name}"})
+    assert expected[5] == (400, {"detail": "Invalid task index"})
+
+
+async def test_an_environment_without_tasks_answers_501_as_openenv_0_10_does(
+    reference: Reference, reference_server: ReferenceServer
+) -> None:
+    if reference is not OPENENV_0_10:
+        pytest.skip("the Task API is new in openenv 0.10")
+    with anyio.fail_after(LIMIT):
+        expected = await task_answers(reference_server.base_url, "echo_env")
+        async with openenv.serve(MessageEchoEnv, port=0) as ours:
+            assert await task_answers(ours.url, "MessageEchoEnv") == expected
+    assert expected[1] == (501, {"detail": "list_splits is not supported for this environment"})
+
+
+async def test_the_schema_has_what_openenv_0_10_has(reference: Reference, reference_server: ReferenceServer) -> None:
+    with anyio.fail_after(LIMIT):
+        async with httpx.AsyncClient() as http:
+            theirs = (await http.get(f"{reference_server.base_url}/schema")).json()
+            async with openenv.serve(MessageEchoEnv, port=0) as server:
+                ours = (await http.get(f"{server.url}/schema")).json()
+    assert set(ours) == set(theirs) | {"reset_observation"}
+    if reference is OPENENV_0_10:
+        # The same observation (named differently: the twins' classes are named differently).
+        assert theirs["reset_observation"] == theirs["observation"]
+        assert ours["reset_observation"] == ours["observation"]
+        assert set(ours["reset_observation"]["properties"]) == set(theirs["reset_observation"]["properties"])

@@ -321,7 +321,7 @@ async def test_schema_of_an_environment_class() -> None:
             response = await client.get("/schema")
     assert response.status_code == 200
     schemas = response.json()
-    assert set(schemas) == {"action", "observation", "state"}
+    assert set(schemas) == {"action", "observation", "state", "reset_observation"}
     # A tool environment takes two actions; the call names the tools it can call.
     assert schemas["action"]["anyOf"] == [{"$ref": "#/$defs/CallToolAction"}, {"$ref": "#/$defs/ListToolsAction"}]
     action = schemas["action"]["$defs"]["CallToolAction"]
@@ -353,7 +353,12 @@ def test_schema_of_functions() -> None:
         return WireEchoEnv()
 
     loose = environment_schemas(untyped)
-    assert loose == {"action": {"type": "object"}, "observation": {"type": "object"}, "state": {"type": "object"}}
+    assert loose == {
+        "action": {"type": "object"},
+        "observation": {"type": "object"},
+        "state": {"type": "object"},
+        "reset_observation": {"type": "object"},
+    }
     typed = environment_schemas(annotated)
     assert typed["action"]["title"] == "MessageAction"
     assert typed["action"]["required"] == ["message"]
@@ -591,11 +596,12 @@ async def test_plain_openenv_frames_exactly_as_the_reference() -> None:
             assert ws.subprotocol is None
             await ws.send_text('{"type": "reset", "data": {"seed": 42, "episode_id": "ep-1"}}')
             assert await ws.receive() == (
-                '{"type":"observation","data":{"observation":{"echoed_message":""},"reward":0.0,"done":false}}'
+                '{"type":"observation","data":{"observation":{"echoed_message":"","metadata":{}},"reward":0.0,"done":false}}'
             )
             await ws.send_text('{"type": "step", "data": {"message": "hello"}}')
             assert await ws.receive() == (
-                '{"type":"observation","data":{"observation":{"echoed_message":"hello"},"reward":5.0,"done":false}}'
+                '{"type":"observation","data":{"observation":{"echoed_message":"hello","metadata":{}},"reward":5.0,'
+                '"done":false}}'
             )
             await ws.send_text('{"type": "state"}')
             assert await ws.receive() == '{"type":"state","data":{"episode_id":"ep-1","step_count":1}}'
@@ -766,13 +772,25 @@ async def test_disconnect_mid_step_closes_the_env_and_frees_the_slot(factory: An
                 await ws.close()
 
 
-async def test_idle_session_is_reaped() -> None:
+async def test_a_connected_session_is_never_reaped_as_idle() -> None:
+    """Its client is there (OpenEnv's reconnects without a word: it would get a fresh, never-reset session)."""
     with anyio.fail_after(LIMIT):
         async with ws_server(session_idle_timeout=0.2) as (server, url), RawWebSocket.connect(url) as ws:
+            await ws.request('{"type":"reset","data":{"episode_id":"kept"}}')
+            registry = registry_of(server)
+            assert registry.expire_idle(registry.clock() + 3600) == []
+            assert (await ws.request('{"type":"state"}'))["data"]["episode_id"] == "kept"
+            await ws.close()
+
+
+async def test_a_session_the_server_ends_is_closed_with_its_reason() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ws_server() as (server, url), RawWebSocket.connect(url) as ws:
             await ws.request('{"type":"reset"}')
+            [lease] = registry_of(server).leases()
+            lease.request_close(IDLE_TIMEOUT_REASON)
             closed = await ws.expect_close()
-            assert closed.code == 1001
-            assert "idle" in closed.reason
+            assert (closed.code, closed.reason) == (1001, IDLE_TIMEOUT_REASON)
             await wait_until(lambda: registry_of(server).active == 0)
             assert len(WireEchoEnv.closed) == 1
 

@@ -181,6 +181,58 @@ async def test_an_environment_without_tools() -> None:
         assert (await env.step({"message": "still"})).observation == {"echoed_message": "still", "metadata": {}}
 
 
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        ({"method": "tools/list"}, -32603, "Environment does not support MCP"),
+        ({"method": "tools/call", "params": {"name": "x"}}, -32603, "Environment does not support MCP"),
+        # As OpenEnv 0.10's server: the params are checked first.
+        ({"method": "tools/call", "params": {"arguments": {}}}, -32602, "Missing 'name' in params"),
+        ({"method": "tools/call", "params": [1]}, -32602, "Params must be an object"),
+        ({"method": "resources/list"}, -32601, "Method not found: resources/list"),
+    ],
+)
+async def test_an_environment_without_tools_answers_mcp_as_openenv_does(
+    request_: dict[str, Any], code: int, message: str
+) -> None:
+    session = ServerSession(MessageEchoEnv())
+    reply = await ask(session, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, **request_}})
+    assert reply["data"] == {"jsonrpc": "2.0", "id": 7, "error": {"code": code, "message": message, "data": None}}
+    await session.aclose()
+
+
+class ToolActionEnv(openenv.Environment[CallToolAction | ListToolsAction, Observation, State]):
+    """Takes tool actions without being an MCPEnvironment: OpenEnv's server answers MCP with its steps."""
+
+    def reset(self) -> Observation:
+        return Observation()
+
+    def step(self, action: Any) -> Any:
+        if isinstance(action, ListToolsAction):
+            return openenv.ListToolsObservation(tools=[openenv.Tool(name="shout", description="Shout.")])
+        if action.tool_name == "odd":
+            return Observation()
+        return CallToolObservation(tool_name=action.tool_name, result=action.arguments["text"].upper())
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+async def test_tool_actions_without_tools_answer_mcp_through_step() -> None:
+    session = ServerSession(ToolActionEnv())
+    listed = await ask(session, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}})
+    assert listed["data"]["result"] == {"tools": [{"name": "shout", "description": "Shout.", "input_schema": {}}]}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shout", "arguments": {"text": "hi"}}}
+    called = await ask(session, {"type": "mcp", "data": call})
+    assert called["data"]["result"]["result"] == "HI"
+    call["params"] = {"name": "odd", "arguments": {}}
+    odd = await ask(session, {"type": "mcp", "data": call})
+    expected = "MCP-style tools/call step returned Observation, expected CallToolObservation"
+    assert odd["data"]["error"]["message"] == expected
+    await session.aclose()
+
+
 async def ask(session: ServerSession, message: Any) -> Any:
     with anyio.fail_after(5):
         reply = await session.handle(json.dumps(message).encode())

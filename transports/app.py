@@ -5,8 +5,11 @@
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
-- ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
-- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
+- ``GET /schema`` → ``{"action", "observation", "state", "reset_observation"}`` JSON Schemas;
+- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
+- OpenEnv's stateless HTTP routes (`transports.openenv_http`), with the MCP
+  sessions of ``POST /mcp`` (`transports._mcp_sessions`), and its Task API
+  (`transports.task_api`).
 
 Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
 Everything a further transport's routes need is kept on ``app.state``:
@@ -49,6 +52,7 @@ from openenv.server import (
 )
 
 from ._guard import RequestGuard, auth_tokens_from
+from ._mcp_sessions import MCPSessions
 from ._sessions import SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
@@ -62,6 +66,7 @@ from .http._protocol import (
 )
 from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
+from .task_api import task_api_routes
 from .websocket._server import WebSocketEndpoint
 
 __all__ = [
@@ -157,7 +162,7 @@ def create_app(
         async with serve(app) as server:
             async with EchoEnv(server.url) as env:
                 await env.reset()
-            print(sorted(app.state.schemas))  # ['action', 'observation', 'state']
+            print(sorted(app.state.schemas))  # ['action', 'observation', 'reset_observation', 'state']
         ```
 
     Args:
@@ -200,7 +205,8 @@ def create_app(
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
         ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
-        ``/ws`` endpoint), ``factory``, ``schemas``,
+        ``/ws`` endpoint), ``mcp_sessions`` (the sessions made over ``POST
+        /mcp``: OpenEnv 0.10's MCP production mode), ``factory``, ``schemas``,
         ``metadata`` and ``lifespan_tasks``.
 
     Raises:
@@ -247,7 +253,10 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=error_details)
+    mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=error_details)
+    websocket = WebSocketEndpoint(
+        env_factory, registry=registry, error_details=error_details, attach=mcp_sessions.attach
+    )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
@@ -262,7 +271,10 @@ def create_app(
             registry=registry,
             max_body_size=http_max_body_size,
             error_details=error_details,
+            mcp_sessions=mcp_sessions,
         ),
+        # Last: its /{env_name}/... paths would take any other two-part path.
+        *task_api_routes(env_factory, name=meta.name, registry=registry, error_details=error_details),
     ]
     middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins)]
     if allow_origins:
@@ -284,10 +296,11 @@ def create_app(
         )
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, mcp_sessions.run]
     app.state.sessions = registry
     app.state.http_polling = polling
     app.state.websocket = websocket
+    app.state.mcp_sessions = mcp_sessions
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta

@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Route
 import openenv
 from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
 
+from ._mcp_sessions import MCPSessions, is_session_request
 from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
@@ -286,6 +287,7 @@ def openenv_http_routes(
     registry: SessionRegistry | None = None,
     max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     error_details: bool = True,
+    mcp_sessions: MCPSessions | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -298,6 +300,10 @@ def openenv_http_routes(
         max_body_size: The largest request body, in bytes (``413`` beyond).
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        mcp_sessions: Where ``POST /mcp`` requests about a session go
+            (``openenv/session/create``, ``openenv/session/close``, and any naming
+            a ``session_id``: OpenEnv 0.10's production mode); ``None`` answers
+            them statelessly too.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
@@ -351,6 +357,8 @@ def openenv_http_routes(
         if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             request_id = message.get("id")
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
+        if mcp_sessions is not None and is_session_request(message):
+            return _JSONResponse(await mcp_sessions.handle(message))
         reply = await _run_one(factory, {"type": "mcp", "data": message}, limits)
         if reply.get("type") == "error":
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
