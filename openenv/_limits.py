@@ -37,7 +37,13 @@ DEFAULT_MAX_SESSIONS: Final = 256
 """The most sessions a server holds at once by default, over all transports."""
 
 DEFAULT_SESSION_IDLE_TIMEOUT: Final = 600.0
-"""Seconds a session may wait for its client by default before the server ends it."""
+"""Seconds a session may go without its client by default before the server ends it.
+
+Counted only while the session has no request in hand and no connection open to
+its client (an HTTP long-polling session between requests, an MCP session made
+over ``POST /mcp`` with no WebSocket attached): a WebSocket session is never
+ended by it while its connection lasts.
+"""
 
 DEFAULT_HTTP_IDLE_TIMEOUT: Final = 300.0
 """Seconds an HTTP long-polling session may wait for its client by default.

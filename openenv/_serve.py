@@ -150,9 +150,10 @@ def serve(
             on asyncio and hypercorn+websockets on trio.
         max_sessions: The most sessions open at once over all transports;
             ``None`` for no limit (only with a factory).
-        session_idle_timeout: Seconds a session may wait for its client's next
-            request before the server ends it; ``None`` for never (only with a
-            factory).
+        session_idle_timeout: Seconds a session may go without its client (no
+            request in hand, no connection open to it) before the server ends
+            it; ``None`` for never (only with a factory). A WebSocket session is
+            never ended by it while its connection lasts.
         log_level: The level of the server's own loggers (``"warning"``,
             ``"info"``, ...); the process's logging configuration is not replaced.
         shutdown_timeout: Seconds open sessions get, on exit, to finish the

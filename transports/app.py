@@ -171,8 +171,12 @@ def create_app(
         max_sessions: The most sessions open at once over all transports
             (256 by default); a client beyond it gets ``CAPACITY_REACHED``.
             ``None`` for no limit.
-        session_idle_timeout: Seconds a session may wait for its client's next
-            request before the server ends it (600 by default); ``None`` for never.
+        session_idle_timeout: Seconds a session may go without its client
+            before the server ends it (600 by default); ``None`` for never. It
+            counts only while the session has no request in hand and no
+            connection open to its client: a WebSocket session lasts as long
+            as its connection (whose death keepalives find), an MCP session
+            made over ``POST /mcp`` while a WebSocket is attached.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
         http_idle_timeout: The same for HTTP long-polling sessions, whose
