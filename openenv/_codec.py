@@ -6,12 +6,15 @@ reused for every frame: building a msgspec decoder is far costlier than using on
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any, Generic, Union
 
 import msgspec
 
 from ._exceptions import ProtocolError, ReplyValidationError
+from ._lax import lax_convert
 from ._messages import (
     CloseRequest,
     Dialect,
@@ -314,6 +317,16 @@ def validation_errors(exc: msgspec.ValidationError, value: Any = None) -> list[d
     return [entry]
 
 
+def _decode_lax(decode: Callable[[Any], Any], decode_any: Callable[[Any], Any], type_: Any, raw: Any) -> Any:
+    """Decode strictly (the fast path); data that does not fit as it is gets pydantic's lax conversions."""
+    try:
+        return decode(raw)
+    except msgspec.ValidationError as exc:
+        if _out_of_range(exc):
+            raise
+        return lax_convert(decode_any(raw), type_)
+
+
 class ServerCodec(Generic[ActT]):
     """Reads requests and writes replies for one server session.
 
@@ -321,10 +334,11 @@ class ServerCodec(Generic[ActT]):
         dialect: The dialect the transport negotiated.
         action_type: The type step data is decoded into (``dict`` for none); a
             union of Structs (``A | B``) decodes each action into the member it fits.
-        strict: Validate actions in msgspec's strict mode. By default (``False``)
-            a number may also come as a numeric string, and an ``int`` as an
-            integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's
-            pydantic models accept them.
+        strict: Validate actions strictly. By default (``False``) an action
+            that does not fit as it is gets pydantic's lax conversions (a
+            number as a numeric string, an ``int`` as an integral float or a
+            bool, a bool as ``"yes"`` or ``1.0``: see `openenv._lax`), as
+            OpenEnv's pydantic models accept them.
     """
 
     def __init__(self, dialect: Dialect, *, action_type: Any, strict: bool = False) -> None:
@@ -332,13 +346,17 @@ class ServerCodec(Generic[ActT]):
         self._request_ids = dialect.request_ids
         self._encode = _encoder(dialect).encode
         self._decode_request = _decoder(dialect, IncomingRequest).decode
+        self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
+        self._decode_any = _decoder(dialect, Any).decode
         members = struct_union_members(action_type)
         if members is not None:
             self._decode_action = StructUnionDecoder(members, encoding=dialect.encoding, strict=strict).decode
+        elif strict:
+            self._decode_action = _decoder(dialect, action_type).decode
         else:
-            self._decode_action = _decoder(dialect, action_type, strict=strict).decode
-        self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
-        self._decode_any = _decoder(dialect, Any).decode
+            self._decode_action = functools.partial(
+                _decode_lax, _decoder(dialect, action_type).decode, self._decode_any, action_type
+            )
         self._json = dialect.encoding != "msgpack"
 
     def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:

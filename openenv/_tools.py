@@ -22,6 +22,7 @@ import msgspec
 
 from ._environment import Environment
 from ._generics import bind_type_attributes
+from ._lax import lax_convert
 from ._mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -138,7 +139,10 @@ class ToolSpec:
             msgspec.ValidationError: The arguments do not fit the method's hints.
             Exception: Whatever the method raises.
         """
-        parsed = msgspec.convert(arguments, self.arguments_type, strict=False)
+        try:
+            parsed = msgspec.convert(arguments, self.arguments_type)
+        except msgspec.ValidationError:  # as FastMCP validates them: pydantic's lax conversions
+            parsed = lax_convert(arguments, self.arguments_type)
         values = msgspec.structs.asdict(parsed)
         if self._is_async:
             return await self._function(env, **values)
