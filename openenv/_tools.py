@@ -1,10 +1,12 @@
 """MCP tool environments: an `Environment` whose tools are typed methods.
 
 A method marked with `tool` becomes a tool: its name is the method's, its
-description the docstring's, and its argument schema comes from the type hints
-(through msgspec). Clients reach the tools three ways, as OpenEnv's do: step
-actions (`ListToolsAction`, `CallToolAction`), ``mcp`` frames on the session's
-channel, and ``POST /mcp`` (JSON-RPC 2.0, a fresh environment per request).
+description and its arguments' descriptions come from its docstring (as FastMCP
+reads it), and its argument schema from the type hints (through msgspec).
+Clients reach the tools three ways, as OpenEnv's do: step actions
+(`ListToolsAction`, `CallToolAction`), ``mcp`` frames on the session's channel,
+and ``POST /mcp`` (JSON-RPC 2.0: a fresh environment per request, or the
+session a ``session_id`` names).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
+from ._docstrings import parse_docstring
 from ._environment import Environment
 from ._generics import bind_type_attributes
 from ._lax import lax_convert
@@ -62,9 +65,13 @@ _FunctionT = TypeVar("_FunctionT", bound=Callable[..., Any])
 def tool(function: _FunctionT) -> _FunctionT:
     """Mark a method of an `MCPEnvironment` as a tool.
 
-    The tool takes the method's name, its docstring as the description, and
-    its parameters (after ``self``) as arguments, validated against their type
-    hints before the method runs. The method may be plain or ``async``: served,
+    The tool takes the method's name, and its parameters (after ``self``) as
+    arguments, validated against their type hints before the method runs. Its
+    docstring describes it as FastMCP describes OpenEnv's tools: the prose
+    before the first section (``Args:``, ``Returns:``, ...) is the tool's
+    description, and each entry under ``Args:`` the description of its
+    argument in the input schema (Sphinx's ``:param x:`` and NumPy's
+    ``Parameters`` are read too). The method may be plain or ``async``: served,
     a plain one runs on its session's own thread, with the session's other
     plain methods (outside a server, in one of anyio's worker threads), and an
     ``async`` one is awaited on the event loop. What it returns is the tool's
@@ -88,8 +95,8 @@ class ToolSpec:
 
     Attributes:
         name: The tool's name.
-        description: Its description (the method's docstring).
-        input_schema: The JSON Schema of its arguments.
+        description: Its description (the method's docstring, before its sections).
+        input_schema: The JSON Schema of its arguments, each with the description its docstring gives it.
         arguments_type: The Struct its arguments are validated into.
 
     Raises:
@@ -102,7 +109,8 @@ class ToolSpec:
         self.name: str = function.__name__
         if self.name in RESERVED_TOOL_NAMES:
             raise ValueError(f"a tool may not be named {self.name!r}: {sorted(RESERVED_TOOL_NAMES)} are reserved")
-        self.description = inspect.getdoc(function) or ""
+        # What FastMCP tells an agent: the prose before the docstring's sections, and each argument's entry.
+        self.description, argument_docs = parse_docstring(inspect.getdoc(function) or "")
         self._function = function
         self._is_async = inspect.iscoroutinefunction(function)
         hints = typing.get_type_hints(function, include_extras=True)
@@ -120,6 +128,10 @@ class ToolSpec:
             f"{self.name}_arguments", fields, kw_only=True, forbid_unknown_fields=True
         )
         self.input_schema = _object_schema(self.arguments_type)
+        properties = self.input_schema.get("properties", {})
+        for name, text in argument_docs.items():
+            if name in properties and text:
+                properties[name].setdefault("description", text)
 
     def describe(self) -> Tool:
         """Return the tool as `EnvClient.list_tools` shows it."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
+import types
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import anyio
@@ -15,6 +18,9 @@ from openenv import CallToolAction, CallToolObservation, ListToolsAction, Observ
 from openenv.examples.echo import EchoEnv, EchoEnvironment
 from openenv.server import MCPEnvironment, ServerSession
 from tests.envs import MessageEchoEnv
+from tests.interop.reference_venv import OPENENV_0_10, ensure_reference_python, reference_env
+from tests.interop.tool_docstrings import NAMES as DOCUMENTED_NAMES
+from tests.interop.tool_docstrings import DocumentedTools
 from tests.serving import TRANSPORTS, serving
 
 pytestmark = pytest.mark.anyio
@@ -313,3 +319,43 @@ async def test_bad_mcp_frames_and_failing_tools_leave_other_sessions_unharmed() 
                 await noisy.step({"type": "call_tool"})  # no tool_name
             assert await quiet.call_tool("add", a=2, b=2) == 4
             assert await noisy.call_tool("add", a=0) == 1  # and the noisy one goes on too
+
+
+# Every method of DocumentedTools, as a tool.
+DocumentedEnv = types.new_class(
+    "DocumentedEnv",
+    (MCPEnvironment[CallToolAction, CallToolObservation, State],),
+    exec_body=lambda namespace: namespace.update(
+        {name: openenv.tool(getattr(DocumentedTools, name)) for name in DOCUMENTED_NAMES}
+    ),
+)
+
+
+def test_a_tool_is_described_by_its_docstring_as_fastmcp_describes_it() -> None:
+    move = DocumentedEnv.tools["move"].describe()
+    assert (
+        move.description
+        == "Move the agent on the grid.\n\nThe agent walks one cell per step; walls stop it.\nMore prose here."
+    )
+    properties = move.input_schema["properties"]
+    assert properties["direction"]["description"] == 'Where to go: "north", "south",\n"east" or "west".'
+    assert (properties["steps"]["description"], properties["fast"]["description"]) == (
+        "How many cells.",
+        "Run instead of walking.",
+    )
+    assert "description" not in DocumentedEnv.tools["undocumented"].input_schema["properties"]["x"]
+
+
+@pytest.mark.interop
+def test_tool_descriptions_match_fastmcps() -> None:
+    """The same methods, as FastMCP 3 (in openenv 0.10.0's venv) and openenv describe them to an agent."""
+    python = ensure_reference_python(reference=OPENENV_0_10)
+    script = Path(__file__).parent / "interop" / "reference_tools.py"
+    done = subprocess.run(
+        [str(python), str(script)], capture_output=True, text=True, timeout=120, cwd=script.parent, env=reference_env()
+    )
+    assert done.returncode == 0, done.stderr
+    for theirs in json.loads(done.stdout):
+        ours = DocumentedEnv.tools[theirs["name"]].describe()
+        assert ours.description == (theirs["description"] or ""), theirs["name"]
+        assert ours.input_schema == theirs["parameters"], theirs["name"]
