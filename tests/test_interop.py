@@ -46,6 +46,7 @@ from tests.interop.reference_venv import (
     reference_env,
     run_reference_client,
 )
+from transports.mcp_session import MCPSessionTransport
 from transports.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.interop, pytest.mark.anyio]
@@ -393,12 +394,17 @@ def reference_mcp_echo(reference_python: Path) -> Iterator[ReferenceServer]:
         yield server
 
 
-async def test_our_client_drives_the_reference_mcp_echo(reference_mcp_echo: ReferenceServer) -> None:
+async def test_our_client_drives_the_reference_mcp_echo(
+    reference: Reference, reference_mcp_echo: ReferenceServer
+) -> None:
     with anyio.fail_after(LIMIT):
         async with EchoEnv(reference_mcp_echo.base_url) as env:
             reset = await env.reset()
             assert isinstance(reset.observation, EchoObservation)  # the empty observation fits the union's first
             assert (reset.reward, reset.done) == (0.0, False)
+            # Its metadata, intact, where the server sends it (0.3.0's never does).
+            metadata = {"status": "ready"} if reference is OPENENV_0_10 else {}
+            assert reset.metadata == reset.observation.metadata == metadata
             tools = await env.list_tools()
             assert [tool.name for tool in tools] == ["echo_message", "echo_with_length"]
             assert tools[1].input_schema["required"] == ["message"]
@@ -421,6 +427,36 @@ async def test_our_client_drives_the_reference_mcp_echo(reference_mcp_echo: Refe
                 await env.mcp("no/such/method")
             assert rpc_error.value.code == -32601
             assert (await env.state()).step_count == 6
+
+
+@pytest.mark.parametrize("scheme", ["http", "http+mcp"])
+async def test_our_client_in_production_mode_against_the_reference(
+    reference: Reference, reference_mcp_echo: ReferenceServer, scheme: str
+) -> None:
+    """Tools over JSON-RPC, bypassing step; with ``http+mcp://``, in a session made over ``POST /mcp`` (0.10 only)."""
+    if reference is not OPENENV_0_10 and scheme == "http+mcp":
+        pytest.skip("openenv-core 0.3.0 makes no sessions over POST /mcp")
+    with anyio.fail_after(LIMIT):
+        url = reference_mcp_echo.base_url.replace("http", scheme, 1)
+        async with EchoEnv(url, mode="production") as env:
+            reset = await env.reset(episode_id="prod")
+            assert reset.reward == 0.0
+            assert [tool.name for tool in await env.list_tools()] == ["echo_message", "echo_with_length"]
+            assert await env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
+            with pytest.raises(openenv.ToolCallError) as caught:
+                await env.call_tool("no_such_tool")
+            assert caught.value.error_type == "execution_error"  # the reference's -32603 names no type
+            state = await env.state()
+            assert (state.episode_id, state.step_count) == ("prod", 0)
+            if scheme == "http+mcp":
+                transport = env.transport
+                assert isinstance(transport, MCPSessionTransport)
+                session_id = transport.session_id
+                async with httpx.AsyncClient() as http:
+                    call = {"name": "echo_message", "arguments": {"message": "x"}, "session_id": session_id}
+                    message = {"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 1}
+                    reply = (await http.post(f"{reference_mcp_echo.base_url}/mcp", json=message)).json()
+                assert reply["result"]["data"] == "x"
 
 
 async def test_our_mcp_frames_match_the_reference_for_an_environment_without_tools(

@@ -16,10 +16,11 @@ import httpx
 import pytest
 
 import openenv
-from openenv.examples.echo import EchoEnvironment
+from openenv.examples.echo import EchoEnv, EchoEnvironment
 from tests.helpers import wait_until
 from tests.test_server_app import RawWebSocket, WebSocketClosed
 from transports._sessions import SessionRegistry
+from transports.mcp_session import MCPSessionTransport
 from transports.runner import RunningServer
 
 pytestmark = pytest.mark.anyio
@@ -272,3 +273,55 @@ async def test_websocket_close_without_a_close_request_is_not_fatal() -> None:
             await wait_until(lambda: server.app.state.mcp_sessions.attached_count == 0, "the WebSocket detaches")
             assert (await mcp("tools/list", session_id=session_id))["result"]["tools"]
             await mcp("openenv/session/close", session_id=session_id)
+
+
+# -- openenv's client in production mode ------------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["http", "http+mcp"])
+async def test_our_client_in_production_mode(scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with mcp_server() as (server, mcp):
+            url = server.url.replace("http", scheme, 1)
+            async with EchoEnv(url, mode="production") as env:
+                await env.reset(episode_id="prod")
+                assert [tool.name for tool in await env.list_tools()] == ["echo_message", "echo_with_length"]
+                assert await env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
+                with pytest.raises(openenv.ToolCallError) as caught:
+                    await env.call_tool("no_such_tool")
+                assert caught.value.error_type == "tool_not_found"
+                with pytest.raises(openenv.ToolCallError) as caught:
+                    await env.call_tool("echo_message", message=[1])
+                assert caught.value.error_type == "invalid_args"
+                assert (await env.state()).step_count == 0  # tools bypass step in production mode
+                if scheme == "http+mcp":
+                    transport = env.transport
+                    assert isinstance(transport, MCPSessionTransport)
+                    session_id = transport.session_id
+                    assert session_id is not None
+                    assert [lease.transport for lease in registry_of(server).leases()] == ["mcp"]
+                    # Another MCP client reaches the very environment the client steps.
+                    call = await mcp(
+                        "tools/call", name="echo_message", arguments={"message": "x"}, session_id=session_id
+                    )
+                    assert call["result"]["data"] == "x"
+            await wait_until(lambda: registry_of(server).active == 0, "the session ends with the client")
+            if scheme == "http+mcp":
+                gone = await mcp("tools/list", session_id=session_id)
+                assert gone["error"]["message"] == f"Unknown session_id: {session_id}"
+
+
+async def test_an_mcp_session_at_capacity_is_a_typed_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with mcp_server(max_sessions=1) as (server, _), EchoEnv(server.url) as holder:
+            await holder.reset()
+            with pytest.raises(openenv.CapacityReachedError) as caught:
+                async with EchoEnv(server.url.replace("http", "http+mcp", 1)):
+                    pass
+            assert caught.value.data["max_sessions"] == 1
+            assert (await holder.call_tool("echo_message", message="still")) == "still"
+
+
+def test_a_mode_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(ValueError, match="mode must be 'simulation' or 'production'"):
+        EchoEnv("ws://127.0.0.1:1", mode="prod")  # type: ignore[arg-type]
