@@ -536,7 +536,7 @@ def test_the_runner_finds_blocks_and_markers() -> None:
         # Page
 
         ```bash
-        pip install openenv && openenv serve --host 127.0.0.1 \\
+        pip install openenv-anyio && openenv serve --host 127.0.0.1 \\
             my_env:MyEnv --port 8000  # a comment
         openenv demo
         ```
