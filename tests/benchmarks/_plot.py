@@ -7,6 +7,7 @@ from typing import Any
 
 COLOURS = {
     "reference": "#9e9e9e",
+    "reference-0.3": "#cfcfcf",
     "ws": "#1f77b4",
     "http+poll": "#ff7f0e",
     "inproc": "#2ca02c",
@@ -60,7 +61,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     figure, ((echo_axes, blob_axes), (rate_axes, p99_axes)) = pyplot.subplots(2, 2, figsize=(15, 10))
-    title = "openenv vs the reference (openenv-core 0.3.0) and the raw floors"
+    title = f"openenv vs the reference ({results['meta'].get('reference', 'openenv-core 0.3.0')}) and the raw floors"
     if results["meta"]["quick"]:
         title += "  [QUICK SMOKE RUN: not for comparison]"
     figure.suptitle(title, fontsize=12)
