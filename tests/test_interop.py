@@ -204,14 +204,41 @@ def test_the_script_against_the_reference_server_itself(
     expected_script_results(results, metadata=reference is OPENENV_0_10)
 
 
-@pytest.mark.parametrize("mode", [[], ["--sync"]], ids=["async", "sync"])
-async def test_reference_client_against_our_server(reference_python: Path, mode: list[str]) -> None:
+CLIENT_MODES = [
+    pytest.param([], id="generic"),
+    pytest.param(["--sync"], id="generic-sync"),
+    pytest.param(["--typed"], id="typed"),
+    pytest.param(["--typed", "--sync"], id="typed-sync"),
+]
+
+
+def without_metadata(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Results with no ``metadata`` in observations: openenv-core 0.3.0's server sends none, ours sends 0.10's."""
+    return [
+        {**result, "observation": {k: v for k, v in result["observation"].items() if k != "metadata"}}
+        if isinstance(result.get("observation"), dict)
+        else result
+        for result in results
+    ]
+
+
+@pytest.mark.parametrize("mode", CLIENT_MODES)
+async def test_reference_client_gets_from_our_server_what_it_gets_from_its_own(
+    reference: Reference, reference_python: Path, reference_server: ReferenceServer, mode: list[str]
+) -> None:
+    """GenericEnvClient and a typed EnvClient, async and sync, on our uvicorn (asyncio) and trio servers."""
     with anyio.fail_after(LIMIT * 2):
+        theirs = await anyio.to_thread.run_sync(
+            lambda: reference_script(reference_server.base_url, *mode, python=reference_python)
+        )
         async with openenv.serve(MessageEchoEnv, port=0) as server:
-            results = await anyio.to_thread.run_sync(
-                lambda: reference_script(server.url, *mode, python=reference_python)
-            )
-    expected_script_results(results)
+            ours = await anyio.to_thread.run_sync(lambda: reference_script(server.url, *mode, python=reference_python))
+    if reference is OPENENV_0_10:
+        assert ours == theirs
+    else:
+        assert without_metadata(ours) == without_metadata(theirs)
+    if "--typed" not in mode:
+        expected_script_results(ours)
 
 
 async def test_reference_client_sees_our_errors(reference_python: Path) -> None:
@@ -561,3 +588,46 @@ async def test_the_schema_has_what_openenv_0_10_has(reference: Reference, refere
         assert theirs["reset_observation"] == theirs["observation"]
         assert ours["reset_observation"] == ours["observation"]
         assert set(ours["reset_observation"]["properties"]) == set(theirs["reset_observation"]["properties"])
+
+
+GRADED = [
+    pytest.param(MessageEchoEnv, [{"message": "one"}, {"message": "two"}, {"message": "done"}], id="echo"),
+    pytest.param(
+        EchoEnvironment,
+        [
+            # No list_tools step: a listing has no reward, which Level Two's reward grader refuses (on any server).
+            {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}},
+            {"type": "call_tool", "tool_name": "echo_with_length", "arguments": {"message": "abc"}},
+        ],
+        id="mcp-echo",
+    ),
+]
+
+
+@pytest.mark.parametrize(("factory", "actions"), GRADED)
+async def test_openenv_0_10s_runtime_graders_pass_our_server(
+    reference: Reference,
+    reference_python: Path,
+    reference_server: ReferenceServer,
+    factory: Any,
+    actions: list[dict[str, Any]],
+) -> None:
+    """RFC 008's graders (rewards, observations against /schema, the state contract) on one raw episode each."""
+    if reference is not OPENENV_0_10:
+        pytest.skip("the runtime graders are new in openenv 0.10")
+    script = str(Path(__file__).parent / "interop" / "reference_graders.py")
+
+    def grade(url: str) -> list[dict[str, Any]]:
+        done = run_reference_tool(reference_python, str(reference_python), script, url, json.dumps(actions))
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    passed = [
+        {"check_id": check, "status": "pass", "evidence": ["observed runtime contract holds"]}
+        for check in ("runtime.reward_well_formed", "runtime.observation_schema", "runtime.state_contract")
+    ] + [{"check_id": "collection", "status": "complete", "evidence": []}]
+    with anyio.fail_after(LIMIT * 4):
+        if factory is MessageEchoEnv:  # the baseline: its twin, the reference server, graded by its own graders
+            assert await anyio.to_thread.run_sync(grade, reference_server.base_url) == passed
+        async with openenv.serve(factory, port=0) as server:
+            assert await anyio.to_thread.run_sync(grade, server.url) == passed
