@@ -7,6 +7,7 @@ lifetime, its bounds, what a WebSocket attached to it may do, and its errors.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -325,3 +326,23 @@ async def test_an_mcp_session_at_capacity_is_a_typed_error() -> None:
 def test_a_mode_that_does_not_exist_is_refused() -> None:
     with pytest.raises(ValueError, match="mode must be 'simulation' or 'production'"):
         EchoEnv("ws://127.0.0.1:1", mode="prod")  # type: ignore[arg-type]
+
+
+async def test_a_session_id_stays_out_of_the_logs(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It is the session's only credential (as on OpenEnv's server): a log shows a prefix at most."""
+    caplog.set_level(logging.DEBUG)
+    with anyio.fail_after(LIMIT):
+        async with mcp_server(log_level="debug") as (server, mcp):
+            session_id = await mcp.create()
+            async with RawWebSocket.connect(attach_url(server, session_id)) as ws:
+                await ws.request('{"type": "reset"}')
+                await ws.close()
+            await mcp("tools/list", session_id=session_id)
+            await mcp("openenv/session/close", session_id=session_id)
+    server_loggers = ("uvicorn", "hypercorn", "openenv")  # not the test's own clients'
+    logged = "\n".join(record.getMessage() for record in caplog.records if record.name.startswith(server_loggers))
+    logged += capsys.readouterr().out  # hypercorn writes its access log to stdout
+    assert f"MCP session {session_id[:8]}… opened" in logged  # the logs were on
+    assert session_id not in logged
