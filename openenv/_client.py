@@ -26,6 +26,7 @@ from ._exceptions import (
     ReplyValidationError,
     TimeoutError,
     ToolCallError,
+    ValidationError,
     server_error_from_frame,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
@@ -593,10 +594,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 `timeout` (``None``: no limit).
 
         Returns:
-            One `Tool` per tool: its name, description and argument schema.
+            One `Tool` per tool: its name, description and argument schema;
+            ``[]`` for an environment without tools (it refuses the action as
+            invalid), as OpenEnv's ``MCPToolClient`` answers.
 
         Raises:
-            ValidationError: The environment has no tools (it refused the action).
             ReplyValidationError: The reply is not a list of tools.
             ServerError: Any other error frame.
             TimeoutError: No reply within the timeout; the session survives.
@@ -613,11 +615,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ```
         """
         if self.mode == "production":
-            listed = await self.mcp("tools/list", timeout=timeout)
+            try:
+                listed = await self.mcp("tools/list", timeout=timeout)
+            except MCPError as exc:
+                if exc.code in (-32601, -32603):  # the environment has no tools (OpenEnv's answer)
+                    return []
+                raise
             if not isinstance(listed, dict) or not isinstance(listed.get("tools"), list):
                 raise ReplyValidationError(f"expected a list of tools, got {listed!r:.80}")
             return [_tool_from_jsonrpc(entry) for entry in listed["tools"]]
-        observation = await self._tool_step(ListToolsAction(), timeout)
+        try:
+            observation = await self._tool_step(ListToolsAction(), timeout)
+        except ValidationError:  # its action type has no room for a tool listing: it has no tools
+            return []
         if not isinstance(observation, ListToolsObservation):
             raise ReplyValidationError(f"expected a list of tools, got {type(observation).__name__}")
         return observation.tools
@@ -644,8 +654,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         Raises:
             ToolCallError: The tool failed (unknown, bad arguments, or it raised);
-                it carries the tool's error. The session survives.
-            ValidationError: The environment has no tools (it refused the action).
+                it carries the tool's error. An environment without tools
+                gives ``tool_not_found``. The session survives.
             ServerError: Any other error frame.
             TimeoutError: No reply within the timeout; the session survives.
             ConnectionClosed: The server closed the connection, or it broke.
@@ -668,7 +678,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 kind = data.get("error_type") or ("invalid_args" if exc.code == -32602 else "execution_error")
                 raise ToolCallError(name, str(kind), exc.message) from exc
             return _tool_value(result)
-        observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
+        try:
+            observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
+        except ValidationError as exc:
+            message = f"the environment has no MCP tools: it refused the tool call as an action ({exc})"
+            raise ToolCallError(name, "tool_not_found", message) from exc
         if not isinstance(observation, CallToolObservation):
             raise ReplyValidationError(f"expected the result of a tool call, got {type(observation).__name__}")
         error = observation.error

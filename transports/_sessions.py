@@ -52,13 +52,15 @@ The client raises `openenv.CapacityReachedError` for each of them.
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
-or the server is shutting down (`SessionRegistry.close_all`). Idle means with
-no request in hand and no open connection to its client: a session whose
-client keeps a connection open (`SessionLease.connected`: a WebSocket's, while
-it lasts) is never reaped as idle, however quiet, since a client that is still
-there (OpenEnv's reconnects without a word when its socket is closed) would
-otherwise find a fresh, never-reset session in its place; a dead peer is found
-by the connection's own checks instead (keepalive pings, TCP keepalive). The idle timeout
+or the server is shutting down (`SessionRegistry.close_all`; once the
+shutdown's grace is over, `SessionRegistry.cut_all` ends the busy ones too).
+Idle means with no request in hand and no open connection to its client: a
+session whose client keeps a connection open (`SessionLease.connected`: a
+WebSocket's, while it lasts) is never reaped as idle, however quiet, since a
+client that is still there (OpenEnv's reconnects without a word when its socket
+is closed) would otherwise find a fresh, never-reset session in its place; a
+dead peer is found by the connection's own checks instead (keepalive pings, TCP
+keepalive). The idle timeout
 is the registry's own (every transport's), or a transport's own where that is
 shorter: HTTP long-polling cannot see a client leave, so its sessions always
 have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
@@ -74,7 +76,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -225,6 +227,29 @@ class SessionLease:
         except Exception:
             logger.exception("closing session %d (%s) failed", self.id, reason)
 
+    def cut(self, reason: str) -> None:
+        """End the session now, busy or not: the server is stopping and its grace is over.
+
+        As `request_close`, except that ``on_close`` is called whether or not
+        the session is waiting for its client: a request in hand is cancelled
+        (a plain environment's call still runs to its end on the session's
+        thread; nobody waits for it). Idempotent.
+
+        Args:
+            reason: Why, if no reason was given before (the first one sticks).
+        """
+        if self._registry is None:
+            return
+        if self.close_reason is None:
+            self.close_reason = reason
+        callback, self._on_close = self._on_close, None
+        if callback is None:
+            return
+        try:
+            callback()
+        except Exception:
+            logger.exception("cutting session %d (%s) failed", self.id, reason)
+
     @property
     def vacated(self) -> bool:
         """Whether the slot is free for another session (`vacate` or `release` was called)."""
@@ -283,6 +308,10 @@ class SessionRegistry:
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
 
+    Attributes:
+        opened: The sessions given a slot so far, by transport.
+        refused: The sessions turned away so far (``CAPACITY_REACHED``), by transport.
+
     Raises:
         ValueError: ``max_sessions`` is below 1, or an idle or queue timeout is not positive.
     """
@@ -316,6 +345,9 @@ class SessionRegistry:
         self._slots_taken = 0  # the leases among them not yet vacated
         self._ids = itertools.count(1)
         self._emptied: anyio.Event | None = None
+        # Sessions admitted and turned away so far, by transport (for the server's metrics).
+        self.opened: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     @property
     def active(self) -> int:
@@ -417,6 +449,12 @@ class SessionRegistry:
             already (then tell the client ``CAPACITY_REACHED`` with `active` and
             `max_sessions`).
         """
+        lease = self._take(transport, on_close)
+        if lease is None:
+            self.refused[transport] += 1
+        return lease
+
+    def _take(self, transport: str, on_close: Callable[[], object] | None) -> SessionLease | None:
         if self.full or self._queue:  # with sessions queued, a slot is theirs first
             return None
         return self._new_lease(transport, on_close)
@@ -427,6 +465,7 @@ class SessionRegistry:
         )
         self._leases[lease.id] = lease
         self._slots_taken += 1
+        self.opened[transport] += 1
         return lease
 
     @property
@@ -450,9 +489,12 @@ class SessionRegistry:
             The lease; or ``None`` if no slot came free in time (tell the client
             ``CAPACITY_REACHED``, as for `open`).
         """
-        lease = self.open(transport=transport, on_close=on_close)
-        if lease is not None or self.queue_timeout is None:
+        lease = self._take(transport, on_close)
+        if lease is not None:
             return lease
+        if self.queue_timeout is None:
+            self.refused[transport] += 1
+            return None
         waiter = _Waiter(transport, on_close)
         self._queue.append(waiter)
         try:
@@ -464,8 +506,10 @@ class SessionRegistry:
             elif waiter in self._queue:
                 self._queue.remove(waiter)
             raise
-        if waiter.lease is None and waiter in self._queue:
-            self._queue.remove(waiter)
+        if waiter.lease is None:
+            self.refused[transport] += 1
+            if waiter in self._queue:
+                self._queue.remove(waiter)
         return waiter.lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:
@@ -509,6 +553,21 @@ class SessionRegistry:
         self._closing = True
         while self._queue:  # sessions still waiting for a slot are turned away
             self._queue.popleft().admitted.set()
+
+    def cut_all(self, reason: str = SHUTDOWN_REASON) -> int:
+        """End every session now, busy ones too (see `SessionLease.cut`): the shutdown's grace is over.
+
+        Args:
+            reason: Why, for the clients and the logs, where no reason was given before.
+
+        Returns:
+            How many sessions were still there to cut.
+        """
+        self.close_all(reason)
+        leases = [lease for lease in self._leases.values() if not lease.vacated]
+        for lease in leases:
+            lease.cut(reason)
+        return len(leases)
 
     @property
     def reap_interval(self) -> float | None:

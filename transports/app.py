@@ -7,6 +7,7 @@
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state", "reset_observation"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
+- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`);
 - OpenEnv's stateless HTTP routes (`transports.openenv_http`), with the MCP
   sessions of ``POST /mcp`` (`transports._mcp_sessions`), and its Task API
   (`transports.task_api`).
@@ -48,6 +49,7 @@ from openenv.server import (
     check_factory,
     environment_metadata,
     environment_schemas,
+    factory_name,
     load_factory,
 )
 
@@ -144,6 +146,7 @@ def create_app(
     allow_origins: Sequence[str] = (),
     error_details: bool = True,
     queue_timeout: float | None = None,
+    metrics: bool = False,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -203,6 +206,11 @@ def create_app(
             ``max_sessions`` are open, admitted in arrival order as slots free
             up, before it gets ``CAPACITY_REACHED``; ``None`` (the default)
             refuses it at once, as OpenEnv does.
+        metrics: Serve ``GET /metrics`` for Prometheus: sessions, steps and
+            resets with their latency, errors by code, bytes, per environment
+            (see `transports._metrics`). Behind the same token as every route
+            but ``/health``. Off by default: counting costs each request a
+            few hundred nanoseconds.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -211,7 +219,8 @@ def create_app(
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``mcp_sessions`` (the sessions made over ``POST
         /mcp``: OpenEnv 0.10's MCP production mode), ``factory``, ``schemas``,
-        ``metadata`` and ``lifespan_tasks``.
+        ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
+        ``lifespan_tasks``.
 
     Raises:
         ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout,
@@ -229,8 +238,18 @@ def create_app(
         transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
         queue_timeout=queue_timeout,
     )
+    counted = None
+    if metrics:
+        from ._metrics import ServerMetrics
+
+        counted = ServerMetrics()
+        counted.watch(factory_name(env_factory), registry)
     polling = HTTPPollingEndpoint(
-        env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details
+        env_factory,
+        registry=registry,
+        max_body_size=http_max_body_size,
+        error_details=error_details,
+        metrics=counted,
     )
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
@@ -259,7 +278,7 @@ def create_app(
 
     mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=error_details)
     websocket = WebSocketEndpoint(
-        env_factory, registry=registry, error_details=error_details, attach=mcp_sessions.attach
+        env_factory, registry=registry, error_details=error_details, metrics=counted, attach=mcp_sessions.attach
     )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
@@ -276,10 +295,13 @@ def create_app(
             max_body_size=http_max_body_size,
             error_details=error_details,
             mcp_sessions=mcp_sessions,
+            metrics=counted,
         ),
         # Last: its /{env_name}/... paths would take any other two-part path.
         *task_api_routes(env_factory, name=meta.name, registry=registry, error_details=error_details),
     ]
+    if counted is not None:
+        routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
     middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins)]
     if allow_origins:
         middleware.append(
@@ -308,4 +330,5 @@ def create_app(
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta
+    app.state.metrics = counted
     return app

@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
 from ._mcp_sessions import MCPSessions, is_session_request
 from ._sessions import SessionRegistry
@@ -110,12 +110,21 @@ class JSONRPCRequest(msgspec.Struct, kw_only=True):
 
 
 class _Limits:
-    """What bounds the routes: the app's session registry, the largest body, and how much errors say."""
+    """What bounds the routes (the session registry, the largest body, how much errors say), and what counts them."""
 
-    def __init__(self, registry: SessionRegistry | None, max_body_size: int, error_details: bool) -> None:
+    def __init__(
+        self,
+        registry: SessionRegistry | None,
+        max_body_size: int,
+        error_details: bool,
+        metrics: SessionMetrics | None,
+        name: str,
+    ) -> None:
         self.registry = registry
         self.max_body_size = max_body_size
         self.error_details = error_details
+        self.metrics = metrics
+        self.name = name
 
 
 class _TooLarge(Exception):
@@ -142,7 +151,7 @@ async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _L
             if limits.error_details:
                 message += f": {type(exc).__name__}: {exc}"
             return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-        session = ServerSession(env, error_details=limits.error_details)
+        session = ServerSession(env, error_details=limits.error_details, metrics=limits.metrics, name=limits.name)
         try:
             reply = await session.handle(msgspec.json.encode(frame))
         finally:
@@ -288,6 +297,7 @@ def openenv_http_routes(
     max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     error_details: bool = True,
     mcp_sessions: MCPSessions | None = None,
+    metrics: SessionMetrics | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -304,12 +314,13 @@ def openenv_http_routes(
             (``openenv/session/create``, ``openenv/session/close``, and any naming
             a ``session_id``: OpenEnv 0.10's production mode); ``None`` answers
             them statelessly too.
+        metrics: Where the requests are counted (as a session's), or ``None``.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
     """
     document = msgspec.json.encode(openapi_document(schemas, metadata))
-    limits = _Limits(registry, max_body_size, error_details)
+    limits = _Limits(registry, max_body_size, error_details, metrics, factory_name(factory))
 
     async def reset(request: Request) -> Response:
         try:

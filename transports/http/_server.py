@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
+from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, SessionMetrics, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
@@ -279,6 +279,18 @@ class _Session:
         self.inbox.close()
         self.wake()
 
+    def stop(self) -> None:
+        """End the session at the registry's request (idle too long, the server stopping): its ``on_close``.
+
+        The session's task is cancelled, and its record ends now, so a request
+        waiting for a reply gets ``410`` with the reason at once, even while a
+        plain environment's step still holds the session's thread.
+        """
+        self.scope.cancel()
+        lease = self.lease
+        if lease is not None and lease.close_reason is not None:
+            self.end(lease.close_reason)
+
     def delete(self) -> None:
         """End the session at the client's request: after the request in hand, if any."""
         self.deleted = True
@@ -460,6 +472,7 @@ class HTTPPollingEndpoint:
         max_unacknowledged_bytes: The most reply bytes a session keeps for its
             client; beyond, its frames get ``409 too_many_unacknowledged`` until
             it acknowledges replies.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
         ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
@@ -477,6 +490,7 @@ class HTTPPollingEndpoint:
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
@@ -484,6 +498,7 @@ class HTTPPollingEndpoint:
             raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
         self.unused_timeout = unused_timeout
         self.error_details = error_details
+        self.metrics = metrics
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.factory = factory
         self.registry = registry
@@ -581,7 +596,7 @@ class HTTPPollingEndpoint:
 
         session_id = secrets.token_urlsafe(32)
         session = _Session(session_id, dialect, self._new_event)
-        lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
+        lease = await self.registry.admit(transport="http", on_close=session.stop)
         if lease is None:
             await self._refuse_at_capacity(send, dialect)
             return
@@ -636,6 +651,7 @@ class HTTPPollingEndpoint:
                             dialect=session.dialect,
                             error_details=self.error_details,
                             on_end=session.vacate_unless_lingering,
+                            metrics=self.metrics,
                         )
                         reason = (
                             "the client closed the session"

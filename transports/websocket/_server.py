@@ -26,7 +26,7 @@ import anyio
 import msgspec
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, encode_fatal_error, host_session
+from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
@@ -133,6 +133,7 @@ class WebSocketEndpoint:
         resume_timeout: Seconds a resumable session (one whose client offered
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._resume`.
+        metrics: Where the sessions' requests are counted, or ``None``.
         attach: Serves a connection that names a session made elsewhere
             (``/ws?session_id=…``, OpenEnv 0.10's MCP sessions): called with the
             id and the accepted connection's ``receive`` and ``send``, in plain
@@ -146,10 +147,12 @@ class WebSocketEndpoint:
         registry: SessionRegistry,
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+        metrics: SessionMetrics | None = None,
         attach: Callable[[str, Receive, Send], Awaitable[None]] | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
+        self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
         self.attach = attach
@@ -221,6 +224,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
                     )
                 )
@@ -304,6 +308,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread if first.lend is not None else None,
                     )
                 )
