@@ -41,7 +41,14 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, encode_fatal_error, factory_name, jsonrpc_error, serve_frames
+from openenv.server import (
+    ServerSession,
+    SessionMetrics,
+    encode_fatal_error,
+    factory_name,
+    jsonrpc_error,
+    serve_frames,
+)
 
 from ._asgi import Receive, Send
 from ._sessions import SessionLease, SessionRegistry
@@ -184,12 +191,21 @@ class MCPSessions:
         registry: The app's session registry: each session holds a slot.
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        metrics: Where the sessions' requests are counted, or ``None``.
     """
 
-    def __init__(self, factory: Callable[[], Any], *, registry: SessionRegistry, error_details: bool = True) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        error_details: bool = True,
+        metrics: SessionMetrics | None = None,
+    ) -> None:
         self.factory = factory
         self.registry = registry
         self.error_details = error_details
+        self.metrics = metrics
         self._sessions: dict[str, _MCPSession] = {}
         self._task_group: TaskGroup | None = None
 
@@ -268,7 +284,7 @@ class MCPSessions:
             return jsonrpc_error(_SERVER_ERROR, message, request_id, {"factory_name": factory_name(self.factory)})
         session.lease = lease
         self._sessions[session.id] = session
-        served = ServerSession(env, error_details=self.error_details, on_end=lease.vacate)
+        served = ServerSession(env, error_details=self.error_details, on_end=lease.vacate, metrics=self.metrics)
         task_group.start_soon(self._host, session, served)
         logger.info("MCP session %s… opened", session.id[:8])
         return {"jsonrpc": "2.0", "id": request_id, "result": {"session_id": session.id}}

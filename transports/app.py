@@ -276,7 +276,7 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=error_details)
+    mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=error_details, metrics=counted)
     websocket = WebSocketEndpoint(
         env_factory, registry=registry, error_details=error_details, metrics=counted, attach=mcp_sessions.attach
     )
