@@ -11,6 +11,7 @@ from pathlib import Path as _Path
 from . import _coexistence
 from ._client import USE_CLIENT_DEFAULT, EnvClient
 from ._clock import EVENT_LOOP_CLOCK, Clock
+from ._config import ServerConfig
 from ._environment import Environment, EnvironmentMetadata
 from ._exceptions import (
     AuthenticationError,
@@ -97,6 +98,7 @@ __all__ = [
     "ProtocolError",
     "ReplacedStepResult",
     "ReplyValidationError",
+    "ServerConfig",
     "ServerError",
     "SessionError",
     "State",

@@ -179,12 +179,12 @@ async def test_an_attached_session_is_never_idle_and_a_detached_one_is() -> None
             async with RawWebSocket.connect(attach_url(server, session_id)) as ws:
                 await ws.request('{"type": "reset"}')
                 # An hour on, the attached session is still not idle: its client is there.
-                assert registry.expire_idle(registry.clock() + 3600) == []
+                assert registry.expire_idle(registry.clock.now() + 3600) == []
                 await ws.ping()
                 await ws.close()
             await wait_until(lambda: server.app.state.mcp_sessions.attached_count == 0, "the WebSocket detaches")
-            assert registry.expire_idle(registry.clock() + 30) == []  # idle from the detach, not from before
-            [expired] = registry.expire_idle(registry.clock() + 61)
+            assert registry.expire_idle(registry.clock.now() + 30) == []  # idle from the detach, not from before
+            [expired] = registry.expire_idle(registry.clock.now() + 61)
             assert expired.transport == "mcp"
             await wait_until(lambda: registry.active == 0, "the idle session ends")
             gone = await mcp("tools/list", session_id=session_id)
@@ -198,7 +198,7 @@ async def test_a_plain_websocket_session_is_never_idle_while_connected() -> None
             registry = registry_of(server)
             async with RawWebSocket.connect(server.ws_url) as ws:
                 await ws.request('{"type": "reset", "data": {"episode_id": "long"}}')
-                assert registry.expire_idle(registry.clock() + 24 * 3600) == []
+                assert registry.expire_idle(registry.clock.now() + 24 * 3600) == []
                 assert (await ws.request('{"type": "state"}'))["data"]["episode_id"] == "long"
                 await ws.close()
 

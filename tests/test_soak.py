@@ -170,10 +170,11 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
 
 _UNMENDED_TRIO_SERVER = """
 import sys
+import transports._hypercorn_driver as driver
 import transports.runner as runner
 from tests.test_server_app import WireEchoEnv
 
-runner._mend_hypercorn_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
+driver.mend_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
 runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", server="hypercorn", max_sessions=1, log_level="critical")
 """
 

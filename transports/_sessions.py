@@ -69,22 +69,32 @@ called at once, a busy one ends when it next goes idle, after its reply.
 
 The registry does no I/O: `SessionRegistry.expire_idle` is a plain function of
 the clock, and `SessionRegistry.run_reaper` only sleeps between calls to it.
+Every time it reads or waits is its `openenv.Clock`'s, so a test gives it a
+clock it advances by hand.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import anyio
 
-from openenv import Dialect
+from openenv import Clock, Dialect
 from openenv.server import encode_fatal_error
 
-__all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry", "session_failed_frame"]
+__all__ = [
+    "IDLE_TIMEOUT_REASON",
+    "MONOTONIC_CLOCK",
+    "SHUTDOWN_REASON",
+    "SessionLease",
+    "SessionRegistry",
+    "session_failed_frame",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -104,6 +114,24 @@ def session_failed_frame(dialect: Dialect) -> bytes:
         The encoded frame, saying no more than that (the log has the traceback).
     """
     return encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server")
+
+
+class _MonotonicClock(Clock):
+    """The event loop's waits, with a `now` any thread may read (a lent socket's thread touches its lease)."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> anyio.CancelScope:
+        if deadline != math.inf:  # from this clock's time to the event loop's
+            deadline = anyio.current_time() + (deadline - time.monotonic())
+        return anyio.CancelScope(deadline=deadline, shield=shield)
+
+
+MONOTONIC_CLOCK = _MonotonicClock()
+"""A registry's clock by default: the monotonic time, which any thread may read; waits on the event loop."""
 
 
 # How often the reaper looks, as a fraction of the idle timeout, and its bounds (s).
@@ -182,7 +210,7 @@ class SessionLease:
         """Record activity now: the session is idle from this moment (it waits for its client)."""
         registry = self._registry
         if registry is not None:
-            self.idle_since = registry.clock()
+            self.idle_since = registry.clock.now()
 
     def mark_busy(self) -> None:
         """Stop the idle clock until the next `touch` (a request is being handled)."""
@@ -200,7 +228,7 @@ class SessionLease:
         registry, idle_since = self._registry, self.idle_since
         if registry is None or idle_since is None:
             return 0.0
-        return (registry.clock() if now is None else now) - idle_since
+        return (registry.clock.now() if now is None else now) - idle_since
 
     def request_close(self, reason: str) -> None:
         """Ask the session to end; the first reason given sticks.
@@ -304,7 +332,10 @@ class SessionRegistry:
         transport_idle_timeouts: A shorter idle timeout for the sessions of some
             transports, by transport name (``{"http": 300.0}``); the shorter of
             it and ``session_idle_timeout`` applies.
-        clock: The clock leases are timed with (seconds, monotonic).
+        clock: Where idleness and the queue's wait are timed, and the reaper
+            sleeps; by default the monotonic time, read from any thread (a
+            test gives a clock of its own). Its `now` must be safe to call from
+            a session's thread.
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
 
@@ -322,7 +353,7 @@ class SessionRegistry:
         max_sessions: int | None = None,
         session_idle_timeout: float | None = None,
         transport_idle_timeouts: Mapping[str, float] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = MONOTONIC_CLOCK,
         queue_timeout: float | None = None,
     ) -> None:
         if queue_timeout is not None and not queue_timeout > 0:
@@ -461,7 +492,7 @@ class SessionRegistry:
 
     def _new_lease(self, transport: str, on_close: Callable[[], object] | None) -> SessionLease:
         lease = SessionLease(
-            self, next(self._ids), transport, on_close, self.clock(), idle_timeout=self.idle_timeout_of(transport)
+            self, next(self._ids), transport, on_close, self.clock.now(), idle_timeout=self.idle_timeout_of(transport)
         )
         self._leases[lease.id] = lease
         self._slots_taken += 1
@@ -498,7 +529,7 @@ class SessionRegistry:
         waiter = _Waiter(transport, on_close)
         self._queue.append(waiter)
         try:
-            with anyio.move_on_after(self.queue_timeout):
+            with self.clock.move_on_after(self.queue_timeout):
                 await waiter.admitted.wait()
         except BaseException:  # cancelled (the client went, the server stops): give back what came
             if waiter.lease is not None:
@@ -524,7 +555,7 @@ class SessionRegistry:
         if self.session_idle_timeout is None and not self.transport_idle_timeouts:
             return []
         if now is None:
-            now = self.clock()
+            now = self.clock.now()
         expired = []
         for lease in list(self._leases.values()):
             idle_since, timeout = lease.idle_since, lease.idle_timeout
@@ -590,5 +621,5 @@ class SessionRegistry:
         if interval is None:
             return
         while True:
-            await anyio.sleep(interval)
+            await self.clock.sleep(interval)
             self.expire_idle()

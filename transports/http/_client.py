@@ -72,6 +72,7 @@ from ._protocol import (
     SESSION_KEY_HEADER,
     SESSIONS_PATH,
     WAIT_HEADER,
+    Created,
     dialect_for,
 )
 
@@ -117,14 +118,7 @@ _RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
 _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
-class _Created(msgspec.Struct):
-    session_id: str
-    session_key: str | None = None
-    max_body_size: int | None = None
-    max_wait: float | None = None
-
-
-_decode_created = msgspec.json.Decoder(_Created).decode
+_decode_created = msgspec.json.Decoder(Created).decode
 
 
 class _RequestFailed(Exception):
