@@ -564,6 +564,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             # A replacement that fails too is raised: the failure is then not the session's.
             first = await self._request(index, lambda client: client.reset(timeout=timeout, **reset_arguments))
             self._sessions[index].done = False
-            return ReplacedStepResult(first.observation, first.reward, cuts_episode or first.done, error=exc)
+            return ReplacedStepResult(
+                first.observation, first.reward, cuts_episode or first.done, first.metadata, error=exc
+            )
         self._sessions[index].done = result.done
         return result

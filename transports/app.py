@@ -5,9 +5,12 @@
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
-- ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
+- ``GET /schema`` → ``{"action", "observation", "state", "reset_observation"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
-- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`).
+- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`);
+- OpenEnv's stateless HTTP routes (`transports.openenv_http`), with the MCP
+  sessions of ``POST /mcp`` (`transports._mcp_sessions`), and its Task API
+  (`transports.task_api`).
 
 Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
 Everything a further transport's routes need is kept on ``app.state``:
@@ -53,6 +56,7 @@ from openenv.server import (
 
 from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from
+from ._mcp_sessions import MCPSessions
 from ._sessions import MONOTONIC_CLOCK, SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
@@ -65,6 +69,7 @@ from .http._protocol import (
 )
 from .http._server import HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
+from .task_api import task_api_routes
 from .websocket._server import WebSocketEndpoint
 
 __all__ = [
@@ -155,7 +160,7 @@ def create_app(
         async with serve(app) as server:
             async with EchoEnv(server.url) as env:
                 await env.reset()
-            print(sorted(app.state.schemas))  # ['action', 'observation', 'state']
+            print(sorted(app.state.schemas))  # ['action', 'observation', 'reset_observation', 'state']
         ```
 
     Args:
@@ -165,7 +170,11 @@ def create_app(
             its own (``max_sessions``, ``session_idle_timeout``,
             ``http_idle_timeout``, ``queue_timeout``, ``max_message_size``,
             ``auth_token``, ``allow_origins``, ``error_details``) and keeps the
-            whole as ``app.state.config``, for the server that runs it.
+            whole as ``app.state.config``, for the server that runs it. Its
+            ``session_idle_timeout`` counts only while a session has no request
+            in hand and no connection open to its client: a WebSocket session
+            lasts as long as its connection (whose death keepalives find), an
+            MCP session made over ``POST /mcp`` while a WebSocket is attached.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
         clock: Where the app times its sessions' idleness, the wait for a slot
@@ -183,7 +192,8 @@ def create_app(
         ``config`` (the checked `openenv.ServerConfig`), ``sessions`` (the
         `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
-        ``/ws`` endpoint), ``factory``, ``schemas``,
+        ``/ws`` endpoint), ``mcp_sessions`` (the sessions made over ``POST
+        /mcp``: OpenEnv 0.10's MCP production mode), ``factory``, ``schemas``,
         ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
         ``lifespan_tasks``.
 
@@ -248,7 +258,14 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=config.error_details, metrics=counted)
+    mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=config.error_details, metrics=counted)
+    websocket = WebSocketEndpoint(
+        env_factory,
+        registry=registry,
+        error_details=config.error_details,
+        metrics=counted,
+        attach=mcp_sessions.attach,
+    )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
@@ -263,8 +280,11 @@ def create_app(
             registry=registry,
             max_message_size=config.max_message_size,
             error_details=config.error_details,
+            mcp_sessions=mcp_sessions,
             metrics=counted,
         ),
+        # Last: its /{env_name}/... paths would take any other two-part path.
+        *task_api_routes(env_factory, name=meta.name, registry=registry, error_details=config.error_details),
     ]
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
@@ -289,10 +309,11 @@ def create_app(
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.config = config
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, mcp_sessions.run]
     app.state.sessions = registry
     app.state.http_polling = polling
     app.state.websocket = websocket
+    app.state.mcp_sessions = mcp_sessions
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 import msgspec
@@ -55,6 +56,15 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return value  # type: ignore[no-any-return]
     return None
+
+
+def _session_to_attach(scope: Scope) -> str | None:
+    """The ``session_id`` a connection's query string names, if any."""
+    query = scope.get("query_string") or b""
+    if b"session_id=" not in query:
+        return None
+    values = parse_qs(query.decode("latin-1")).get("session_id")
+    return values[0] if values else None
 
 
 def select_subprotocol(offered: Iterable[str]) -> str | None:
@@ -124,6 +134,10 @@ class WebSocketEndpoint:
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._resume`.
         metrics: Where the sessions' requests are counted, or ``None``.
+        attach: Serves a connection that names a session made elsewhere
+            (``/ws?session_id=…``, OpenEnv 0.10's MCP sessions): called with the
+            id and the accepted connection's ``receive`` and ``send``, in plain
+            OpenEnv frames. ``None`` serves such a connection as any other.
     """
 
     def __init__(
@@ -134,12 +148,14 @@ class WebSocketEndpoint:
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
         metrics: SessionMetrics | None = None,
+        attach: Callable[[str, Receive, Send], Awaitable[None]] | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
         self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
+        self.attach = attach
         self._resumable: dict[str, ResumableLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,6 +173,12 @@ class WebSocketEndpoint:
             raise RuntimeError(f"{type(self).__name__} serves websocket scopes, not {scope['type']!r}")
         message = await receive()
         if message["type"] != "websocket.connect":
+            return
+        attach_to = _session_to_attach(scope) if self.attach is not None else None
+        if attach_to is not None and self.attach is not None:
+            with contextlib.suppress(OSError):
+                await send({"type": "websocket.accept", "subprotocol": None})  # plain OpenEnv frames
+                await self.attach(attach_to, receive, send)
             return
         subprotocol = select_subprotocol(scope.get("subprotocols") or ())
         resumable = subprotocol is not None and subprotocol in RESUMABLE_SUBPROTOCOLS
@@ -187,6 +209,7 @@ class WebSocketEndpoint:
         if lease is None:
             await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
             return
+        lease.connected = True  # never reaped as idle while its connection lasts
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
@@ -236,6 +259,7 @@ class WebSocketEndpoint:
         if lease is None:
             await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect))
             return
+        lease.connected = True  # its client away, resume_timeout bounds the wait instead
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
         binary = dialect.encoding == "msgpack"
