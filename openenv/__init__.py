@@ -6,7 +6,9 @@ an `EnvPool` steps many sessions at once.
 """
 
 import logging as _logging
+from pathlib import Path as _Path
 
+from . import _coexistence
 from ._client import USE_CLIENT_DEFAULT, EnvClient
 from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._config import ServerConfig
@@ -60,6 +62,9 @@ _logging.getLogger("openenv").addHandler(_logging.NullHandler())
 
 __version__ = "0.1.0"
 """The version of this openenv package."""
+
+_DISTRIBUTION = _coexistence.DISTRIBUTION  # whose package this is: upstream OpenEnv's is imported as openenv too
+_coexistence.warn_if_mixed(_Path(__file__).parent)
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -9,7 +9,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
 
 import anyio
 import msgspec
@@ -51,7 +51,29 @@ logger = logging.getLogger("openenv.client")
 
 
 # The client's own keyword options; every other keyword goes to the transport.
-_CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type", "clock")
+_CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type", "clock", "mode")
+_MODES = ("simulation", "production")
+
+
+def _own_metadata(observation: Any) -> dict[str, Any]:
+    """The ``metadata`` an observation carries itself (a Struct's field, a dict's key), or an empty dict."""
+    metadata = observation.get("metadata") if isinstance(observation, dict) else getattr(observation, "metadata", None)
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _tool_value(result: Any) -> Any:
+    """A tool's value: an environment built on FastMCP (as OpenEnv's are) wraps it in a CallToolResult."""
+    if isinstance(result, dict) and "data" in result and "content" in result:
+        return result["data"]
+    return result
+
+
+def _tool_from_jsonrpc(entry: Any) -> Tool:
+    """A tool as ``tools/list`` describes it (``inputSchema``, or OpenEnv's ``input_schema``)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ReplyValidationError(f"expected a tool, got {entry!r:.80}")
+    schema = entry.get("inputSchema", entry.get("input_schema")) or {}
+    return Tool(name=entry["name"], description=entry.get("description") or "", input_schema=schema)
 
 
 class _UseClientDefault(enum.Enum):
@@ -141,6 +163,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         action_type: Overrides the action type given as a type parameter.
         observation_type: Overrides the observation type (``dict`` for untyped).
         state_type: Overrides the state type (``dict`` for untyped).
+        mode: How `list_tools` and `call_tool` reach an MCP tool environment,
+            as OpenEnv 0.10 names it: ``"simulation"`` (the default) sends
+            steps (`ListToolsAction`, `CallToolAction`: counted, with a
+            reward); ``"production"`` sends JSON-RPC ``tools/list`` and
+            ``tools/call`` on the session's channel (`mcp`), bypassing
+            ``step``, as OpenEnv's ``MCPToolClient`` does by default. With an
+            ``http+mcp://`` URL the session itself is made over ``POST /mcp``
+            too (see ``transports.mcp_session``).
         clock: Where the client measures its calls' timeouts; the event loop's
             time by default. The transport the URL picks gets it too, if it
             takes a ``clock`` option. For tests: a clock advanced by hand
@@ -152,6 +182,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     Attributes:
         base_url: The URL the client was given, or ``None``.
+        mode: ``"simulation"`` or ``"production"`` (see the argument).
         timeout: The default reply timeout of every call, in seconds (``None``:
             no limit); it may be changed between calls.
         action_type: The type of the actions `step` sends (``dict`` if untyped).
@@ -189,10 +220,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         observation_type: Any = None,
         state_type: Any = None,
         clock: Clock = EVENT_LOOP_CLOCK,
+        mode: Literal["simulation", "production"] = "simulation",
         **transport_options: Any,
     ) -> None:
         if base_url is None and transport is None:
             raise ValueError("EnvClient needs a base_url or a transport")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be 'simulation' or 'production', not {mode!r}")
+        self.mode = mode
         if transport is None and base_url is not None:
             check_transport_options(base_url, transport_options, also=_CLIENT_OPTIONS)
         self.base_url = base_url
@@ -593,9 +628,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
         """List the tools of an MCP tool environment.
 
-        Sends a `ListToolsAction` step, as OpenEnv's ``MCPToolClient`` does, so
-        it works over every transport and against OpenEnv's servers; no `reset`
-        is needed first.
+        Sends a `ListToolsAction` step, as OpenEnv's ``MCPToolClient`` does in
+        its simulation mode, so it works over every transport and against
+        OpenEnv's servers; no `reset` is needed first. In the client's
+        ``"production"`` `mode`, a JSON-RPC ``tools/list`` instead (see `mcp`).
 
         Args:
             timeout: Seconds to wait for the reply, instead of the client's
@@ -622,6 +658,16 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     print(tool.name, tool.input_schema["required"])  # echo_message ['message'] ...
             ```
         """
+        if self.mode == "production":
+            try:
+                listed = await self.mcp("tools/list", timeout=timeout)
+            except MCPError as exc:
+                if exc.code in (-32601, -32603):  # the environment has no tools (OpenEnv's answer)
+                    return []
+                raise
+            if not isinstance(listed, dict) or not isinstance(listed.get("tools"), list):
+                raise ReplyValidationError(f"expected a list of tools, got {listed!r:.80}")
+            return [_tool_from_jsonrpc(entry) for entry in listed["tools"]]
         try:
             observation = await self._tool_step(ListToolsAction(), timeout)
         except ValidationError:  # its action type has no room for a tool listing: it has no tools
@@ -635,9 +681,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     ) -> Any:
         """Call one tool of an MCP tool environment and return its result.
 
-        Sends a `CallToolAction` step, as OpenEnv's ``MCPToolClient`` does (so
-        the environment counts it as a step). For the reward and the whole
-        observation, ``step(CallToolAction(...))`` instead.
+        Sends a `CallToolAction` step, as OpenEnv's ``MCPToolClient`` does in
+        its simulation mode (so the environment counts it as a step). For the
+        reward and the whole observation, ``step(CallToolAction(...))``
+        instead. In the client's ``"production"`` `mode`, a JSON-RPC
+        ``tools/call`` instead, bypassing ``step`` (see `mcp`).
 
         Args:
             name: The tool's name.
@@ -666,6 +714,14 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 print(await env.call_tool("echo_with_length", message="Hello!"))  # {'message': 'Hello!', 'length': 6}
             ```
         """
+        if self.mode == "production":
+            try:
+                result = await self.mcp("tools/call", {"name": name, "arguments": arguments}, timeout=timeout)
+            except MCPError as exc:
+                data = exc.data if isinstance(exc.data, dict) else {}
+                kind = data.get("error_type") or ("invalid_args" if exc.code == -32602 else "execution_error")
+                raise ToolCallError(name, str(kind), exc.message) from exc
+            return _tool_value(result)
         try:
             observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
         except ValidationError as exc:
@@ -676,12 +732,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         error = observation.error
         if error is not None:
             raise ToolCallError(name, error.error_type, error.message)
-        result = observation.result
-        # An environment built on FastMCP (as OpenEnv's are) wraps the value in a
-        # CallToolResult; its plain value is under "data".
-        if isinstance(result, dict) and "data" in result and "content" in result:
-            return result["data"]
-        return result
+        return _tool_value(observation.result)
 
     async def mcp(
         self,
@@ -765,7 +816,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             else:
                 observation.reward = data.reward
                 observation.done = data.done
-        return StepResult(observation, data.reward, data.done)
+        metadata = data.metadata
+        if metadata is msgspec.UNSET:  # an older server, or none to send: the observation's own, if any
+            metadata = _own_metadata(observation)
+        return StepResult(observation, data.reward, data.done, metadata)
 
     async def _request(
         self,

@@ -6,12 +6,15 @@ reused for every frame: building a msgspec decoder is far costlier than using on
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any, Generic, Union
 
 import msgspec
 
 from ._exceptions import ProtocolError, ReplyValidationError
+from ._lax import lax_convert
 from ._messages import (
     CloseRequest,
     Dialect,
@@ -61,24 +64,25 @@ def _out_of_range(exc: msgspec.ValidationError) -> bool:
     return str(exc).startswith("Number out of range")
 
 
-def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool]:
-    """Take out of an observation's fields what does not travel inside it on the wire.
+def lift_observation_fields(fields: dict[str, Any]) -> tuple[dict[str, Any], float | None, bool, Any]:
+    """Take out of an observation's fields what travels beside it on the wire.
 
-    The one place that decides it: ``reward`` and ``done`` travel beside the
-    observation (OpenEnv's ``{"observation", "reward", "done"}``), ``metadata``
-    not at all.
+    The one place that decides it, as OpenEnv 0.10 does: ``reward`` and
+    ``done`` travel beside the observation (``{"observation", "reward",
+    "done"}``); ``metadata`` stays inside it and, when it is not empty, is also
+    written beside it (``data.metadata``).
 
     Args:
-        fields: The observation's fields; ``reward``, ``done`` and ``metadata``
-            are removed from it.
+        fields: The observation's fields; ``reward`` and ``done`` are removed from it.
 
     Returns:
-        The remaining fields, the reward (``None`` if none) and done.
+        The remaining fields, the reward (``None`` if none), done, and the
+        metadata to write beside the observation (``msgspec.UNSET`` for none).
     """
     reward = fields.pop("reward", None)
     done = bool(fields.pop("done", False))
-    fields.pop("metadata", None)
-    return fields, reward, done
+    metadata = fields.get("metadata")
+    return fields, reward, done, metadata if metadata else msgspec.UNSET
 
 
 def _encoder(dialect: Dialect) -> msgspec.json.Encoder | msgspec.msgpack.Encoder:
@@ -313,6 +317,16 @@ def validation_errors(exc: msgspec.ValidationError, value: Any = None) -> list[d
     return [entry]
 
 
+def _decode_lax(decode: Callable[[Any], Any], decode_any: Callable[[Any], Any], type_: Any, raw: Any) -> Any:
+    """Decode strictly (the fast path); data that does not fit as it is gets pydantic's lax conversions."""
+    try:
+        return decode(raw)
+    except msgspec.ValidationError as exc:
+        if _out_of_range(exc):
+            raise
+        return lax_convert(decode_any(raw), type_)
+
+
 class ServerCodec(Generic[ActT]):
     """Reads requests and writes replies for one server session.
 
@@ -320,10 +334,11 @@ class ServerCodec(Generic[ActT]):
         dialect: The dialect the transport negotiated.
         action_type: The type step data is decoded into (``dict`` for none); a
             union of Structs (``A | B``) decodes each action into the member it fits.
-        strict: Validate actions in msgspec's strict mode. By default (``False``)
-            a number may also come as a numeric string, and an ``int`` as an
-            integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's
-            pydantic models accept them.
+        strict: Validate actions strictly. By default (``False``) an action
+            that does not fit as it is gets pydantic's lax conversions (a
+            number as a numeric string, an ``int`` as an integral float or a
+            bool, a bool as ``"yes"`` or ``1.0``: see `openenv._lax`), as
+            OpenEnv's pydantic models accept them.
     """
 
     def __init__(self, dialect: Dialect, *, action_type: Any, strict: bool = False) -> None:
@@ -331,13 +346,17 @@ class ServerCodec(Generic[ActT]):
         self._request_ids = dialect.request_ids
         self._encode = _encoder(dialect).encode
         self._decode_request = _decoder(dialect, IncomingRequest).decode
+        self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
+        self._decode_any = _decoder(dialect, Any).decode
         members = struct_union_members(action_type)
         if members is not None:
             self._decode_action = StructUnionDecoder(members, encoding=dialect.encoding, strict=strict).decode
+        elif strict:
+            self._decode_action = _decoder(dialect, action_type).decode
         else:
-            self._decode_action = _decoder(dialect, action_type, strict=strict).decode
-        self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
-        self._decode_any = _decoder(dialect, Any).decode
+            self._decode_action = functools.partial(
+                _decode_lax, _decoder(dialect, action_type).decode, self._decode_any, action_type
+            )
         self._json = dialect.encoding != "msgpack"
 
     def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:
@@ -424,7 +443,7 @@ class ServerCodec(Generic[ActT]):
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
 
     def observation(self, observation: Any, request_id: int | None) -> bytes:
-        """Encode an observation reply, lifting ``done`` and ``reward`` beside it.
+        """Encode an observation reply, lifting ``done`` and ``reward`` (and non-empty ``metadata``) beside it.
 
         Args:
             observation: What the environment returned: a Struct, a dict, or
@@ -445,8 +464,8 @@ class ServerCodec(Generic[ActT]):
             fields = msgspec.to_builtins(observation)
             if not isinstance(fields, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
-        fields, reward, done = lift_observation_fields(fields)
-        reply = ObservationReply(data=ObservationData(fields, reward, done), id=request_id)
+        fields, reward, done, metadata = lift_observation_fields(fields)
+        reply = ObservationReply(data=ObservationData(fields, reward, done, metadata), id=request_id)
         return self._encode(reply)
 
     def state(self, state: Any, request_id: int | None) -> bytes:

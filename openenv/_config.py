@@ -97,8 +97,10 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     in arrival order, before it gets ``CAPACITY_REACHED``; ``None`` refuses it at once, as OpenEnv does."""
 
     session_idle_timeout: Annotated[float, Meta(gt=0)] | None = 600.0
-    """The app's: seconds a session may wait for its client's next request before the server ends
-    it; ``None`` for never."""
+    """The app's: seconds a session may go without its client before the server ends it; ``None``
+    for never. It counts only while the session has no request in hand and no connection open to its
+    client (an HTTP long-polling session between requests, an MCP session made over ``POST /mcp``
+    with no WebSocket attached): a WebSocket session lasts as long as its connection, however quiet."""
 
     http_idle_timeout: Annotated[float, Meta(gt=0)] | None = 300.0
     """The app's: the same for HTTP long-polling sessions, whose clients cannot be seen leaving: a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Generic
 
 import msgspec
@@ -118,6 +118,9 @@ class Environment(Generic[ActT, ObsT, StateT]):
             set from the first type parameter, or in the class body.
         observation_type: The observation type, for ``GET /schema``.
         state_type: The state type, for ``GET /schema``.
+        reset_observation_type: What ``reset`` returns, for ``GET /schema``'s
+            ``reset_observation``, when it differs from ``observation_type``;
+            ``None`` (the default) reads it from ``reset``'s return annotation.
         strict_validation: Validate actions strictly. By default (``False``) a
             number may also arrive as a numeric string and an ``int`` as an
             integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's pydantic
@@ -127,6 +130,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
     action_type: Any = dict
     observation_type: Any = dict
     state_type: Any = dict
+    reset_observation_type: Any = None
     strict_validation: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -188,6 +192,43 @@ class Environment(Generic[ActT, ObsT, StateT]):
             ``None``, or an awaitable, for an async override (``async def close``).
         """
         return None
+
+    def tasks(self) -> Mapping[str, Sequence[Any]] | Awaitable[Mapping[str, Sequence[Any]]]:
+        """The tasks the environment offers, by split, for OpenEnv's Task API; none by default.
+
+        Override it to offer tasks: return each split's name (``"train"``,
+        ``"validation"``, ``"test"``, or your own) and its task specs, any
+        sequence of JSON-able values (a list, a dataset that supports ``len``
+        and indexing, ...). The server then answers ``GET /{name}/splits`` and
+        ``POST /{name}/tasks``, ``/num_tasks``, ``/task`` and ``/task_range``
+        from it (see ``transports.task_api``); without an override they
+        answer ``501``, as OpenEnv's do. It is called on an environment built
+        for the request (and closed after it), so keep it cheap and free of
+        side effects; it may be ``async``. To select a task, let ``reset``
+        take the split and index (``reset(split="test", index=3)``).
+
+        Examples:
+            ```python
+            from typing import Any
+
+            import openenv
+
+
+            class Arithmetic(openenv.Environment[Any, Any, openenv.State]):
+                def tasks(self) -> dict[str, list[dict[str, Any]]]:
+                    return {"train": [{"question": "1+1", "answer": 2}], "test": [{"question": "2+2", "answer": 4}]}
+
+
+            print(Arithmetic().tasks()["test"][0])  # {'question': '2+2', 'answer': 4}
+            ```
+
+        Returns:
+            The task specs of each split, by split name (or an awaitable of it).
+
+        Raises:
+            NotImplementedError: Not overridden: the environment offers no tasks.
+        """
+        raise NotImplementedError
 
     @classmethod
     def metadata(cls) -> EnvironmentMetadata:

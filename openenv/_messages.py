@@ -8,7 +8,7 @@ client -> server   {"type": "reset", "data": {...reset kwargs}}
                    {"type": "state"}
                    {"type": "close"}
                    {"type": "mcp",   "data": {...JSON-RPC 2.0 request}}
-server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}
+server -> client   {"type": "observation", "data": {"observation": {...}, "reward": r, "done": d, "metadata": {...}}}
                    {"type": "state", "data": {...state fields}}
                    {"type": "error", "data": {"message": "...", "code": "...", ...}}
                    {"type": "mcp",   "data": {...JSON-RPC 2.0 response}}
@@ -99,12 +99,18 @@ class MCPMessage(_Frame, tag="mcp"):
 
 
 class ObservationData(msgspec.Struct, Generic[ObsT]):
-    """The ``data`` of an observation reply: done and reward sit beside the observation."""
+    """The ``data`` of an observation reply: done and reward sit beside the observation.
+
+    So does the observation's ``metadata`` when it is not empty, as OpenEnv 0.10
+    sends it (also inside the observation itself); replies of older servers have
+    none (an unset field is not written).
+    """
 
     observation: ObsT
     # Kept as sent: OpenEnv allows bool, int and float rewards.
     reward: bool | int | float | None = None
     done: bool = False
+    metadata: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ObservationReply(_Frame, Generic[ObsT], tag="observation"):

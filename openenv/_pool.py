@@ -920,7 +920,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             for index, reset in resets.ready.items():
                 final = results[index]
                 results[index] = FinalStepResult(
-                    reset.observation, final.reward, True, final_observation=final.observation
+                    reset.observation, final.reward, True, final.metadata, final_observation=final.observation
                 )
                 self._sessions[index].done = False
         failed: dict[int, Exception] = {}
@@ -948,7 +948,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             self._sessions[index].fresh = False
             self._sessions[index].done = False
             results[index] = ReplacedStepResult(
-                first.observation, first.reward, kind == "step" or first.done, error=error
+                first.observation, first.reward, kind == "step" or first.done, first.metadata, error=error
             )
         if failed:
             first_error = failed[min(failed)]

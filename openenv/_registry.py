@@ -32,6 +32,7 @@ import msgspec
 
 from ._config import check_options
 from ._exceptions import UnsupportedSchemeError
+from ._hints import openenv_option_hint
 from ._transport import Transport
 
 __all__ = [
@@ -178,14 +179,6 @@ def create_transport(url: str, **options: Any) -> Transport:
     return _factory_for(url_scheme(url))(url, **options)
 
 
-# OpenEnv's client options, and what openenv calls them.
-_OPENENV_OPTION_NAMES = {
-    "message_timeout_s": "timeout",
-    "connect_timeout_s": "connect_timeout",
-    "max_message_size_mb": "max_message_size (in bytes)",
-}
-
-
 class _Options(NamedTuple):
     """What a factory's signature says of its keyword options."""
 
@@ -271,13 +264,11 @@ def check_transport_options(url: str, options: Mapping[str, Any], *, also: Colle
     accepted = declared.names
     unknown = sorted(set(options) - accepted) if accepted is not None else []
     if unknown:
-        renamed = [
-            f"{name}= is {_OPENENV_OPTION_NAMES[name]}= here" for name in unknown if name in _OPENENV_OPTION_NAMES
-        ]
+        hint = openenv_option_hint(unknown)
         valid = ", ".join(sorted({*(accepted or ()), *also}))
         raise TypeError(
             f"unknown option {', '.join(name + '=' for name in unknown)} for {scheme}:// URLs"
-            + (f" (OpenEnv's {'; '.join(renamed)})" if renamed else "")
+            + (f" ({hint})" if hint else "")
             + f"; the options are: {valid}"
         )
     check_options(declared.checked, options, of=f"{scheme}:// URLs")

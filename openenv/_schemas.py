@@ -7,9 +7,10 @@ environment without importing the ASGI app; the app answers ``GET /schema`` and
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -77,6 +78,25 @@ def _action_schema(cls: Any, action_type: Any) -> dict[str, Any]:
     return schema
 
 
+def _reset_observation_type(cls: Any, observation_type: Any) -> Any:
+    """What ``reset`` returns: ``reset_observation_type``, else ``reset``'s return hint, else ``observation_type``."""
+    declared = getattr(cls, "reset_observation_type", None)
+    if declared is not None:
+        return declared
+    reset = getattr(cls, "reset", None)
+    if reset is None or reset is Environment.reset:
+        return observation_type
+    try:
+        returns = typing.get_type_hints(reset).get("return")
+    except Exception:  # a hint that names what the module cannot resolve: no harm, just no schema of its own
+        return observation_type
+    if typing.get_origin(returns) in (Awaitable, collections.abc.Awaitable, collections.abc.Coroutine):
+        return observation_type
+    if (isinstance(returns, type) and issubclass(returns, msgspec.Struct)) or struct_union_members(returns):
+        return returns
+    return observation_type
+
+
 def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]:
     """The JSON Schemas ``GET /schema`` answers with, for an environment factory.
 
@@ -85,11 +105,15 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
             the class it returns, ideally; otherwise the schemas allow anything).
 
     Returns:
-        ``{"action": ..., "observation": ..., "state": ...}``, each the JSON
-        Schema of the type itself, its own definition at the top (as OpenEnv's
-        pydantic schemas are). The observation's schema names every field,
+        ``{"action": ..., "observation": ..., "state": ..., "reset_observation":
+        ...}``, each the JSON Schema of the type itself, its own definition at
+        the top (as OpenEnv's pydantic schemas are). ``reset_observation`` is
+        what ``reset`` returns, as OpenEnv 0.10 adds it: the environment's
+        ``reset_observation_type`` if it sets one, else the return type its
+        ``reset`` is annotated with (a Struct, or a union of them), else the
+        observation type. The observation's schema names every field,
         ``done``, ``reward`` and ``metadata`` included, although on the wire
-        some travel beside the others or not at all (see
+        ``done`` and ``reward`` travel beside the others (see
         `openenv._codec.lift_observation_fields`). A tool environment's action
         schema lists its tools' names.
     """
@@ -101,6 +125,7 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
         "action": _action_schema(cls, action_type),
         "observation": _inlined_schema(observation_type),
         "state": _inlined_schema(state_type),
+        "reset_observation": _inlined_schema(_reset_observation_type(cls, observation_type)),
     }
 
 

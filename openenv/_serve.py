@@ -1,7 +1,7 @@
 """`openenv.serve`: serve an environment from inside an event loop, for tests and notebooks.
 
 The server lives in `transports` (it needs an ASGI server: ``pip install
-'openenv[server]'``). openenv never imports it: `serve` finds it through the
+'openenv-anyio[server]'``). openenv never imports it: `serve` finds it through the
 ``openenv.server`` entry-point group (the entry named ``serve``), as a client
 finds its transport through ``openenv.transports``, and only when called, so
 importing openenv pulls in no I/O library. `ServeFunction` is the signature that
@@ -68,7 +68,7 @@ class ServeFunction(Protocol):
 
 def _server_entry() -> ServeFunction:
     """The ``serve`` entry of the ``openenv.server`` group, loaded."""
-    hint = "openenv.serve needs the server extra: pip install 'openenv[server]'"
+    hint = "openenv.serve needs the server extra: pip install 'openenv-anyio[server]'"
     found = entry_points(group=SERVER_ENTRY_POINT_GROUP, name="serve")
     if not found:
         raise ImportError(f"{hint} (no {SERVER_ENTRY_POINT_GROUP!r} entry point named 'serve' is installed)")
@@ -126,7 +126,7 @@ def serve(
 
     Raises:
         ImportError: The server extra is not installed (``pip install
-            'openenv[server]'``), or, on entering, a named factory cannot be
+            'openenv-anyio[server]'``), or, on entering, a named factory cannot be
             imported.
         TypeError: An unknown option, or one of the wrong type (the message
             names it); on entering, a factory that cannot build environments:

@@ -9,6 +9,7 @@ environment is reported. The session survives every per-message error.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import time
@@ -24,7 +25,7 @@ from ._codec import RequestError, ServerCodec
 from ._environment import Environment
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
-from ._tools import mcp_unsupported, runs_plain_steps
+from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
 from ._worker import Call, CallBatch, SessionWorker
 
 __all__ = ["ServerSession", "SessionMetrics", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
@@ -149,6 +150,9 @@ class ServerSession:
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
         self._step = self._runner(env.step)
+        if self._mcp is None and takes_tool_actions(getattr(env, "action_type", dict)):
+            # No tools of its own, but tool actions: OpenEnv's server answers tools/list and tools/call with a step.
+            self._mcp = functools.partial(mcp_through_step, self._step)
         # An async environment lives on the event loop: read its state there too
         # (unless its steps run plain code: then on the session's thread).
         async_env = inspect.iscoroutinefunction(env.step) and not self._plain_steps

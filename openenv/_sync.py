@@ -10,6 +10,8 @@ collected or at exit, as an unclosed file is).
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
 import warnings
 import weakref
@@ -518,3 +520,39 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         """
         portal = self._holder.portal("mcp")
         return _call(portal, lambda: self.client.mcp(method, params, timeout=timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        """The client's own attribute of that name; a coroutine method of a subclass comes as a blocking one.
+
+        As OpenEnv's sync wrapper does: a typed client's own ``async def``
+        helpers (``async def solve(self, ...)``) are called blocking on the
+        facade (``env.solve(...)``), on the client's event loop; any other
+        attribute is the client's own.
+
+        Args:
+            name: The attribute's name.
+
+        Returns:
+            The attribute, or a blocking function that runs the coroutine method.
+
+        Raises:
+            AttributeError: The client has no such attribute.
+        """
+        if name.startswith("__") or name in _OWN_ATTRIBUTES:
+            raise AttributeError(name)
+        client = self.__dict__.get("client")
+        if client is None:
+            raise AttributeError(name)
+        attribute = getattr(client, name)
+        if not inspect.iscoroutinefunction(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            portal = self._holder.portal(name)
+            return _call(portal, lambda: getattr(client, name)(*args, **kwargs))
+
+        return blocking
+
+
+_OWN_ATTRIBUTES = frozenset({"client", "backend", "_holder"})

@@ -1,10 +1,12 @@
 """MCP tool environments: an `Environment` whose tools are typed methods.
 
 A method marked with `tool` becomes a tool: its name is the method's, its
-description the docstring's, and its argument schema comes from the type hints
-(through msgspec). Clients reach the tools three ways, as OpenEnv's do: step
-actions (`ListToolsAction`, `CallToolAction`), ``mcp`` frames on the session's
-channel, and ``POST /mcp`` (JSON-RPC 2.0, a fresh environment per request).
+description and its arguments' descriptions come from its docstring (as FastMCP
+reads it), and its argument schema from the type hints (through msgspec).
+Clients reach the tools three ways, as OpenEnv's do: step actions
+(`ListToolsAction`, `CallToolAction`), ``mcp`` frames on the session's channel,
+and ``POST /mcp`` (JSON-RPC 2.0: a fresh environment per request, or the
+session a ``session_id`` names).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
+from ._docstrings import parse_docstring
 from ._environment import Environment
 from ._generics import bind_type_attributes
+from ._lax import lax_convert
 from ._mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -35,7 +39,16 @@ from ._types import ActT, Observation, ObsT, StateT
 from ._unions import struct_union_members
 from ._worker import run_on_session_thread
 
-__all__ = ["MCPEnvironment", "ToolSpec", "jsonrpc_error", "mcp_unsupported", "runs_plain_steps", "tool"]
+__all__ = [
+    "MCPEnvironment",
+    "ToolSpec",
+    "jsonrpc_error",
+    "mcp_through_step",
+    "mcp_unsupported",
+    "runs_plain_steps",
+    "takes_tool_actions",
+    "tool",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -52,9 +65,13 @@ _FunctionT = TypeVar("_FunctionT", bound=Callable[..., Any])
 def tool(function: _FunctionT) -> _FunctionT:
     """Mark a method of an `MCPEnvironment` as a tool.
 
-    The tool takes the method's name, its docstring as the description, and
-    its parameters (after ``self``) as arguments, validated against their type
-    hints before the method runs. The method may be plain or ``async``: served,
+    The tool takes the method's name, and its parameters (after ``self``) as
+    arguments, validated against their type hints before the method runs. Its
+    docstring describes it as FastMCP describes OpenEnv's tools: the prose
+    before the first section (``Args:``, ``Returns:``, ...) is the tool's
+    description, and each entry under ``Args:`` the description of its
+    argument in the input schema (Sphinx's ``:param x:`` and NumPy's
+    ``Parameters`` are read too). The method may be plain or ``async``: served,
     a plain one runs on its session's own thread, with the session's other
     plain methods (outside a server, in one of anyio's worker threads), and an
     ``async`` one is awaited on the event loop. What it returns is the tool's
@@ -78,8 +95,8 @@ class ToolSpec:
 
     Attributes:
         name: The tool's name.
-        description: Its description (the method's docstring).
-        input_schema: The JSON Schema of its arguments.
+        description: Its description (the method's docstring, before its sections).
+        input_schema: The JSON Schema of its arguments, each with the description its docstring gives it.
         arguments_type: The Struct its arguments are validated into.
 
     Raises:
@@ -92,7 +109,8 @@ class ToolSpec:
         self.name: str = function.__name__
         if self.name in RESERVED_TOOL_NAMES:
             raise ValueError(f"a tool may not be named {self.name!r}: {sorted(RESERVED_TOOL_NAMES)} are reserved")
-        self.description = inspect.getdoc(function) or ""
+        # What FastMCP tells an agent: the prose before the docstring's sections, and each argument's entry.
+        self.description, argument_docs = parse_docstring(inspect.getdoc(function) or "")
         self._function = function
         self._is_async = inspect.iscoroutinefunction(function)
         hints = typing.get_type_hints(function, include_extras=True)
@@ -110,6 +128,10 @@ class ToolSpec:
             f"{self.name}_arguments", fields, kw_only=True, forbid_unknown_fields=True
         )
         self.input_schema = _object_schema(self.arguments_type)
+        properties = self.input_schema.get("properties", {})
+        for name, text in argument_docs.items():
+            if name in properties and text:
+                properties[name].setdefault("description", text)
 
     def describe(self) -> Tool:
         """Return the tool as `EnvClient.list_tools` shows it."""
@@ -129,7 +151,10 @@ class ToolSpec:
             msgspec.ValidationError: The arguments do not fit the method's hints.
             Exception: Whatever the method raises.
         """
-        parsed = msgspec.convert(arguments, self.arguments_type, strict=False)
+        try:
+            parsed = msgspec.convert(arguments, self.arguments_type)
+        except msgspec.ValidationError:  # as FastMCP validates them: pydantic's lax conversions
+            parsed = lax_convert(arguments, self.arguments_type)
         values = msgspec.structs.asdict(parsed)
         if self._is_async:
             return await self._function(env, **values)
@@ -206,10 +231,80 @@ def mcp_unsupported(request: Any) -> dict[str, Any]:
         request: The JSON-RPC request.
 
     Returns:
-        The error response OpenEnv's server gives (``-32603``).
+        The error response OpenEnv's server gives: ``-32603`` for ``tools/list``
+        and ``tools/call``, after checking (``-32602``) that the params are an
+        object and that a call names its tool; ``-32601`` for any other method.
     """
-    request_id = request.get("id") if isinstance(request, dict) else None
-    return jsonrpc_error(INTERNAL_ERROR, "Environment does not support MCP", request_id)
+    if not isinstance(request, dict):
+        return jsonrpc_error(INVALID_REQUEST, "Invalid Request")
+    request_id = request.get("id")
+    problem = _check_params(request)
+    if problem is not None:
+        return problem
+    method = request.get("method")
+    if method in ("tools/list", "tools/call"):
+        return jsonrpc_error(INTERNAL_ERROR, "Environment does not support MCP", request_id)
+    return jsonrpc_error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id)
+
+
+def _check_params(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``-32602`` error of a request whose params are not an object, or of a call naming no tool."""
+    request_id = request.get("id")
+    params = request.get("params", {})
+    if not isinstance(params, dict):
+        return jsonrpc_error(INVALID_PARAMS, "Params must be an object", request_id)
+    if request.get("method") == "tools/call" and not params.get("name"):
+        return jsonrpc_error(INVALID_PARAMS, "Missing 'name' in params", request_id)
+    return None
+
+
+def takes_tool_actions(action_type: Any) -> bool:
+    """Whether an environment's action type takes `CallToolAction` or `ListToolsAction` (without being a tool env).
+
+    Args:
+        action_type: The environment's ``action_type``.
+
+    Returns:
+        ``True`` if either is the type, or a member of its union.
+    """
+    members = struct_union_members(action_type) or (action_type,)
+    return any(member in (CallToolAction, ListToolsAction) for member in members)
+
+
+async def mcp_through_step(step: Callable[[Any], Awaitable[Any]], request: dict[str, Any]) -> dict[str, Any]:
+    """Answer ``tools/list`` and ``tools/call`` with a step, for an environment whose actions are tool actions.
+
+    OpenEnv's server does so for an environment whose action class is
+    `CallToolAction` or `ListToolsAction` but that has no MCP server of its own.
+
+    Args:
+        step: Runs one step of the environment (as its session runs it).
+        request: The JSON-RPC request.
+
+    Returns:
+        The tools the step listed, or the whole observation of the call; an
+        error as `mcp_unsupported` gives one for any other method.
+    """
+    problem = _check_params(request)
+    method = request.get("method")
+    if problem is not None or method not in ("tools/list", "tools/call"):
+        return problem or mcp_unsupported(request)
+    request_id = request.get("id")
+    params = request.get("params", {})
+    if method == "tools/list":
+        observation = await step(ListToolsAction())
+        if isinstance(observation, ListToolsObservation):
+            tools = [msgspec.to_builtins(tool) for tool in observation.tools]
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+        expected = "ListToolsObservation"
+    else:
+        arguments = params.get("arguments") or {}
+        observation = await step(CallToolAction(tool_name=params["name"], arguments=arguments))
+        if isinstance(observation, CallToolObservation):
+            return {"jsonrpc": "2.0", "id": request_id, "result": msgspec.to_builtins(observation)}
+        expected = "CallToolObservation"
+    message = f"MCP-style {method} step returned {type(observation).__name__}, expected {expected}"
+    return jsonrpc_error(INTERNAL_ERROR, message, request_id)
 
 
 def _tool_result(result: Any) -> dict[str, Any]:

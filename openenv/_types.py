@@ -67,8 +67,9 @@ class Observation(msgspec.Struct, kw_only=True):
         reward: The reward of the last step, if any: a number (kept as the
             server sent it, ``int`` or ``float``), a bool, or ``None``, as
             OpenEnv's ``Observation`` allows.
-        metadata: Free-form data kept on the server side; as in OpenEnv it is not
-            sent over the wire.
+        metadata: Free-form data about the observation. It travels inside the
+            observation and, when not empty, also beside it (as OpenEnv 0.10
+            sends it); the client also gives it as `StepResult.metadata`.
     """
 
     done: bool = False
@@ -101,8 +102,8 @@ StateT = TypeVar("StateT")
 class StepResult(msgspec.Struct, Generic[ObsT], frozen=True):
     """What `EnvClient.reset` and `EnvClient.step` return.
 
-    It is frozen. ``reward`` and ``done`` are the ones the server sent beside the
-    observation; a typed observation carries them too.
+    It is frozen. ``reward``, ``done`` and ``metadata`` are the ones the server
+    sent beside the observation; a typed observation carries them too.
 
     Attributes:
         observation: The observation, of the client's observation type (a dict for
@@ -110,8 +111,12 @@ class StepResult(msgspec.Struct, Generic[ObsT], frozen=True):
         reward: The reward the server reported, of the type it had on the wire
             (``int``, ``float`` or ``bool``), or ``None``.
         done: Whether the episode has ended.
+        metadata: The observation's metadata: what the server sent beside the
+            observation, else the observation's own ``metadata``; empty when the
+            server sent none (OpenEnv's client gives ``None`` then).
     """
 
     observation: ObsT
     reward: bool | int | float | None = None
     done: bool = False
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -15,6 +15,8 @@ from typing import Any, Union
 
 import msgspec
 
+from ._lax import lax_convert
+
 __all__ = ["StructUnionDecoder", "struct_union_members"]
 
 
@@ -44,8 +46,8 @@ class StructUnionDecoder:
     Args:
         members: The Struct types, in order of preference.
         encoding: ``"json"`` or ``"msgpack"``: how the objects are encoded.
-        strict: msgspec's strict mode; ``False`` accepts numeric strings and
-            integral floats for numbers, as pydantic's lax mode does.
+        strict: ``False``: an object no member takes as it is gets pydantic's
+            lax conversions (see `openenv._lax`), member by member in order.
     """
 
     def __init__(self, members: tuple[type[msgspec.Struct], ...], *, encoding: str, strict: bool = True) -> None:
@@ -55,12 +57,11 @@ class StructUnionDecoder:
         # theirs: the first to validate is the one, and the keys need no reading.
         self._exact = all(member.__struct_config__.forbid_unknown_fields for member in members)
         self._members = [
-            (
-                frozenset(field.encode_name for field in msgspec.structs.fields(member)),
-                module.Decoder(member, strict=strict).decode,
-            )
+            (frozenset(field.encode_name for field in msgspec.structs.fields(member)), module.Decoder(member).decode)
             for member in members
         ]
+        self._lax_types = () if strict else members
+        self._any = module.Decoder().decode
 
     def decode(self, data: bytes | msgspec.Raw) -> Any:
         """Decode ``data`` into the member it fits best.
@@ -77,6 +78,20 @@ class StructUnionDecoder:
                 one covering most of them).
             msgspec.DecodeError: It is not an encoded object at all.
         """
+        try:
+            return self._decode_strictly(data)
+        except msgspec.ValidationError as exc:
+            if not self._lax_types:
+                raise
+            value = self._any(data)
+            for member in self._lax_types:
+                try:
+                    return lax_convert(value, member)
+                except msgspec.ValidationError:
+                    pass
+            raise exc from None
+
+    def _decode_strictly(self, data: bytes | msgspec.Raw) -> Any:
         if self._exact:
             return self._first_that_validates(data)
         keys = self._keys(data).keys()

@@ -9,11 +9,8 @@ import pytest
 
 from tests import loopback
 from tests.envs import AsyncCounterEnv, SyncCounterEnv
-from tests.interop.reference_venv import MARKER_NAME, REFERENCE_VERSION, venv_dir
+from tests.interop.reference_venv import MARKER_NAME, REFERENCES, venv_dir
 from transports._public_io import PUBLIC_IO_ENV, public_io_only
-
-# Measured: the reference environment (openenv-core and its dependencies) on disk.
-_REFERENCE_ENV_SIZE = "~474 MB"
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -62,22 +59,23 @@ def _skip_speed_paths(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Say, before any test runs, that the interop tests are about to build the reference environment."""
+    """Say, before any test runs, that the interop tests are about to build the reference environments."""
     if not any(item.get_closest_marker("interop") for item in session.items):
         return
-    path = venv_dir()
-    if (path / MARKER_NAME).is_file():
-        return  # built on an earlier run
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
-    reporter.ensure_newline()
-    reporter.write_line(
-        f"note: the interop tests first build a {_REFERENCE_ENV_SIZE} reference environment "
-        f"(openenv-core {REFERENCE_VERSION} from PyPI, once) in {path}; "
-        "to run without them: pytest -m 'not interop'",
-        yellow=True,
-    )
+    for reference in REFERENCES:
+        path = venv_dir(reference=reference)
+        if (path / MARKER_NAME).is_file():
+            continue  # built on an earlier run
+        reporter.ensure_newline()
+        reporter.write_line(
+            f"note: the interop tests first build a {reference.size} reference environment "
+            f"({reference.label} from PyPI, once) in {path}; "
+            "to run without them: pytest -m 'not interop'",
+            yellow=True,
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -182,6 +182,21 @@ class MessageEchoEnv(Environment[MessageAction, MessageObservation, State]):
         return self._state
 
 
+TASKS: dict[str, list[dict[str, Any]]] = {
+    "train": [{"question": "1+1", "answer": 2}, {"question": "2+3", "answer": 5}, {"question": "4+4", "answer": 8}],
+    "test": [{"question": "9+1", "answer": 10}],
+    "dev": [],
+}
+"""The tasks of `TaskEchoEnv`: the same specs as the reference server's ``--tasks`` environment."""
+
+
+class TaskEchoEnv(MessageEchoEnv):
+    """The echo environment, offering `TASKS` for OpenEnv's Task API the openenv way (`Environment.tasks`)."""
+
+    def tasks(self) -> dict[str, list[dict[str, Any]]]:
+        return TASKS
+
+
 class AsyncMessageEchoEnv(MessageEchoEnv):
     """The same echo logic, as coroutines: awaited on the event loop, no worker thread."""
 

@@ -95,7 +95,7 @@ def test_commands_without_the_server_extra(command: list[str]) -> None:
         assert "pip install" not in _one_line(stderr)
         return
     assert status == 1
-    assert _one_line(stderr) == "Error: starlette is not installed: pip install 'openenv[server]'"
+    assert _one_line(stderr) == "Error: starlette is not installed: pip install 'openenv-anyio[server]'"
 
 
 @pytest.mark.parametrize("library", ["click", "rich"])
@@ -104,13 +104,13 @@ def test_the_openenv_script_without_the_cli_extra_says_what_to_install(library: 
     code = f"import sys; sys.modules[{library!r}] = None; from transports._command import main; main()"
     result = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, timeout=_WAIT)
     assert result.returncode == 1
-    assert _one_line(result.stderr) == f"Error: the openenv command needs {library}: pip install 'openenv[cli]'"
+    assert _one_line(result.stderr) == f"Error: the openenv command needs {library}: pip install 'openenv-anyio[cli]'"
 
 
 def test_bench_without_rich_says_what_to_install() -> None:
     status, stderr = _openenv("bench", "ws://127.0.0.1:1", without="rich")
     assert status == 1
-    assert _one_line(stderr) == "Error: rich is not installed: pip install 'openenv[cli]'"
+    assert _one_line(stderr) == "Error: rich is not installed: pip install 'openenv-anyio[cli]'"
 
 
 def test_demo_without_the_server_extra_runs_what_it_can() -> None:
@@ -119,7 +119,8 @@ def test_demo_without_the_server_extra_runs_what_it_can() -> None:
         [sys.executable, "-c", code, "demo", "--backend", "asyncio"], capture_output=True, text=True, timeout=_WAIT
     )
     assert result.returncode == 0, result.stderr
-    assert "WebSocket: skipped (no server: starlette is not installed (pip install 'openenv[server]'))" in result.stdout
+    skipped = "WebSocket: skipped (no server: starlette is not installed (pip install 'openenv-anyio[server]'))"
+    assert skipped in result.stdout
     assert "all good" in result.stdout
     assert "Traceback" not in result.stderr
 
@@ -131,7 +132,7 @@ def test_demo_without_the_server_extra_runs_what_it_can() -> None:
 def test_trio_asked_for_but_not_installed(command: list[str]) -> None:
     status, stderr = _openenv(*command, without="trio")
     assert status == 1
-    assert _one_line(stderr) == "Error: trio is not installed: pip install 'openenv[trio]'"
+    assert _one_line(stderr) == "Error: trio is not installed: pip install 'openenv-anyio[trio]'"
 
 
 @pytest.mark.parametrize(

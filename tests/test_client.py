@@ -486,7 +486,15 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
             "unknown option message_timeout_s= for ws:// URLs (OpenEnv's message_timeout_s= is timeout= here); "
             "the options are: action_type, auth_token, clock, close_timeout, ",
         ),
-        ("http+poll://127.0.0.1:8000", {"max_message_size_mb": 10}, "is max_message_size (in bytes)= here"),
+        ("http+poll://127.0.0.1:8000", {"max_message_size_mb": 10}, "is max_message_size= here (in bytes)"),
+        # OpenEnv 0.10's names.
+        (
+            "ws://127.0.0.1:8000",
+            {"websocket_ping_interval_s": 5.0, "websocket_ping_timeout_s": 5.0},
+            "unknown option websocket_ping_interval_s=, websocket_ping_timeout_s= for ws:// URLs (OpenEnv's "
+            "websocket_ping_interval_s= is ping_interval= here; websocket_ping_timeout_s= is ping_timeout= here); ",
+        ),
+        ("ws://127.0.0.1:8000", {"provider": object()}, "OpenEnv's provider= has no counterpart: a project:// URL"),
         ("inproc://tests.envs:DictEnv", {"connect_timeout": 1.0}, "unknown option connect_timeout= for inproc:// URLs"),
     ],
 )

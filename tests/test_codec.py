@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from openenv import Dialect, ProtocolError, ReplyValidationError, State
 from openenv._codec import ClientCodec, RequestError, ServerCodec, validation_errors
-from openenv._messages import ErrorReply, ObservationReply, StateReply
+from openenv._messages import ErrorReply, ObservationData, ObservationReply, StateReply
 from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
 from tests.envs import CountAction, CountObservation, CountState
 
@@ -139,10 +139,20 @@ def test_validation_errors_are_pydantic_shaped() -> None:
 
 def test_server_writes_reference_replies() -> None:
     codec = server_codec()
-    frame = codec.observation(CountObservation(count=3, reward=5.0, metadata={"secret": 1}), None)
+    # As OpenEnv 0.10 writes them: metadata inside the observation, always, and beside it when not empty.
+    frame = codec.observation(CountObservation(count=3, reward=5.0, metadata={"note": 1}), None)
     assert json.loads(frame) == {
         "type": "observation",
-        "data": {"observation": {"count": 3, "note": ""}, "reward": 5.0, "done": False},
+        "data": {
+            "observation": {"count": 3, "note": "", "metadata": {"note": 1}},
+            "reward": 5.0,
+            "done": False,
+            "metadata": {"note": 1},
+        },
+    }
+    assert json.loads(codec.observation(CountObservation(count=3), None)) == {
+        "type": "observation",
+        "data": {"observation": {"count": 3, "note": "", "metadata": {}}, "reward": None, "done": False},
     }
     assert json.loads(codec.state(State(episode_id="ep-1", step_count=1), None)) == {
         "type": "state",
@@ -157,6 +167,24 @@ def test_server_writes_reference_replies() -> None:
         "id": 9,
         "data": {"observation": {"x": 1}, "reward": None, "done": True},
     }
+
+
+@pytest.mark.parametrize("dialect", [PLAIN, MSGPACK], ids=["json", "msgpack"])
+def test_metadata_reaches_the_client_both_ways(dialect: Dialect) -> None:
+    server = server_codec(dialect)
+    typed = ClientCodec(dialect, observation_type=CountObservation, state_type=CountState)
+    untyped = ClientCodec(dialect, observation_type=dict, state_type=dict)
+    frame = server.observation(CountObservation(count=1, metadata={"source": "env"}), None)
+    reply = typed.decode_reply(frame)
+    assert isinstance(reply, ObservationReply)
+    assert reply.data.observation.metadata == reply.data.metadata == {"source": "env"}
+    reply = untyped.decode_reply(frame)
+    assert isinstance(reply, ObservationReply)
+    assert reply.data.observation["metadata"] == reply.data.metadata == {"source": "env"}
+    # An older server (openenv-core 0.3) sends none at all.
+    old = typed.decode_reply(server._encode(ObservationReply(data=ObservationData({"count": 2}, None, False))))
+    assert isinstance(old, ObservationReply)
+    assert (old.data.observation.metadata, old.data.metadata) == ({}, msgspec.UNSET)
 
 
 def test_msgpack_dialect_round_trip() -> None:

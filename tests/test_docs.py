@@ -60,7 +60,7 @@ import anyio.from_thread
 import pytest
 
 import openenv
-from tests.interop.reference_venv import ensure_reference_python, reference_env
+from tests.interop.reference_venv import REFERENCES, Reference, ensure_reference_python, reference_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -432,10 +432,11 @@ _REFERENCE_PAGES = {page: [b for b in blocks if b.mode == "reference"] for page,
 
 
 @pytest.mark.interop
+@pytest.mark.parametrize("reference", REFERENCES, ids=[r.version for r in REFERENCES])
 @pytest.mark.parametrize("page", [page for page, blocks in _REFERENCE_PAGES.items() if blocks])
-def test_reference_examples_run(page: str, servers: Servers, tmp_path: Path) -> None:
-    """The "before" examples of pages on coming from OpenEnv run on the reference implementation."""
-    python = ensure_reference_python()
+def test_reference_examples_run(page: str, reference: Reference, servers: Servers, tmp_path: Path) -> None:
+    """The "before" examples of pages on coming from OpenEnv run on each reference release."""
+    python = ensure_reference_python(reference=reference)
     runner = tmp_path / "run_reference_block.py"
     runner.write_text(_REFERENCE_RUNNER, encoding="utf-8")
     for block in _REFERENCE_PAGES[page]:
@@ -536,7 +537,7 @@ def test_the_runner_finds_blocks_and_markers() -> None:
         # Page
 
         ```bash
-        pip install openenv && openenv serve --host 127.0.0.1 \\
+        pip install openenv-anyio && openenv serve --host 127.0.0.1 \\
             my_env:MyEnv --port 8000  # a comment
         openenv demo
         ```

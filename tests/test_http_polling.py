@@ -571,7 +571,7 @@ async def test_an_exchange_on_the_wire() -> None:
             assert json.loads(response.content) == {
                 "type": "observation",
                 "id": 1,
-                "data": {"observation": {"count": 3, "note": ""}, "reward": 0.0, "done": False},
+                "data": {"observation": {"count": 3, "note": "", "metadata": {}}, "reward": 0.0, "done": False},
             }
             # The reply stays until acknowledged: a poll gets it again.
             response = await session.get(wait=0)

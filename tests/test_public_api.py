@@ -82,7 +82,7 @@ def test_openenv_serve_without_a_server_says_what_to_install(monkeypatch: pytest
     import openenv._serve
 
     monkeypatch.setattr(openenv._serve, "entry_points", lambda **selection: ())
-    with pytest.raises(ImportError, match=r"pip install 'openenv\[server\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'openenv-anyio\[server\]'"):
         openenv.serve("openenv.examples.echo:EchoEnvironment")
 
 

@@ -282,9 +282,11 @@ async def test_a_server_that_is_gone_fails_at_once() -> None:
 async def test_a_session_the_server_ends_is_not_resumed() -> None:
     record = Record()
     with anyio.fail_after(LIMIT):
-        async with served(record, session_idle_timeout=0.2) as proxy, CounterClient(url(proxy)) as env:
+        async with served(record) as proxy, CounterClient(url(proxy)) as env:
             await env.reset()
-            await wait_until(lambda: active(proxy) == 0, "the server ends the idle session (close 1001)")
+            [lease] = server_of(proxy).app.state.sessions.leases()
+            lease.request_close("ended by the server")
+            await wait_until(lambda: active(proxy) == 0, "the server ends the session (close 1001)")
             with pytest.raises(ConnectionClosed, match="1001"):
                 await env.step(CountAction())
             assert proxy.connections == 1

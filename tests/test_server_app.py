@@ -321,7 +321,7 @@ async def test_schema_of_an_environment_class() -> None:
             response = await client.get("/schema")
     assert response.status_code == 200
     schemas = response.json()
-    assert set(schemas) == {"action", "observation", "state"}
+    assert set(schemas) == {"action", "observation", "state", "reset_observation"}
     # A tool environment takes two actions; the call names the tools it can call.
     assert schemas["action"]["anyOf"] == [{"$ref": "#/$defs/CallToolAction"}, {"$ref": "#/$defs/ListToolsAction"}]
     action = schemas["action"]["$defs"]["CallToolAction"]
@@ -353,7 +353,12 @@ def test_schema_of_functions() -> None:
         return WireEchoEnv()
 
     loose = environment_schemas(untyped)
-    assert loose == {"action": {"type": "object"}, "observation": {"type": "object"}, "state": {"type": "object"}}
+    assert loose == {
+        "action": {"type": "object"},
+        "observation": {"type": "object"},
+        "state": {"type": "object"},
+        "reset_observation": {"type": "object"},
+    }
     typed = environment_schemas(annotated)
     assert typed["action"]["title"] == "MessageAction"
     assert typed["action"]["required"] == ["message"]
@@ -588,11 +593,12 @@ async def test_plain_openenv_frames_exactly_as_the_reference() -> None:
             assert ws.subprotocol is None
             await ws.send_text('{"type": "reset", "data": {"seed": 42, "episode_id": "ep-1"}}')
             assert await ws.receive() == (
-                '{"type":"observation","data":{"observation":{"echoed_message":""},"reward":0.0,"done":false}}'
+                '{"type":"observation","data":{"observation":{"echoed_message":"","metadata":{}},"reward":0.0,"done":false}}'
             )
             await ws.send_text('{"type": "step", "data": {"message": "hello"}}')
             assert await ws.receive() == (
-                '{"type":"observation","data":{"observation":{"echoed_message":"hello"},"reward":5.0,"done":false}}'
+                '{"type":"observation","data":{"observation":{"echoed_message":"hello","metadata":{}},"reward":5.0,'
+                '"done":false}}'
             )
             await ws.send_text('{"type": "state"}')
             assert await ws.receive() == '{"type":"state","data":{"episode_id":"ep-1","step_count":1}}'
@@ -622,14 +628,14 @@ async def test_subprotocol_selection(offered: list[str], selected: str | None) -
                 assert reply == {
                     "type": "observation",
                     "id": 7,
-                    "data": {"observation": {"echoed_message": ""}, "reward": 0.0, "done": False},
+                    "data": {"observation": {"echoed_message": "", "metadata": {}}, "reward": 0.0, "done": False},
                 }
                 await ws.send_bytes(msgspec.msgpack.encode({"type": "state", "id": 8}))
                 assert msgspec.msgpack.decode(await ws.receive_bytes())["id"] == 8
             elif selected == "openenv.v1.json":
                 reply = await ws.request('{"type":"step","id":41,"data":{"message":"hi"}}')
                 assert reply["id"] == 41
-                assert reply["data"]["observation"] == {"echoed_message": "hi"}
+                assert reply["data"]["observation"] == {"echoed_message": "hi", "metadata": {}}
                 reply = await ws.request('{"type":"bogus","id":42}')
                 assert (reply["id"], reply["data"]["code"]) == (42, "UNKNOWN_TYPE")
             else:
@@ -763,17 +769,26 @@ async def test_disconnect_mid_step_closes_the_env_and_frees_the_slot(factory: An
                 await ws.close()
 
 
-async def test_idle_session_is_reaped() -> None:
+async def test_a_connected_session_is_never_reaped_as_idle() -> None:
+    """Its client is there (OpenEnv's reconnects without a word: it would get a fresh, never-reset session)."""
     clock = ManualClock()
     with anyio.fail_after(LIMIT):
         async with serve(create_app(WireEchoEnv, clock=clock)) as server, RawWebSocket.connect(server.ws_url) as ws:
-            await ws.request('{"type":"reset"}')
-            await clock.advance_when_blocked(599.0)  # the reaper looks: idle for 599 s of 600
+            await ws.request('{"type":"reset","data":{"episode_id":"kept"}}')
+            await clock.advance_when_blocked(3600.0)  # the reaper looks, and leaves a connected session be
             assert registry_of(server).active == 1
-            await clock.advance_when_blocked(5.0)  # its next look
+            assert (await ws.request('{"type":"state"}'))["data"]["episode_id"] == "kept"
+            await ws.close()
+
+
+async def test_a_session_the_server_ends_is_closed_with_its_reason() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ws_server() as (server, url), RawWebSocket.connect(url) as ws:
+            await ws.request('{"type":"reset"}')
+            [lease] = registry_of(server).leases()
+            lease.request_close(IDLE_TIMEOUT_REASON)
             closed = await ws.expect_close()
-            assert closed.code == 1001
-            assert "idle" in closed.reason
+            assert (closed.code, closed.reason) == (1001, IDLE_TIMEOUT_REASON)
             await wait_until(lambda: registry_of(server).active == 0)
             assert len(WireEchoEnv.closed) == 1
 
@@ -789,7 +804,7 @@ async def test_a_long_step_is_not_idleness() -> None:
             # An hour passes while the step runs: the reaper looks, and leaves a busy session be.
             task_group.start_soon(clock.advance_when_blocked, 3600.0)
             reply = await ws.request('{"type":"step","data":{"message":"slow","delay":0.6}}')
-            assert reply["data"]["observation"] == {"echoed_message": "slow"}
+            assert reply["data"]["observation"] == {"echoed_message": "slow", "metadata": {}}
             assert registry_of(server).leases()[0].close_reason is None
             await ws.close()
 

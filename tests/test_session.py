@@ -31,7 +31,7 @@ async def test_reset_step_state_close(env_class: type[Any]) -> None:
     assert reply["type"] == "observation"
     assert reply["data"]["observation"]["count"] == 2
     reply = await ask(session, {"type": "step", "data": {"by": 3}})
-    assert reply["data"] == {"observation": {"count": 5, "note": ""}, "reward": 3.0, "done": False}
+    assert reply["data"] == {"observation": {"count": 5, "note": "", "metadata": {}}, "reward": 3.0, "done": False}
     reply = await ask(session, {"type": "state"})
     assert reply == {"type": "state", "data": {"episode_id": "ep-1", "step_count": 1, "count": 5}}
     assert await ask(session, {"type": "close"}) is None

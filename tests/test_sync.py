@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import anyio
 import pytest
@@ -103,3 +104,25 @@ def test_a_failed_connect_releases_the_event_loop_thread() -> None:
         env.connect()
     with EchoEnv(URL).sync() as working:  # the shared loop thread is still usable
         assert working.reset().reward == 0.0
+
+
+class HelpfulEcho(EchoEnv):
+    """A typed client with helpers of its own, as OpenEnv's envs' clients have."""
+
+    greeting = "hello"
+
+    async def echo_twice(self, message: str, *, suffix: str = "") -> list[Any]:
+        return [await self.call_tool("echo_message", message=message + suffix) for _ in range(2)]
+
+    def plain(self) -> str:
+        return self.greeting
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_sync_facade_runs_a_subclass_s_own_coroutine_methods(backend: str) -> None:
+    with HelpfulEcho(URL).sync(backend=backend) as env:
+        assert env.echo_twice("hi", suffix="!") == ["hi!", "hi!"]
+        assert env.echo_twice.__name__ == "echo_twice"
+        assert (env.plain(), env.greeting, env.mode) == ("hello", "hello", "simulation")
+        with pytest.raises(AttributeError):
+            env.no_such_helper  # noqa: B018

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
+import types
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import anyio
@@ -15,6 +18,9 @@ from openenv import CallToolAction, CallToolObservation, ListToolsAction, Observ
 from openenv.examples.echo import EchoEnv, EchoEnvironment
 from openenv.server import MCPEnvironment, ServerSession
 from tests.envs import MessageEchoEnv
+from tests.interop.reference_venv import OPENENV_0_10, ensure_reference_python, reference_env
+from tests.interop.tool_docstrings import NAMES as DOCUMENTED_NAMES
+from tests.interop.tool_docstrings import DocumentedTools
 from tests.serving import TRANSPORTS, serving
 
 pytestmark = pytest.mark.anyio
@@ -181,7 +187,68 @@ async def test_an_environment_without_tools(kind: str) -> None:
             with pytest.raises(openenv.MCPError, match="does not support MCP") as caught:
                 await env.mcp("tools/list")
             assert caught.value.code == -32603
-            assert (await env.step({"message": "still"})).observation == {"echoed_message": "still"}
+            assert (await env.step({"message": "still"})).observation == {"echoed_message": "still", "metadata": {}}
+        # In production mode (tools over JSON-RPC, bypassing step), the same answers.
+        async with serving(kind, MessageEchoEnv) as url, openenv.EnvClient(url, mode="production") as env:
+            assert await env.list_tools() == []
+            with pytest.raises(openenv.ToolCallError) as refused:
+                await env.call_tool("echo_message", message="x")
+            assert (refused.value.error_type, refused.value.message) == (
+                "execution_error",
+                "Environment does not support MCP",
+            )
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "message"),
+    [
+        ({"method": "tools/list"}, -32603, "Environment does not support MCP"),
+        ({"method": "tools/call", "params": {"name": "x"}}, -32603, "Environment does not support MCP"),
+        # As OpenEnv 0.10's server: the params are checked first.
+        ({"method": "tools/call", "params": {"arguments": {}}}, -32602, "Missing 'name' in params"),
+        ({"method": "tools/call", "params": [1]}, -32602, "Params must be an object"),
+        ({"method": "resources/list"}, -32601, "Method not found: resources/list"),
+    ],
+)
+async def test_an_environment_without_tools_answers_mcp_as_openenv_does(
+    request_: dict[str, Any], code: int, message: str
+) -> None:
+    session = ServerSession(MessageEchoEnv())
+    reply = await ask(session, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, **request_}})
+    assert reply["data"] == {"jsonrpc": "2.0", "id": 7, "error": {"code": code, "message": message, "data": None}}
+    await session.aclose()
+
+
+class ToolActionEnv(openenv.Environment[CallToolAction | ListToolsAction, Observation, State]):
+    """Takes tool actions without being an MCPEnvironment: OpenEnv's server answers MCP with its steps."""
+
+    def reset(self) -> Observation:
+        return Observation()
+
+    def step(self, action: Any) -> Any:
+        if isinstance(action, ListToolsAction):
+            return openenv.ListToolsObservation(tools=[openenv.Tool(name="shout", description="Shout.")])
+        if action.tool_name == "odd":
+            return Observation()
+        return CallToolObservation(tool_name=action.tool_name, result=action.arguments["text"].upper())
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+async def test_tool_actions_without_tools_answer_mcp_through_step() -> None:
+    session = ServerSession(ToolActionEnv())
+    listed = await ask(session, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}})
+    assert listed["data"]["result"] == {"tools": [{"name": "shout", "description": "Shout.", "input_schema": {}}]}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shout", "arguments": {"text": "hi"}}}
+    called = await ask(session, {"type": "mcp", "data": call})
+    assert called["data"]["result"]["result"] == "HI"
+    call["params"] = {"name": "odd", "arguments": {}}
+    odd = await ask(session, {"type": "mcp", "data": call})
+    expected = "MCP-style tools/call step returned Observation, expected CallToolObservation"
+    assert odd["data"]["error"]["message"] == expected
+    await session.aclose()
 
 
 async def ask(session: ServerSession, message: Any) -> Any:
@@ -264,3 +331,43 @@ async def test_bad_mcp_frames_and_failing_tools_leave_other_sessions_unharmed() 
                 await noisy.step({"type": "call_tool"})  # no tool_name
             assert await quiet.call_tool("add", a=2, b=2) == 4
             assert await noisy.call_tool("add", a=0) == 1  # and the noisy one goes on too
+
+
+# Every method of DocumentedTools, as a tool.
+DocumentedEnv = types.new_class(
+    "DocumentedEnv",
+    (MCPEnvironment[CallToolAction, CallToolObservation, State],),
+    exec_body=lambda namespace: namespace.update(
+        {name: openenv.tool(getattr(DocumentedTools, name)) for name in DOCUMENTED_NAMES}
+    ),
+)
+
+
+def test_a_tool_is_described_by_its_docstring_as_fastmcp_describes_it() -> None:
+    move = DocumentedEnv.tools["move"].describe()
+    assert (
+        move.description
+        == "Move the agent on the grid.\n\nThe agent walks one cell per step; walls stop it.\nMore prose here."
+    )
+    properties = move.input_schema["properties"]
+    assert properties["direction"]["description"] == 'Where to go: "north", "south",\n"east" or "west".'
+    assert (properties["steps"]["description"], properties["fast"]["description"]) == (
+        "How many cells.",
+        "Run instead of walking.",
+    )
+    assert "description" not in DocumentedEnv.tools["undocumented"].input_schema["properties"]["x"]
+
+
+@pytest.mark.interop
+def test_tool_descriptions_match_fastmcps() -> None:
+    """The same methods, as FastMCP 3 (in openenv 0.10.0's venv) and openenv describe them to an agent."""
+    python = ensure_reference_python(reference=OPENENV_0_10)
+    script = Path(__file__).parent / "interop" / "reference_tools.py"
+    done = subprocess.run(
+        [str(python), str(script)], capture_output=True, text=True, timeout=120, cwd=script.parent, env=reference_env()
+    )
+    assert done.returncode == 0, done.stderr
+    for theirs in json.loads(done.stdout):
+        ours = DocumentedEnv.tools[theirs["name"]].describe()
+        assert ours.description == (theirs["description"] or ""), theirs["name"]
+        assert ours.input_schema == theirs["parameters"], theirs["name"]

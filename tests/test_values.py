@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -13,6 +15,7 @@ from openenv import Dialect, Observation, ReplyValidationError
 from openenv._codec import ClientCodec, RequestError, ServerCodec
 from openenv.server import ServerSession
 from tests.envs import CountAction, CountObservation, CountState, SyncCounterEnv
+from tests.interop.reference_venv import OPENENV_0_10, ensure_reference_python, reference_env
 
 PLAIN = Dialect()
 MSGPACK = Dialect(encoding="msgpack", request_ids=True)
@@ -43,6 +46,138 @@ def test_lax_mode_still_refuses_what_is_no_number() -> None:
         frame = json.dumps({"type": "step", "data": {"by": by}}).encode()
         with pytest.raises(RequestError):
             ServerCodec(PLAIN, action_type=CountAction).decode_request(frame)
+
+
+# The values pydantic's lax mode takes and msgspec's did not (issue 22), with what they become.
+PYDANTIC_ONLY = [
+    (int, True, 1),
+    (int, False, 0),
+    (int, " 3 ", 3),
+    (int, "1_000", 1000),
+    (float, True, 1.0),
+    (bool, "yes", True),
+    (bool, "on", True),
+    (bool, "no", False),
+    (bool, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("dialect", [PLAIN, MSGPACK], ids=["json", "msgpack"])
+@pytest.mark.parametrize(("type_", "value", "expected"), PYDANTIC_ONLY)
+def test_values_pydantic_takes_are_taken_unless_strict(type_: Any, value: Any, expected: Any, dialect: Dialect) -> None:
+    action_type = msgspec.defstruct("Values", [("v", type_)], forbid_unknown_fields=True)
+    encode = msgspec.msgpack.encode if dialect.encoding == "msgpack" else msgspec.json.encode
+    frame = encode({"type": "step", "data": {"v": value}})
+    _, action, _ = ServerCodec(dialect, action_type=action_type).decode_request(frame)
+    assert action.v == expected
+    assert type(action.v) is type_
+    with pytest.raises(RequestError):
+        ServerCodec(dialect, action_type=action_type, strict=True).decode_request(frame)
+
+
+def test_an_int_from_a_float_string_is_refused_as_pydantic_refuses_it() -> None:
+    """msgspec's own lax mode took ``"1e3"`` for an int; pydantic does not."""
+    action_type = msgspec.defstruct("Values", [("v", int)])
+    with pytest.raises(RequestError):
+        ServerCodec(PLAIN, action_type=action_type).decode_request(b'{"type": "step", "data": {"v": "1e3"}}')
+
+
+class Inner(msgspec.Struct):
+    flag: bool
+
+
+class Outer(openenv.Action):
+    counts: list[int]
+    ratios: dict[str, float]
+    inner: Inner
+    maybe: int | None = None
+    either: int | str = 0
+
+
+class Jump(openenv.Action, kw_only=True):
+    height: int
+
+
+class Say(openenv.Action, kw_only=True):
+    height: str
+
+
+def test_lax_values_reach_into_containers_unions_and_nested_structs() -> None:
+    frame = json.dumps(
+        {
+            "type": "step",
+            "data": {"counts": [" 1 ", True], "ratios": {"a": "1e-1"}, "inner": {"flag": "on"}, "maybe": "2.0"},
+        }
+    ).encode()
+    _, action, _ = ServerCodec(PLAIN, action_type=Outer).decode_request(frame)
+    assert action == Outer(counts=[1, 1], ratios={"a": 0.1}, inner=Inner(flag=True), maybe=2)
+    # A union keeps a value that is already one of its kinds (pydantic's "smart" unions).
+    frame = b'{"type": "step", "data": {"counts": [], "ratios": {}, "inner": {"flag": 1}, "either": "7"}}'
+    _, action, _ = ServerCodec(PLAIN, action_type=Outer).decode_request(frame)
+    assert (action.inner.flag, action.either) == (True, "7")
+
+
+def test_a_union_of_actions_tries_every_member_strictly_first() -> None:
+    codec = ServerCodec(PLAIN, action_type=Jump | Say)
+    assert codec.decode_request(b'{"type": "step", "data": {"height": "3"}}')[1] == Say(height="3")
+    # Only when no member takes it as it is does a lax conversion apply, in order.
+    codec = ServerCodec(PLAIN, action_type=Say | Jump)
+    assert codec.decode_request(b'{"type": "step", "data": {"height": true}}')[1] == Jump(height=1)
+
+
+# -- the whole table, against pydantic itself -------------------------------------------
+
+TABLE_VALUES: list[Any] = [
+    3, 3.0, 3.5, -0.0, 0, 1, 2, 0.0, 1.0, -1, 0.5, 2.0, 1e20, 1e308, 9007199254740993, 9.223372036854775e18, 9.3e18,
+    True, False, None, [3], {"a": 1},
+    "3", " 3 ", "1_000", "3.0", "3.00", "3.", "3.5", "+3", "-3", " +3 ", "-3.0", "0x10", "0b1", "1e3", "3e0", "0003",
+    "00", "3 ", "\t3\n", "\u00a03", "", " ", "three", "\u0661\u0662", "_1", "1__0", "1_", "+-3", "1_000.0",
+    "99999999999999999999", "9007199254740993",
+    "inf", "nan", "-inf", "+nan", "Infinity", "INF", "1_000.5", " 3.5 ", "1.", ".5", "+.5", "-.5e-1", "1E3", "1e",
+    "e3", "1,5",
+    "true", "True", "TRUE", "false", "yes", "YES", "no", "on", "ON", "off", "y", "n", "t", "f", "T", "F", "1", "0",
+    "2", "01", " 1", " true ", "null", "None",
+]  # fmt: skip
+TABLE_TYPES: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str, "optional_int": int | None}
+TABLE = [(name, value) for name in TABLE_TYPES for value in TABLE_VALUES]
+
+
+def our_verdict(type_name: str, value: Any) -> dict[str, Any]:
+    action_type = msgspec.defstruct("Values", [("v", TABLE_TYPES[type_name])], forbid_unknown_fields=True)
+    try:
+        _, action, _ = ServerCodec(PLAIN, action_type=action_type).decode_request(
+            json.dumps({"type": "step", "data": {"v": value}}).encode()
+        )
+    except RequestError:
+        return {"ok": False}
+    return {"ok": True, "repr": repr(action.v)}
+
+
+@pytest.mark.interop
+def test_values_are_taken_exactly_as_pydantic_takes_them() -> None:
+    """Every (type, value) of the table, both ways: nothing pydantic takes is refused, nothing it refuses is taken."""
+    python = ensure_reference_python(reference=OPENENV_0_10)
+    script = Path(__file__).parent / "interop" / "reference_values.py"
+    done = subprocess.run(
+        [str(python), str(script)],
+        input=json.dumps(TABLE),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=script.parent,
+        env=reference_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = json.loads(done.stdout)
+    assert len(theirs) == len(TABLE) > 400
+    differences = [
+        (type_name, value, ours, verdict)
+        for (type_name, value), verdict in zip(TABLE, theirs, strict=True)
+        if (ours := our_verdict(type_name, value)) != verdict
+    ]
+    assert differences == []
+    taken = sum(verdict["ok"] for verdict in theirs)
+    assert 150 < taken < len(TABLE)  # the table holds both kinds
 
 
 class StrictCounterEnv(SyncCounterEnv):

@@ -85,7 +85,7 @@ def _missing_extra(module: str) -> str:
     extra = _EXTRA_OF_MODULE.get(module)
     if extra is None:
         return f"{module} is not installed: pip install {module}"
-    return f"{module} is not installed: pip install 'openenv[{extra}]'"
+    return f"{module} is not installed: pip install 'openenv-anyio[{extra}]'"
 
 
 def user_error(exc: BaseException) -> str | None:

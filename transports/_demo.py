@@ -54,7 +54,7 @@ def _server_unavailable() -> str | None:
     """Why no server can run for the demo (its extra is not installed), or ``None`` if one can."""
     for module in ("starlette", "uvicorn", "hypercorn"):
         if importlib.util.find_spec(module) is None:
-            return f"no server: {module} is not installed (pip install 'openenv[server]')"
+            return f"no server: {module} is not installed (pip install 'openenv-anyio[server]')"
     return None
 
 

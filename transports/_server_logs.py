@@ -10,7 +10,8 @@ __all__ = ["configure_console_logging", "redact_access_logs"]
 
 
 # A session's or link's id in a logged path: the id, not its key, but ids stay out of logs anyway.
-_SESSION_IN_PATH = re.compile(r"(/poll/(?:sessions|links)/)[^/\s?\"]+")
+# HTTP long-polling sessions' and links' ids in their paths, MCP sessions' in /ws?session_id=…
+_SESSION_IN_PATH = re.compile(r"(/poll/(?:sessions|links)/|[?&]session_id=)[^/\s?&\"]+")
 
 
 class _RedactSessionIds(logging.Filter):
@@ -33,7 +34,8 @@ def _redact(value: Any) -> Any:
 
 def redact_access_logs() -> None:
     """Keep session ids out of the access logs of both servers (idempotent)."""
-    for name in ("uvicorn.access", "hypercorn.access"):
+    # uvicorn logs WebSocket connections (their query strings too) to uvicorn.error.
+    for name in ("uvicorn.access", "uvicorn.error", "hypercorn.access"):
         access_logger = logging.getLogger(name)
         if not any(isinstance(existing, _RedactSessionIds) for existing in access_logger.filters):
             access_logger.addFilter(_RedactSessionIds())

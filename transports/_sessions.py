@@ -53,7 +53,14 @@ The client raises `openenv.CapacityReachedError` for each of them.
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
 or the server is shutting down (`SessionRegistry.close_all`; once the
-shutdown's grace is over, `SessionRegistry.cut_all` ends the busy ones too). The idle timeout
+shutdown's grace is over, `SessionRegistry.cut_all` ends the busy ones too).
+Idle means with no request in hand and no open connection to its client: a
+session whose client keeps a connection open (`SessionLease.connected`: a
+WebSocket's, while it lasts) is never reaped as idle, however quiet, since a
+client that is still there (OpenEnv's reconnects without a word when its socket
+is closed) would otherwise find a fresh, never-reset session in its place; a
+dead peer is found by the connection's own checks instead (keepalive pings, TCP
+keepalive). The idle timeout
 is the registry's own (every transport's), or a transport's own where that is
 shorter: HTTP long-polling cannot see a client leave, so its sessions always
 have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
@@ -139,7 +146,8 @@ class SessionLease:
     The idle clock runs from the last `touch` until the next `mark_busy`: an
     endpoint touches the lease when it starts waiting for the client's next
     request, and marks it busy when one arrives, so a session whose environment
-    is working on a long step is never reaped as idle.
+    is working on a long step is never reaped as idle. Nor is one whose client
+    holds a connection open to it (`connected`).
 
     Attributes:
         id: A number unique within the registry (not a secret: transports that
@@ -150,6 +158,8 @@ class SessionLease:
             (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
         idle_timeout: Seconds it may stay idle before the reaper ends it
             (``None``: never), as its registry and transport set it.
+        connected: Whether its client holds a connection open to it (set by
+            its endpoint); the reaper leaves it alone while it does.
 
     Args:
         registry: The registry that made it (leases come from `SessionRegistry.open`).
@@ -165,6 +175,7 @@ class SessionLease:
         "_registry",
         "_vacated",
         "close_reason",
+        "connected",
         "id",
         "idle_since",
         "idle_timeout",
@@ -188,6 +199,7 @@ class SessionLease:
         self.idle_timeout = idle_timeout
         self.idle_since: float | None = now
         self.close_reason: str | None = None
+        self.connected = False
 
     @property
     def released(self) -> bool:
@@ -532,7 +544,7 @@ class SessionRegistry:
         return waiter.lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:
-        """Expire every session idle for longer than its idle timeout (see `idle_timeout_of`).
+        """Expire every session idle for longer than its idle timeout (see `idle_timeout_of`), unless connected.
 
         Args:
             now: The clock's current reading; read from `clock` when omitted.
@@ -549,6 +561,7 @@ class SessionRegistry:
             idle_since, timeout = lease.idle_since, lease.idle_timeout
             if (
                 not lease.vacated
+                and not lease.connected
                 and lease.close_reason is None
                 and idle_since is not None
                 and timeout is not None

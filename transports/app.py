@@ -6,9 +6,12 @@
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``/poll/links``…: its links, many sessions over one client's requests (`transports.http.HTTPLinkEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
-- ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
+- ``GET /schema`` → ``{"action", "observation", "state", "reset_observation"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
-- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`).
+- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`);
+- OpenEnv's stateless HTTP routes (`transports.openenv_http`), with the MCP
+  sessions of ``POST /mcp`` (`transports._mcp_sessions`), and its Task API
+  (`transports.task_api`).
 
 Its lifespan runs the idle-session reaper and the host tasks of the HTTP sessions and links.
 Everything a further transport's routes need is kept on ``app.state``:
@@ -54,6 +57,7 @@ from openenv.server import (
 
 from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from
+from ._mcp_sessions import MCPSessions
 from ._sessions import MONOTONIC_CLOCK, SessionRegistry
 from .http._link_server import HTTPLinkEndpoint
 from .http._protocol import (
@@ -68,6 +72,7 @@ from .http._protocol import (
 )
 from .http._server import HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
+from .task_api import task_api_routes
 from .websocket._server import WebSocketEndpoint
 
 __all__ = [
@@ -158,7 +163,7 @@ def create_app(
         async with serve(app) as server:
             async with EchoEnv(server.url) as env:
                 await env.reset()
-            print(sorted(app.state.schemas))  # ['action', 'observation', 'state']
+            print(sorted(app.state.schemas))  # ['action', 'observation', 'reset_observation', 'state']
         ```
 
     Args:
@@ -168,7 +173,11 @@ def create_app(
             its own (``max_sessions``, ``session_idle_timeout``,
             ``http_idle_timeout``, ``queue_timeout``, ``max_message_size``,
             ``auth_token``, ``allow_origins``, ``error_details``) and keeps the
-            whole as ``app.state.config``, for the server that runs it.
+            whole as ``app.state.config``, for the server that runs it. Its
+            ``session_idle_timeout`` counts only while a session has no request
+            in hand and no connection open to its client: a WebSocket session
+            lasts as long as its connection (whose death keepalives find), an
+            MCP session made over ``POST /mcp`` while a WebSocket is attached.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
         clock: Where the app times its sessions' idleness, the wait for a slot
@@ -187,7 +196,8 @@ def create_app(
         `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``http_links`` (its links,
         `transports.http.HTTPLinkEndpoint`), ``websocket`` (the
-        ``/ws`` endpoint), ``factory``, ``schemas``,
+        ``/ws`` endpoint), ``mcp_sessions`` (the sessions made over ``POST
+        /mcp``: OpenEnv 0.10's MCP production mode), ``factory``, ``schemas``,
         ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
         ``lifespan_tasks``.
 
@@ -259,6 +269,7 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
+    mcp_sessions = MCPSessions(env_factory, registry=registry, error_details=config.error_details, metrics=counted)
     websocket = WebSocketEndpoint(
         env_factory,
         registry=registry,
@@ -266,6 +277,7 @@ def create_app(
         metrics=counted,
         max_message_size=config.max_message_size,
         resume_timeout=config.resume_timeout,
+        attach=mcp_sessions.attach,
     )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
@@ -282,8 +294,11 @@ def create_app(
             registry=registry,
             max_message_size=config.max_message_size,
             error_details=config.error_details,
+            mcp_sessions=mcp_sessions,
             metrics=counted,
         ),
+        # Last: its /{env_name}/... paths would take any other two-part path.
+        *task_api_routes(env_factory, name=meta.name, registry=registry, error_details=config.error_details),
     ]
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
@@ -309,11 +324,12 @@ def create_app(
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.config = config
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run, links.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, links.run, mcp_sessions.run]
     app.state.sessions = registry
     app.state.http_polling = polling
     app.state.http_links = links
     app.state.websocket = websocket
+    app.state.mcp_sessions = mcp_sessions
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta

@@ -77,7 +77,7 @@ def main(ctx: click.Context, debug: bool) -> None:
     type=click.FloatRange(min=0, min_open=True),
     default=SERVER_DEFAULTS.session_idle_timeout,
     show_default=True,
-    help="Seconds a session may wait for its client before it is closed.",
+    help="Seconds a session may go without its client (no request, no open connection) before it is closed.",
 )
 @click.option(
     "--http-idle-timeout",

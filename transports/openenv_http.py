@@ -38,6 +38,7 @@ from openenv._codec import MAX_NESTING, _nested_deeper_than
 from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
 from ._deprecated import renamed_option
+from ._mcp_sessions import MCPSessions, is_session_request
 from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
@@ -309,6 +310,7 @@ def openenv_http_routes(
     registry: SessionRegistry | None = None,
     max_message_size: int = SERVER_DEFAULTS.max_message_size,
     error_details: bool = True,
+    mcp_sessions: MCPSessions | None = None,
     max_body_size: int | None = None,
     metrics: SessionMetrics | None = None,
 ) -> list[BaseRoute]:
@@ -323,6 +325,10 @@ def openenv_http_routes(
         max_message_size: The largest request body, in bytes (``413`` beyond).
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        mcp_sessions: Where ``POST /mcp`` requests about a session go
+            (``openenv/session/create``, ``openenv/session/close``, and any naming
+            a ``session_id``: OpenEnv 0.10's production mode); ``None`` answers
+            them statelessly too.
         max_body_size: Deprecated: ``max_message_size``.
         metrics: Where the requests are counted (as a session's), or ``None``.
 
@@ -382,6 +388,8 @@ def openenv_http_routes(
         if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             request_id = message.get("id")
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
+        if mcp_sessions is not None and is_session_request(message):
+            return _JSONResponse(await mcp_sessions.handle(message))
         reply = await _run_one(factory, {"type": "mcp", "data": message}, limits)
         if reply.get("type") == "error":
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))

@@ -7,7 +7,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("openenv", "websockets", "httpx", "uvicorn", "hypercorn", "starlette", "msgspec", "anyio", "trio")
+PACKAGES = ("openenv-anyio", "websockets", "httpx", "uvicorn", "hypercorn", "starlette", "msgspec", "anyio", "trio")
 
 
 def _cpu_model() -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 COLOURS = {
     "reference": "#9e9e9e",
+    "reference-0.3": "#cfcfcf",
     "ws": "#1f77b4",
     "http+poll": "#ff7f0e",
     "inproc": "#2ca02c",
@@ -129,7 +130,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     scale_height = _LINE_PANEL_HEIGHT + _PANEL_MARGIN
     legend_height = _legend_height(series_labels, columns=2)
     heights = [echo_height, blob_height, scale_height, scale_height + legend_height]
-    title = "openenv vs the reference (openenv-core 0.3.0) and the raw floors"
+    title = f"openenv vs the reference ({results['meta'].get('reference', 'openenv-core 0.3.0')}) and the raw floors"
     if results["meta"]["quick"]:
         title += "\n[QUICK SMOKE RUN: not for comparison]"
     figure = pyplot.figure(figsize=(WIDTH, sum(heights) + 0.6), layout="constrained")

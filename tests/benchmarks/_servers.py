@@ -135,7 +135,7 @@ def http_floor_server(backend: str) -> Iterator[Server]:
 
 @contextmanager
 def reference_server(python: Path, *options: str, max_sessions: int = 4) -> Iterator[Server]:
-    """The reference openenv-core echo server (``tests/interop/reference_server.py``) in its own venv."""
+    """A reference echo server (``tests/interop/reference_server.py``) in its own venv: the one ``python`` runs."""
     with ReferenceServer(python, max_sessions=max_sessions, extra_args=options) as server:
         assert server.proc is not None
         yield Server(server.base_url, server.proc.pid)

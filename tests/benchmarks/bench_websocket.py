@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.benchmarks._pairs import Pair, measure_pairs, our_client
 from tests.benchmarks._servers import REFERENCE_CLIENT, our_server, reference_server, ws_floor_server
-from tests.interop.reference_venv import ensure_reference_python
+from tests.interop.reference_venv import OPENENV_0_10, ensure_reference_python
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the medians here")
     args = parser.parse_args()
 
-    python = ensure_reference_python()
+    python = ensure_reference_python(reference=OPENENV_0_10)  # the reference: upstream's current release
     s = ["--seconds", str(args.seconds)]
     asyncio, trio = our_client(*s, "--backend", "asyncio"), our_client(*s, "--backend", "trio")
     reference = [str(python), str(REFERENCE_CLIENT)]

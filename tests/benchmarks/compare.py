@@ -16,8 +16,8 @@ Five parts, every server and every client a process of its own on loopback
 
 1. **Echo**: one session's steps per second, for each client/server pair:
    ours over ws:// (asyncio and trio clients; uvicorn, hypercorn+websockets and hypercorn servers),
-   http+poll:// and inproc://; the reference openenv-core client against its
-   server; and the floors, a raw ``websockets`` echo, raw asyncio Protocols
+   http+poll:// and inproc://; the reference (openenv 0.10.0) client against its
+   server, and openenv-core 0.3.0's against its own; and the floors, a raw ``websockets`` echo, raw asyncio Protocols
    exchanging the same frames, and a bare httpx POST loop. Each client also
    reports its CPU time per step.
 2. **Large observation**: 1 MiB of bytes per step, in MB/s of payload.
@@ -73,8 +73,12 @@ from tests.benchmarks._servers import (
 )
 from tests.benchmarks.envs import BLOB_SIZE
 from tests.benchmarks.fleet import COUNTS, GOAL_ROWS, QUICK_COUNTS, measure_fleet, one_session_before
-from tests.interop.reference_venv import ensure_reference_python, reference_versions
+from tests.interop.reference_venv import OPENENV_0_10, OPENENV_CORE_0_3, ensure_reference_python, reference_versions
 
+REFERENCE = OPENENV_0_10
+"""The reference every figure is divided by: upstream's current release."""
+SECOND_REFERENCE = OPENENV_CORE_0_3
+"""The first reference, kept where it is cheap: its one-session echo pairs."""
 ECHO = "tests.benchmarks.envs:AsyncMessageEchoEnv"
 SYNC_ECHO = "tests.benchmarks.envs:MessageEchoEnv"
 BLOB = "tests.benchmarks.envs:BlobEnv"
@@ -82,15 +86,43 @@ ACTION = '{"message": "hello"}'
 DOCS = ROOT / "docs"
 
 
-def echo_pairs(python: Path, seconds: float) -> list[Pair]:
-    """The small-frame pairs: ours per transport and backend, the reference, the floors."""
+def echo_pairs(python: Path, seconds: float, python_03: Path | None = None) -> list[Pair]:
+    """The small-frame pairs: ours per transport and backend, the reference, the floors.
+
+    ``python_03``: openenv-core 0.3.0's python, for the second reference's pair (``ref03-*``: its client
+    against its server, divided by 0.10.0's pair with the same kind of environment); ``None`` leaves it out.
+    """
     s = ["--seconds", str(seconds)]
     ref = [str(python), str(REFERENCE_CLIENT)]
+    second = []
+    if python_03 is not None:
+        ref03 = [str(python_03), str(REFERENCE_CLIENT)]
+        second = [
+            Pair(
+                "ref03-sync",
+                "openenv-core 0.3.0 client -> its server (sync env)",
+                "reference-0.3",
+                "ref03-sync",
+                lambda url: [*ref03, url, *s],
+                reference=True,
+                versus=["ref-sync"],
+            ),
+            Pair(
+                "ref03-async",
+                "openenv-core 0.3.0 client -> its server (step_async env)",
+                "reference-0.3",
+                "ref03-async",
+                lambda url: [*ref03, url, *s],
+                reference=True,
+                versus=["ref-async"],
+            ),
+        ]
     return [
         Pair("ref-sync", "reference client -> reference server (sync env)", "reference", "ref-sync",
              lambda url: [*ref, url, *s], reference=True),
         Pair("ref-async", "reference client -> reference server (step_async env)", "reference", "ref-async",
              lambda url: [*ref, url, *s], reference=True),
+        *second,
         Pair("ws-asyncio-sync", "openenv ws [asyncio] -> openenv [uvicorn] (sync env)", "ws", "ours-sync",
              our_client(*s), versus=["ref-sync", "ws-floor"]),
         Pair("ws-asyncio", "openenv ws [asyncio] -> openenv [uvicorn] (async env)", "ws", "ours",
@@ -291,18 +323,21 @@ def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Run the parts; return everything the page and the plot are made from."""
-    python = ensure_reference_python(log=say)
+    python = ensure_reference_python(reference=REFERENCE, log=say)
+    python_03 = ensure_reference_python(reference=SECOND_REFERENCE, log=say)
     meta: dict[str, Any] = {
+        "reference": REFERENCE.label, "second_reference": SECOND_REFERENCE.label,
         "quick": args.quick, "runs": args.runs, "seconds": args.seconds, "scale_seconds": args.scale_seconds,
         "scale_runs": args.scale_runs,
         "sessions": args.sessions, "blob_bytes": BLOB_SIZE, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": " ".join(["python -m tests.benchmarks.compare", *sys.argv[1:]]),
-        "machine": _machine.describe(reference_versions()),
+        "machine": _machine.describe(reference_versions(reference=REFERENCE)),
+        "second_reference_packages": reference_versions(reference=SECOND_REFERENCE),
     }  # fmt: skip
     results: dict[str, Any] = {"meta": meta}
     durations: dict[str, Any] = {}
     if not args.fleet_only:
-        _measure_classic(args, python, results, durations)
+        _measure_classic(args, python, python_03, results, durations)
     if not args.no_fleet:
         with _timer(durations, "fleet"):
             results["fleet"] = measure_fleet(
@@ -319,13 +354,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _measure_classic(
-    args: argparse.Namespace, python: Path, results: dict[str, Any], durations: dict[str, Any]
+    args: argparse.Namespace, python: Path, python_03: Path, results: dict[str, Any], durations: dict[str, Any]
 ) -> None:
     """The echo, 1 MiB and scale parts."""
     with _timer(durations, "echo"):
         servers = {
             "ref-sync": reference_server(python),
             "ref-async": reference_server(python, "--async-step"),
+            "ref03-sync": reference_server(python_03),
+            "ref03-async": reference_server(python_03, "--async-step"),
             "ours-sync": our_server(SYNC_ECHO, "asyncio"),
             "ours": our_server(ECHO, "asyncio"),
             "ours-trio": our_server(ECHO, "trio"),
@@ -334,7 +371,8 @@ def _measure_classic(
             "http-floor": http_floor_server("asyncio"),
             "protocol-floor": protocol_floor_server(),
         }
-        results["echo"] = measure_pairs(echo_pairs(python, args.seconds), servers, args.runs, args.seconds, "echo")
+        pairs = echo_pairs(python, args.seconds, python_03)
+        results["echo"] = measure_pairs(pairs, servers, args.runs, args.seconds, "echo")
     with _timer(durations, "blob"):
         servers = {
             "ref-blob": reference_server(python, "--blob-bytes", str(BLOB_SIZE)),

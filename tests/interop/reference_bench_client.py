@@ -123,7 +123,17 @@ async def sessions(url: str, seconds: float, count: int, connect_timeout: float,
         },
         "error_examples": sorted(set(errors))[:5],
     }
-    return {"openenv_version": metadata.version("openenv-core"), "backend": "asyncio", "results": [result]}
+    return {"openenv_version": _reference_version(), "backend": "asyncio", "results": [result]}
+
+
+def _reference_version() -> str:
+    """The reference's version: ``openenv`` since 0.3.1, ``openenv-core`` before."""
+    for name in ("openenv", "openenv-core"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 if __name__ == "__main__":

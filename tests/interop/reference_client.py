@@ -23,7 +23,10 @@ sends whole, ``metadata`` included), as a typed OpenEnv client does. A failing o
 script goes on; exit status is 0 unless the script itself breaks.
 
 ``--sync`` uses the reference's ``.sync()`` wrapper (SyncEnvClient) instead of
-the native async API.
+the native async API; ``--typed`` a typed ``EnvClient`` subclass (pydantic
+action and observation, its own three parsers, as OpenEnv's environments'
+clients are written) instead of ``GenericEnvClient``; its observations are
+reported as their fields, and each result's ``metadata`` where the release has it.
 """
 
 from __future__ import annotations
@@ -66,17 +69,63 @@ def emit(record: dict[str, Any]) -> None:
 
 
 def result_fields(result: Any) -> dict[str, Any]:
-    # StepResult is a dataclass: observation (dict for GenericEnvClient), reward, done
-    return {
-        "observation": result.observation,
+    # StepResult is a dataclass: observation (dict for GenericEnvClient, a pydantic model for a typed
+    # client), reward, done, and since 0.10 metadata.
+    observation = result.observation
+    if hasattr(observation, "model_dump"):
+        observation = observation.model_dump(exclude={"reward", "done"})
+    fields = {
+        "observation": observation,
         "reward": result.reward,
         "done": result.done,
         "result_type": type(result).__name__,
     }
+    if hasattr(result, "metadata"):
+        fields["metadata"] = result.metadata
+    return fields
 
 
-def action_of(op: dict[str, Any]) -> Any:
-    """The step's action: the dict itself, or a pydantic ``Action`` built from it."""
+def typed_client(url: str, timeout: float) -> Any:
+    """A typed client of the echo, written as OpenEnv's environments write theirs (pydantic types, three parsers)."""
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.types import Action, Observation, State
+
+    class EchoAction(Action):
+        message: str
+
+    class EchoObservation(Observation):
+        echoed_message: str = ""
+
+    class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
+        def _step_payload(self, action: EchoAction) -> dict[str, Any]:
+            return {"message": action.message}
+
+        def _parse_result(self, payload: dict[str, Any]) -> Any:
+            observation = EchoObservation(
+                **payload.get("observation", {}), reward=payload.get("reward"), done=payload.get("done", False)
+            )
+            extra = {"metadata": payload.get("metadata")} if "metadata" in StepResult.__dataclass_fields__ else {}
+            return StepResult(observation=observation, reward=payload.get("reward"), done=payload.get("done"), **extra)
+
+        def _parse_state(self, payload: dict[str, Any]) -> Any:
+            return State(**payload)
+
+    EchoEnv.action_type = EchoAction
+    return EchoEnv(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout)
+
+
+def new_client(url: str, timeout: float, typed: bool) -> Any:
+    if typed:
+        return typed_client(url, timeout)
+    return GenericEnvClient(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout)
+
+
+def action_of(op: dict[str, Any], client: Any = None) -> Any:
+    """The step's action: the dict itself, a pydantic ``Action`` built from it, or the typed client's action."""
+    action_type = getattr(client, "action_type", None)
+    if action_type is not None:
+        return action_type.model_construct(**op["action"])  # unvalidated: the server judges it, as for a dict
     if not op.get("model"):
         return op["action"]
     from openenv.core.env_server.types import Action
@@ -84,6 +133,10 @@ def action_of(op: dict[str, Any]) -> Any:
 
     fields: dict[str, Any] = {name: (type(value), ...) for name, value in op["action"].items()}
     return create_model("ScriptAction", __base__=Action, **fields)(**op["action"])
+
+
+def state_fields(state: Any) -> Any:
+    return state.model_dump() if hasattr(state, "model_dump") else state
 
 
 def describe(op: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +148,8 @@ def describe(op: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-async def run_async(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
-    client = GenericEnvClient(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout)
+async def run_async(url: str, ops: list[dict[str, Any]], timeout: float, typed: bool = False) -> None:
+    client = new_client(url, timeout, typed)
     emit({"op": "init", "ok": True, "ws_url": client._ws_url, "client": type(client).__name__})
     closed = False
     try:
@@ -107,9 +160,9 @@ async def run_async(url: str, ops: list[dict[str, Any]], timeout: float) -> None
                 if kind == "reset":
                     rec.update(result_fields(await client.reset(**op.get("args", {}))))
                 elif kind == "step":
-                    rec.update(result_fields(await client.step(action_of(op))))
+                    rec.update(result_fields(await client.step(action_of(op, client))))
                 elif kind == "state":
-                    rec["state"] = await client.state()
+                    rec["state"] = state_fields(await client.state())
                 elif kind == "close":
                     await client.close()
                     closed = True
@@ -124,8 +177,8 @@ async def run_async(url: str, ops: list[dict[str, Any]], timeout: float) -> None
             await asyncio.wait_for(client.close(), timeout)
 
 
-def run_sync(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
-    client = GenericEnvClient(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout).sync()
+def run_sync(url: str, ops: list[dict[str, Any]], timeout: float, typed: bool = False) -> None:
+    client = new_client(url, timeout, typed).sync()
     emit({"op": "init", "ok": True, "ws_url": client.async_client._ws_url, "client": type(client).__name__})
     closed = False
     try:
@@ -136,9 +189,9 @@ def run_sync(url: str, ops: list[dict[str, Any]], timeout: float) -> None:
                 if kind == "reset":
                     rec.update(result_fields(client.reset(**op.get("args", {}))))
                 elif kind == "step":
-                    rec.update(result_fields(client.step(action_of(op))))
+                    rec.update(result_fields(client.step(action_of(op, client.async_client))))
                 elif kind == "state":
-                    rec["state"] = client.state()
+                    rec["state"] = state_fields(client.state())
                 elif kind == "close":
                     client.close()
                     closed = True
@@ -159,12 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync", action="store_true", help="use the SyncEnvClient wrapper")
     p.add_argument("--timeout", type=float, default=10.0, help="connect and per-message timeout (s)")
     p.add_argument("--ops", default=None, help="JSON list of ops (see module doc) instead of the default sequence")
+    p.add_argument("--typed", action="store_true", help="a typed EnvClient subclass instead of GenericEnvClient")
     args = p.parse_args(argv)
     ops = json.loads(args.ops) if args.ops else DEFAULT_OPS
     if args.sync:
-        run_sync(args.url, ops, args.timeout)
+        run_sync(args.url, ops, args.timeout, args.typed)
     else:
-        asyncio.run(run_async(args.url, ops, args.timeout))
+        asyncio.run(run_async(args.url, ops, args.timeout, args.typed))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Echo environment served by the *reference* openenv-core 0.3.0 (create_app + uvicorn).
+"""Echo environment served by a *reference* release (openenv 0.10.0 or openenv-core 0.3.0; create_app + uvicorn).
 
 Run with the reference venv's python (see reference_venv.py), never ours:
 
@@ -23,6 +23,8 @@ server with the tools ``echo_message`` and ``echo_with_length``; an empty
 observation on reset; action and observation classes ``CallToolAction`` and
 ``CallToolObservation``). With ``--blob-bytes N`` it serves instead an env whose every step observation
 is {data: base64 of N seeded random bytes} (for the large-observation benchmark).
+With ``--tasks`` (0.10.0 only) the echo environment also offers tasks through
+the Task API's methods (``list_splits``, ``list_tasks``, ...).
 Triggers:
   message == "raise"  -> step raises RuntimeError  -> EXECUTION_ERROR frame
   message == "done"   -> observation done=True
@@ -177,7 +179,38 @@ def mcp_echo_environment() -> type[Environment]:
     return MCPEchoEnvironment
 
 
-def build_app(max_sessions: int, async_step: bool = False, blob_bytes: int = 0, mcp_echo: bool = False):
+# The tasks of --tasks (0.10.0's Task API): the same specs as tests.envs.TASKS.
+TASKS = {
+    "train": [{"question": "1+1", "answer": 2}, {"question": "2+3", "answer": 5}, {"question": "4+4", "answer": 8}],
+    "test": [{"question": "9+1", "answer": 10}],
+    "dev": [],
+}
+
+
+class TaskEchoEnvironment(EchoEnvironment):
+    """The echo environment offering tasks through 0.10.0's TaskProvider methods (async ones among them)."""
+
+    def list_splits(self) -> list[str]:
+        return list(TASKS)
+
+    async def list_tasks(self, split: str) -> list[dict]:
+        return TASKS[split]
+
+    def num_tasks(self, split: str) -> int:
+        return len(TASKS[split])
+
+    def get_task(self, split: str, index: int) -> dict:
+        if not 0 <= index < len(TASKS[split]):
+            raise IndexError(index)
+        return TASKS[split][index]
+
+    def get_task_range(self, split: str, start: int | None = None, stop: int | None = None) -> list[dict]:
+        return TASKS[split][start:stop]
+
+
+def build_app(
+    max_sessions: int, async_step: bool = False, blob_bytes: int = 0, mcp_echo: bool = False, tasks: bool = False
+):
     if mcp_echo:
         from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
@@ -190,6 +223,8 @@ def build_app(max_sessions: int, async_step: bool = False, blob_bytes: int = 0, 
         )
     if blob_bytes:
         env, observation = blob_environment(blob_bytes), BlobObservation
+    elif tasks:
+        env, observation = TaskEchoEnvironment, EchoObservation
     else:
         env, observation = (AsyncEchoEnvironment if async_step else EchoEnvironment), EchoObservation
     return create_app(
@@ -212,10 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--async-step", action="store_true", help="serve the env variant that overrides step_async")
     p.add_argument("--blob-bytes", type=int, default=0, help="serve the env whose observations carry N bytes")
     p.add_argument("--mcp-echo", action="store_true", help="serve an MCP echo env built as OpenEnv's echo_env")
+    p.add_argument("--tasks", action="store_true", help="serve the echo env offering tasks (0.10.0's Task API)")
     p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
     args = p.parse_args(argv)
 
-    app = build_app(args.max_sessions, async_step=args.async_step, blob_bytes=args.blob_bytes, mcp_echo=args.mcp_echo)
+    app = build_app(
+        args.max_sessions,
+        async_step=args.async_step,
+        blob_bytes=args.blob_bytes,
+        mcp_echo=args.mcp_echo,
+        tasks=args.tasks,
+    )
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,19 +1,22 @@
-"""Throwaway virtual environment holding the reference ``openenv-core==0.3.0``.
+"""Throwaway virtual environments holding the reference OpenEnv releases from PyPI.
 
-The reference distribution installs a top-level package named ``openenv`` (plus
-a deprecated ``openenv_core`` shim), which clashes with ours. It therefore lives
-in its own venv and is only ever run as a subprocess (``reference_server.py``,
-``reference_client.py``, ``probe_reference.py`` in this folder).
+Two references: ``openenv==0.10.0`` (upstream's current release, published as
+``openenv``) and ``openenv-core==0.3.0`` (the one this project first matched).
+Each installs a top-level package named ``openenv``, which clashes with ours, so
+each lives in a venv of its own and is only ever run as a subprocess
+(``reference_server.py``, ``reference_client.py``, ``probe_reference.py`` and the
+other scripts in this folder run under both).
 
 Stdlib only, so the test side can import it without pulling anything in.
 
-    python tests/interop/reference_venv.py          # prebuild (CI does this)
-    python tests/interop/reference_venv.py --force  # rebuild from scratch
+    python tests/interop/reference_venv.py                  # prebuild both (CI does this)
+    python tests/interop/reference_venv.py --only 0.10.0    # one of them
+    python tests/interop/reference_venv.py --force          # rebuild from scratch
 
-Location: ``$OPENENV_REFERENCE_VENV`` if set, else
-``~/.cache/openenv-tests/reference-0.3.0``. A marker file is written only after
-a successful install and import check; a venv without a matching marker is
-rebuilt.
+Location: ``$OPENENV_REFERENCE_VENV`` (0.3.0) or ``$OPENENV_REFERENCE_VENV_0_10``
+(0.10.0) if set, else ``~/.cache/openenv-tests/reference-<version>``. A marker
+file is written only after a successful install and import check; a venv
+without a matching marker is rebuilt.
 """
 
 from __future__ import annotations
@@ -30,19 +33,41 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REFERENCE_VERSION = "0.3.0"
-REQUIREMENTS: tuple[str, ...] = (
-    f"openenv-core=={REFERENCE_VERSION}",
-    # Both are dependencies of openenv-core 0.3.0 already; listed so the venv
-    # still has them if a later packaging change drops them.
-    "uvicorn",
-    "websockets",
-)
-ENV_VAR = "OPENENV_REFERENCE_VENV"
-DEFAULT_DIR = Path.home() / ".cache" / "openenv-tests" / f"reference-{REFERENCE_VERSION}"
+
+@dataclass(frozen=True)
+class Reference:
+    """One reference release: what to install, and where its venv lives."""
+
+    distribution: str
+    version: str
+    env_var: str
+    size: str  # measured on disk, for the note the test suite prints before building it
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        # uvicorn and websockets are dependencies of both releases already; listed so
+        # the venv still has them if a later packaging change drops them.
+        return (f"{self.distribution}=={self.version}", "uvicorn", "websockets")
+
+    @property
+    def default_dir(self) -> Path:
+        return Path.home() / ".cache" / "openenv-tests" / f"reference-{self.version}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.distribution} {self.version}"
+
+
+OPENENV_CORE_0_3 = Reference("openenv-core", "0.3.0", "OPENENV_REFERENCE_VENV", "~474 MB")
+"""openenv-core 0.3.0: the reference the project first matched, still checked."""
+OPENENV_0_10 = Reference("openenv", "0.10.0", "OPENENV_REFERENCE_VENV_0_10", "~478 MB")
+"""openenv 0.10.0 (upstream, published as ``openenv`` since 0.3.1): the current reference."""
+REFERENCES = (OPENENV_0_10, OPENENV_CORE_0_3)
+
 MARKER_NAME = ".openenv-reference-ok"
 MARKER_FORMAT = 1
 
@@ -57,17 +82,18 @@ CHECK_TIMEOUT_S = 120.0
 LOCK_TIMEOUT_S = PIP_TIMEOUT_S + VENV_TIMEOUT_S + 2 * CHECK_TIMEOUT_S
 
 # Run inside the venv after install: proves the imports we rely on work and
-# reports versions for the marker.
+# reports versions for the marker. ``{distribution}`` is the reference's own.
 _CHECK_CODE = r"""
 import json, sys
 from importlib import metadata
 import openenv
 from openenv.core import GenericEnvClient, create_app
 from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.mcp_client import MCPToolClient
 import uvicorn, websockets
 assert openenv.__file__.startswith(sys.prefix), openenv.__file__
 print(json.dumps({d: metadata.version(d) for d in
-    ("openenv-core", "fastapi", "starlette", "pydantic", "uvicorn", "websockets")}))
+    ("{distribution}", "fastapi", "starlette", "pydantic", "uvicorn", "websockets")}))
 """
 
 
@@ -75,14 +101,14 @@ class ReferenceVenvError(RuntimeError):
     """The reference venv could not be built or is unusable."""
 
 
-def venv_dir(cache_dir: Path | None = None) -> Path:
-    """Where the reference venv lives: argument, then $OPENENV_REFERENCE_VENV, then default."""
+def venv_dir(cache_dir: Path | None = None, reference: Reference = OPENENV_CORE_0_3) -> Path:
+    """Where a reference venv lives: argument, then its environment variable, then its default."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    env = os.environ.get(ENV_VAR)
+    env = os.environ.get(reference.env_var)
     if env:
         return Path(env).expanduser()
-    return DEFAULT_DIR
+    return reference.default_dir
 
 
 def _venv_python(path: Path) -> Path:
@@ -138,15 +164,15 @@ def _run(cmd: Sequence[str], timeout: float, what: str) -> subprocess.CompletedP
     return proc
 
 
-def _expected_marker() -> dict[str, object]:
+def _expected_marker(reference: Reference) -> dict[str, object]:
     return {
         "format": MARKER_FORMAT,
-        "requirements": list(REQUIREMENTS),
+        "requirements": list(reference.requirements),
         "base_python": ".".join(map(str, sys.version_info[:2])),
     }
 
 
-def _is_valid(path: Path) -> bool:
+def _is_valid(path: Path, reference: Reference) -> bool:
     marker = path / MARKER_NAME
     python = _venv_python(path)
     if not marker.is_file() or not python.exists():
@@ -155,13 +181,13 @@ def _is_valid(path: Path) -> bool:
         data = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    expected = _expected_marker()
+    expected = _expected_marker(reference)
     if any(data.get(k) != v for k, v in expected.items()):
         return False
     # Cheap liveness check (the base interpreter may have gone away).
     try:
         proc = subprocess.run(
-            [str(python), "-c", "from importlib import metadata; print(metadata.version('openenv-core'))"],
+            [str(python), "-c", f"from importlib import metadata; print(metadata.version({reference.distribution!r}))"],
             cwd=_neutral_cwd(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -171,7 +197,7 @@ def _is_valid(path: Path) -> bool:
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return proc.returncode == 0 and proc.stdout.strip() == REFERENCE_VERSION
+    return proc.returncode == 0 and proc.stdout.strip() == reference.version
 
 
 def _safe_remove(path: Path) -> None:
@@ -183,7 +209,7 @@ def _safe_remove(path: Path) -> None:
         return
     raise ReferenceVenvError(
         f"{path} exists but is not a virtual environment; refusing to delete it. "
-        f"Remove it or point {ENV_VAR} elsewhere."
+        "Remove it or point the reference's environment variable elsewhere."
     )
 
 
@@ -215,7 +241,7 @@ def _build_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _build(path: Path, log=None) -> None:
+def _build(path: Path, reference: Reference, log=None) -> None:
     def say(msg: str) -> None:
         if log is not None:
             log(msg)
@@ -224,40 +250,43 @@ def _build(path: Path, log=None) -> None:
     say(f"creating venv at {path}")
     _run([sys.executable, "-m", "venv", str(path)], VENV_TIMEOUT_S, "python -m venv")
     python = _venv_python(path)
-    say(f"pip install {' '.join(REQUIREMENTS)} (may take a few minutes)")
+    say(f"pip install {' '.join(reference.requirements)} (may take a few minutes)")
     _run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *REQUIREMENTS],
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reference.requirements],
         PIP_TIMEOUT_S,
         "pip install",
     )
-    proc = _run([str(python), "-c", _CHECK_CODE], CHECK_TIMEOUT_S, "import check")
+    check = _CHECK_CODE.replace("{distribution}", reference.distribution)
+    proc = _run([str(python), "-c", check], CHECK_TIMEOUT_S, "import check")
     versions = json.loads(proc.stdout.strip().splitlines()[-1])
-    marker = dict(_expected_marker(), versions=versions, built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    marker = dict(_expected_marker(reference), versions=versions, built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     tmp = path / (MARKER_NAME + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(tmp, path / MARKER_NAME)
     say(f"ready: {versions}")
 
 
-def ensure_reference_python(cache_dir: Path | None = None, *, force: bool = False, log=None) -> Path:
-    """Return the python of a venv with ``openenv-core==0.3.0``, building it if needed.
+def ensure_reference_python(
+    cache_dir: Path | None = None, *, reference: Reference = OPENENV_CORE_0_3, force: bool = False, log=None
+) -> Path:
+    """Return the python of a venv with the ``reference`` release, building it if needed.
 
     Reused when its marker file matches; otherwise (missing, half-built, other
     requirements) it is deleted and rebuilt. Raises ReferenceVenvError on
     failure (pip and venv steps are bounded by timeouts).
     """
-    path = venv_dir(cache_dir).resolve()
-    if not force and _is_valid(path):
+    path = venv_dir(cache_dir, reference).resolve()
+    if not force and _is_valid(path, reference):
         return _venv_python(path)
     with _build_lock(path):
-        if force or not _is_valid(path):  # another process may have built it meanwhile
-            _build(path, log=log)
+        if force or not _is_valid(path, reference):  # another process may have built it meanwhile
+            _build(path, reference, log=log)
     return _venv_python(path)
 
 
-def reference_versions(cache_dir: Path | None = None) -> dict[str, str]:
-    """Versions recorded in the marker (openenv-core, uvicorn, websockets, ...)."""
-    data = json.loads((venv_dir(cache_dir).resolve() / MARKER_NAME).read_text())
+def reference_versions(cache_dir: Path | None = None, reference: Reference = OPENENV_CORE_0_3) -> dict[str, str]:
+    """Versions recorded in the marker (the reference's distribution, uvicorn, websockets, ...)."""
+    data = json.loads((venv_dir(cache_dir, reference).resolve() / MARKER_NAME).read_text())
     return dict(data.get("versions", {}))
 
 
@@ -428,17 +457,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=None, help=f"venv location (default ${ENV_VAR} or {DEFAULT_DIR})")
+    parser.add_argument("--dir", type=Path, default=None, help="venv location (with --only; default: see above)")
+    parser.add_argument("--only", choices=[r.version for r in REFERENCES], help="build this reference only")
     parser.add_argument("--force", action="store_true", help="rebuild even if a valid venv exists")
     args = parser.parse_args(argv)
-    try:
-        python = ensure_reference_python(
-            args.dir, force=args.force, log=lambda m: print(m, file=sys.stderr, flush=True)
-        )
-    except ReferenceVenvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(python)
+    chosen = [r for r in REFERENCES if args.only in (None, r.version)]
+    for reference in chosen:
+        try:
+            python = ensure_reference_python(
+                args.dir if args.only else None,
+                reference=reference,
+                force=args.force,
+                log=lambda m: print(m, file=sys.stderr, flush=True),
+            )
+        except ReferenceVenvError as exc:
+            print(f"error: {reference.label}: {exc}", file=sys.stderr)
+            return 1
+        print(python)
     return 0
 
 

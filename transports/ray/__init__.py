@@ -1,6 +1,6 @@
 """The Ray transport: ``ray://package.module:Factory``, environments hosted on a Ray cluster.
 
-Install it with ``pip install 'openenv[ray]'``. `RayTransport` is the client side;
+Install it with ``pip install 'openenv-anyio[ray]'``. `RayTransport` is the client side;
 `EnvHost` is the actor that serves sessions; `Fleet` keeps the driver's count of
 actors and their free slots.
 """

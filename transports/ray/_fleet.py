@@ -41,7 +41,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(f"ray:// URLs need Ray: pip install 'openenv[ray]' ({exc})") from exc
+        raise ImportError(f"ray:// URLs need Ray: pip install 'openenv-anyio[ray]' ({exc})") from exc
     return ray
 
 

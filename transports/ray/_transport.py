@@ -237,7 +237,7 @@ class RayTransport(Transport):
         Raises:
             ConnectError: No actor could be started or reached.
             ClientStateError: The transport was entered before.
-            ImportError: Ray is not installed (``pip install 'openenv[ray]'``).
+            ImportError: Ray is not installed (``pip install 'openenv-anyio[ray]'``).
         """
         connect_once(self._entered, self)
         self._entered = True

@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 import msgspec
@@ -73,6 +74,15 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 def _number(value: bytes | None) -> int | None:
     """A header's value as a whole number, if it is one."""
     return int(value) if value is not None and value.isdigit() and len(value) < 20 else None
+
+
+def _session_to_attach(scope: Scope) -> str | None:
+    """The ``session_id`` a connection's query string names, if any."""
+    query = scope.get("query_string") or b""
+    if b"session_id=" not in query:
+        return None
+    values = parse_qs(query.decode("latin-1")).get("session_id")
+    return values[0] if values else None
 
 
 def select_subprotocol(offered: Iterable[str]) -> str | None:
@@ -147,6 +157,10 @@ class WebSocketEndpoint:
             `transports.websocket._link_server`.
         metrics: Where the sessions' requests are counted, or ``None``.
         max_message_size: The largest message the server takes (a link's client is told it).
+        attach: Serves a connection that names a session made elsewhere
+            (``/ws?session_id=…``, OpenEnv 0.10's MCP sessions): called with the
+            id and the accepted connection's ``receive`` and ``send``, in plain
+            OpenEnv frames. ``None`` serves such a connection as any other.
     """
 
     def __init__(
@@ -158,6 +172,7 @@ class WebSocketEndpoint:
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
         metrics: SessionMetrics | None = None,
         max_message_size: int | None = SERVER_DEFAULTS.max_message_size,
+        attach: Callable[[str, Receive, Send], Awaitable[None]] | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
@@ -166,6 +181,7 @@ class WebSocketEndpoint:
         self.resume_timeout = resume_timeout
         self.max_message_size = max_message_size
         self._links: dict[str, ServerLink] = {}
+        self.attach = attach
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket connection (the ASGI entry point).
@@ -182,6 +198,12 @@ class WebSocketEndpoint:
             raise RuntimeError(f"{type(self).__name__} serves websocket scopes, not {scope['type']!r}")
         message = await receive()
         if message["type"] != "websocket.connect":
+            return
+        attach_to = _session_to_attach(scope) if self.attach is not None else None
+        if attach_to is not None and self.attach is not None:
+            with contextlib.suppress(OSError):
+                await send({"type": "websocket.accept", "subprotocol": None})  # plain OpenEnv frames
+                await self.attach(attach_to, receive, send)
             return
         subprotocol = select_subprotocol(scope.get("subprotocols") or ())
         dialect = dialect_of(subprotocol)
@@ -243,6 +265,7 @@ class WebSocketEndpoint:
         if lease is None:
             await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
             return
+        lease.connected = True  # never reaped as idle while its connection lasts
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
