@@ -481,20 +481,22 @@ async def test_capacity_reached_and_the_admission_queue_count_sessions_not_links
                 await first.close()  # its slot goes to the session waiting
 
 
-async def test_an_idle_session_ends_alone() -> None:
+async def test_a_session_the_server_ends_ends_alone() -> None:
     with anyio.fail_after(LIMIT):
         async with server(http_idle_timeout=0.3) as running:
             registry = running.app.state.sessions
-            async with CounterClient(poll_url(running)) as idle, CounterClient(poll_url(running)) as busy:
-                await idle.reset()
-                await busy.reset()
-                # The busy one steps on; the idle one is reaped, and told why.
-                while registry.active == 2:
-                    await busy.step(CountAction(by=1, delay=0.05))
-                with pytest.raises(ConnectionClosed, match="idle"):
-                    await idle.step(CountAction())
-                state = await busy.state()
-                assert (await busy.step(CountAction(by=1))).observation.count == state.count + 1
+            async with CounterClient(poll_url(running)) as ended:
+                await ended.reset()
+                (lease,) = registry.leases()
+                async with CounterClient(poll_url(running)) as other:
+                    await other.reset()
+                    # Quiet past the HTTP idle timeout: the link is polled, so neither is reaped.
+                    await other.step(CountAction(by=1, delay=0.4))
+                    assert registry.active == 2
+                    lease.request_close("asked to end")
+                    with pytest.raises(ConnectionClosed, match="asked to end"):
+                        await ended.step(CountAction())
+                    assert (await other.step(CountAction(by=1))).observation.count == 2
 
 
 async def test_a_link_nobody_polls_expires_with_its_sessions() -> None:
@@ -548,7 +550,7 @@ async def test_the_server_ending_a_session_reaches_its_client_through_the_keeper
     clock = ManualClock()
     with anyio.fail_after(LIMIT):
         async with (
-            server(http_idle_timeout=0.3) as running,
+            server() as running,
             CounterClient(poll_url(running), clock=clock, poll_timeout=LIMIT) as env,
         ):
             await env.reset()
@@ -556,8 +558,10 @@ async def test_the_server_ending_a_session_reaches_its_client_through_the_keeper
             clock.advance(IDLE_POLL)  # the keeper's long poll waits at the server
             channel = env.transport._channel  # type: ignore[union-attr]
             assert channel is not None
+            (lease,) = running.app.state.sessions.leases()
+            lease.request_close("asked to end")
             await wait_until(lambda: channel.ended is not None, "the session's end came without a call")
-            assert "idle" in str(channel.ended)
+            assert "asked to end" in str(channel.ended)
 
 
 async def test_server_shutdown_ends_every_session_on_a_link() -> None:

@@ -119,21 +119,34 @@ async def test_the_admission_queue_admits_a_link_session_when_a_slot_frees() -> 
             assert counts == [7]
 
 
-async def test_an_idle_session_on_a_link_is_ended_alone() -> None:
+async def test_a_quiet_session_on_a_live_link_is_never_ended_as_idle() -> None:
     clock = ManualClock()
     with anyio.fail_after(LIMIT):
         name: ServerName = "uvicorn" if current_backend() == "asyncio" else "hypercorn+websockets"
         app = create_app(AsyncCounterEnv, session_idle_timeout=600.0, clock=clock)
-        async with serve(app, server=name) as server, clients(server.url, 2) as (idle, busy):
-            await idle.reset()
+        async with serve(app, server=name) as server, clients(server.url, 2) as (quiet, busy):
+            await quiet.reset()
             await busy.reset()
             await clock.advance_when_blocked(400.0)
-            await busy.step(CountAction())  # the busy one's idle clock starts again; the other's runs on
-            await clock.advance_when_blocked(205.0)  # idle for 605 s, and the other for 205 s
-            await wait_until(lambda: active(server) == 1, "the idle session is ended")
-            with pytest.raises(openenv.ConnectionClosed, match="1001"):
-                await idle.step(CountAction())
+            await busy.step(CountAction())
+            await clock.advance_when_blocked(805.0)  # quiet for 1,205 s: twice its idle timeout
+            assert active(server) == 2
+            assert (await quiet.step(CountAction())).observation.count == 1  # the same episode, not a new one
             assert (await busy.step(CountAction())).observation.count == 2
+
+
+async def test_a_session_the_server_ends_on_a_link_ends_alone() -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, clients(server.url, 2) as (ended, other):
+            await ended.reset()
+            await other.reset()
+            # The first client opened its channel first, on the one connection: the lower number is its.
+            first = min(server.app.state.sessions.leases(), key=lambda lease: lease.id)
+            first.request_close("asked to end")
+            await wait_until(lambda: active(server) == 1, "the session is ended")
+            with pytest.raises(openenv.ConnectionClosed, match="asked to end"):
+                await ended.step(CountAction())
+            assert (await other.step(CountAction())).observation.count == 1
 
 
 @pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])

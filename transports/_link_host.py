@@ -405,6 +405,8 @@ class LinkHost:
     def _build(self, session: _Session, lease: SessionLease) -> None:
         """Build the session's environment (on the event loop, as a connection of its own would)."""
         session.lease = lease
+        # Never reaped as idle: the link's own bounds (its resume wait, an HTTP link's silence) end it.
+        lease.connected = True
         try:
             env = self._factory()
         except Exception as exc:
