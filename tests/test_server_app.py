@@ -302,7 +302,7 @@ def registry_of(server: RunningServer) -> SessionRegistry:
 
 @asynccontextmanager
 async def http_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
         yield client
 
 

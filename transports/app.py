@@ -48,7 +48,7 @@ from openenv.server import (
     load_factory,
 )
 
-from ._guard import RequestGuard, auth_tokens_from
+from ._guard import RequestGuard, auth_tokens_from, normalized_origins
 from ._sessions import SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
@@ -139,6 +139,7 @@ def create_app(
     allow_origins: Sequence[str] = (),
     error_details: bool = True,
     queue_timeout: float | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -194,6 +195,11 @@ def create_app(
             ``max_sessions`` are open, admitted in arrival order as slots free
             up, before it gets ``CAPACITY_REACHED``; ``None`` (the default)
             refuses it at once, as OpenEnv does.
+        allowed_hosts: Host names (``"env.internal"``; ``"*"`` for any) a
+            server without a token answers, beside IP addresses and
+            ``localhost``: a request for any other ``Host`` gets ``403``, so
+            a web page cannot reach the server by a name of its own (DNS
+            rebinding). With a token, every ``Host`` is answered.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -264,12 +270,15 @@ def create_app(
             error_details=error_details,
         ),
     ]
-    middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins)]
+    middleware = [
+        Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins, allowed_hosts=allowed_hosts)
+    ]
     if allow_origins:
         middleware.append(
             Middleware(
                 CORSMiddleware,
-                allow_origins=list(allow_origins),
+                # As browsers send them, or the CORS layer would not recognise an origin written with a "/".
+                allow_origins=normalized_origins(allow_origins),
                 allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=[
                     "Authorization",

@@ -129,12 +129,21 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
 )
 @click.option(
+    "--auth-token-file",
+    "auth_token_files",
+    multiple=True,
+    envvar="OPENENV_AUTH_TOKEN_FILE",
+    type=click.Path(dir_okay=False),
+    help="A file holding the bearer token clients must send (Authorization: Bearer TOKEN), or several, "
+    "one a line; repeatable. Also read from OPENENV_AUTH_TOKEN_FILE. /health stays open.",
+)
+@click.option(
     "--auth-token",
     "auth_tokens",
     multiple=True,
     envvar="OPENENV_AUTH_TOKEN",
-    help="A bearer token clients must send (Authorization: Bearer TOKEN); repeat it to accept several. "
-    "Also read from OPENENV_AUTH_TOKEN. /health stays open.",
+    help="A bearer token given as it is: prefer OPENENV_AUTH_TOKEN or --auth-token-file, as the "
+    "command line shows in the process list. Repeat it to accept several.",
 )
 @click.option(
     "--allow-origin",
@@ -142,6 +151,13 @@ def main(ctx: click.Context, debug: bool) -> None:
     multiple=True,
     help="A browser origin (https://app.example, or '*') whose requests are accepted, with CORS headers; "
     "repeatable. By default requests carrying an Origin header are refused.",
+)
+@click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A host name clients may reach a server without a token by (besides IP addresses and localhost), "
+    "or '*'; repeatable. Other Host headers get 403 (DNS rebinding).",
 )
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
@@ -165,8 +181,10 @@ def serve(
     max_connections: int,
     queue_timeout: float | None,
     hide_error_details: bool,
+    auth_token_files: tuple[str, ...],
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
     log_level: str,
     app_dir: str,
 ) -> None:
@@ -183,6 +201,14 @@ def serve(
             raise click.UsageError("uvicorn runs on asyncio only: use --server hypercorn, or --backend asyncio")
     elif server == "hypercorn+websockets":
         raise click.UsageError("hypercorn+websockets runs on trio only: use --backend trio, or --server uvicorn")
+    context = click.get_current_context()
+    if auth_tokens and context.get_parameter_source("auth_tokens") is click.core.ParameterSource.COMMANDLINE:
+        click.echo(
+            "openenv: warning: --auth-token shows the token to anyone who can list processes (ps); "
+            "give it in OPENENV_AUTH_TOKEN or a file (--auth-token-file) instead",
+            err=True,
+        )
+    tokens = [*auth_tokens, *(token for path in auth_token_files for token in _read_token_file(path))]
 
     from openenv.server import load_factory
 
@@ -215,10 +241,11 @@ def serve(
             session_idle_timeout=session_idle_timeout,
             http_idle_timeout=http_idle_timeout,
             http_max_body_size=max_message_size,
-            auth_token=auth_tokens,
+            auth_token=tokens,
             allow_origins=allow_origins,
             error_details=not hide_error_details,
             queue_timeout=queue_timeout,
+            allowed_hosts=allowed_hosts,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
@@ -239,6 +266,19 @@ def serve(
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _read_token_file(path: str) -> list[str]:
+    """The tokens in a token file: one a line; blank lines and lines starting with ``#`` are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise click.BadParameter(f"cannot read {path}: {reason}", param_hint="--auth-token-file") from exc
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not tokens:
+        raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
+    return tokens
 
 
 # -- demo ------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from openenv.server import (
     ServeFunction,
 )
 
+from ._hypercorn_limits import cap_connections, fit_to_open_files, refuse_compression
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
 from ._websocket_front import ReplayedStream, is_websocket_upgrade, read_head, serve_websocket
@@ -193,7 +194,7 @@ class _Options:
         self.embedded = embedded
         self.max_message_size = max_message_size
         self.header_timeout = header_timeout
-        self.max_connections = max_connections
+        self.max_connections = fit_to_open_files(max_connections)
 
 
 async def _run_uvicorn(
@@ -289,12 +290,14 @@ async def _run_hypercorn(
     config.graceful_timeout = options.shutdown_timeout
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     wrapped = wrap_app(cast(Any, app), config.wsgi_max_body_size, "asgi")
+    refuse_compression()
 
     if current_backend() == "trio":
         from hypercorn.trio.run import worker_serve as trio_worker_serve
 
         _mend_hypercorn_trio_closing()
         _add_hypercorn_trio_websocket_front()
+        cap_connections(config, options.max_connections, "trio")  # outermost: counts the front's connections too
         config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
@@ -302,6 +305,7 @@ async def _run_hypercorn(
 
     from hypercorn.asyncio.run import worker_serve as asyncio_worker_serve
 
+    cap_connections(config, options.max_connections, "asyncio")
     # Hypercorn on asyncio tells nobody when it is ready: ask it over HTTP.
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(

@@ -44,6 +44,7 @@ from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
 
 from .._asgi import Receive, Scope, Send
+from .._guard import client_of
 from .._sessions import SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
@@ -222,7 +223,7 @@ class _Session:
         self.served = False  # whether the environment was built and asked for a request
         self.end_reason: str | None = None  # set once the session has ended
         self.deleted = False
-        self.idempotency_key: str | None = None
+        self.idempotency_key: tuple[str, str] | None = None  # (client, key): a retry must come from its client
         self.new_event = new_event
         self.waiter: anyio.Event | None = None  # set when a reply comes or the session ends
         self.forgotten = new_event()  # set when the record is dropped (DELETE)
@@ -491,7 +492,9 @@ class HTTPPollingEndpoint:
         self.max_body_size = max_body_size
         self.linger = linger
         self._sessions: dict[str, _Session] = {}
-        self._created: dict[str, _Session] = {}  # by idempotency key, until the first frame
+        # By client and idempotency key, until the first frame: only the client that
+        # created a session gets its credentials again for the key.
+        self._created: dict[tuple[str, str], _Session] = {}
         self._task_group: TaskGroup | None = None
         self._new_event: Callable[[], anyio.Event] = anyio.Event
 
@@ -560,11 +563,12 @@ class HTTPPollingEndpoint:
             raise _HTTPError(400, "invalid_body", str(exc)) from None
         idempotency_key = None
         if key is not None:
-            idempotency_key = key.decode("latin-1")
-            if len(idempotency_key) not in _IDEMPOTENCY_KEY_LENGTHS or not idempotency_key.isprintable():
+            text = key.decode("latin-1")
+            if len(text) not in _IDEMPOTENCY_KEY_LENGTHS or not text.isprintable():
                 raise _HTTPError(
                     400, "invalid_header", f"{IDEMPOTENCY_KEY_HEADER} must be 16 to 255 printable characters"
                 )
+            idempotency_key = (client_of(scope), text)
             existing = self._created.get(idempotency_key)
             if existing is not None:
                 if existing.dialect != dialect:

@@ -1,0 +1,448 @@
+"""Hostile networks II (issue 23): each finding of the second probe, reproduced and shown fixed.
+
+As in `tests.test_hostile_clients`, each test runs on asyncio and trio against
+every real server that hosts the app there (uvicorn and hypercorn on asyncio;
+hypercorn, and hypercorn+websockets, openenv's trio server, on trio) where the
+finding concerns the server, and checks two things: the hostile or unlucky
+client gets a clean, typed answer, and well-behaved sessions go on.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from tests.helpers import free_port
+from tests.test_hostile_clients import (
+    LIMIT,
+    MessageEnv,
+    RawWebSocket,
+    ServerName,
+    registry_of,
+    resumable_ws,
+    serving,
+    wait_until,
+)
+
+# The fixtures that run each test on each server: uvicorn and hypercorn on asyncio, both hypercorns on trio.
+from tests.test_hostile_clients import anyio_backend as anyio_backend
+from tests.test_hostile_clients import backend_and_server as backend_and_server
+from tests.test_hostile_clients import server_name as server_name
+from tests.test_server_app import MessageAction, WireEchoEnv
+from transports.app import create_app
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "transports.cli"]
+
+
+async def _raw_request(server: Any, head: str) -> tuple[int, bytes]:
+    """Send one raw HTTP/1.1 request head (no body); the status and the whole response, read until it closes."""
+    async with await anyio.connect_tcp(server.host, server.port) as stream:
+        await stream.send(head.encode("latin-1"))
+        response = b""
+        try:
+            while True:
+                response += await stream.receive()
+                if b"\r\n\r\n" in response and _complete(response):
+                    break
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            pass
+    return int(response.split(b" ", 2)[1]), response
+
+
+def _complete(response: bytes) -> bool:
+    head, _, body = response.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return head.startswith(b"HTTP/1.1 101")
+
+
+def _handshake(server: Any, *, host: str | None = None, extra: tuple[str, ...] = ()) -> str:
+    """A WebSocket handshake to ``/ws``, with the ``Host`` given (the server's own by default)."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    lines = [
+        "GET /ws HTTP/1.1",
+        f"Host: {host if host is not None else f'{server.host}:{server.port}'}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+        *extra,
+    ]
+    return "\r\n".join(lines) + "\r\n\r\n"
+
+
+def _get(path: str, host: str, *extra: str) -> str:
+    return "\r\n".join([f"GET {path} HTTP/1.1", f"Host: {host}", *extra]) + "\r\n\r\n"
+
+
+# -- finding 7: a trailing slash in an allowed origin -----------------------------------
+
+
+async def test_an_origin_allowed_with_a_trailing_slash_gets_cors_headers(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving(server_name, allow_origins=["https://app.example/"]) as server,
+            httpx.AsyncClient() as http,
+        ):
+            answer = await http.get(f"{server.url}/schema", headers={"Origin": "https://app.example"})
+            assert answer.status_code == 200
+            assert answer.headers["access-control-allow-origin"] == "https://app.example"
+
+
+# -- finding 7: DNS rebinding (no Host check without a token) ---------------------------
+
+
+async def test_a_server_without_a_token_answers_only_its_own_hosts(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server:
+            port = server.port
+            # A page at rebinding.example, resolved to this machine, is same-origin with itself: no Origin.
+            for path in ("/schema", "/metadata", "/openapi.json", "/state"):
+                status, response = await _raw_request(server, _get(path, f"rebinding.example:{port}"))
+                assert status == 403, response
+                assert b"host_not_allowed" in response
+            status, _ = await _raw_request(server, _handshake(server, host=f"rebinding.example:{port}"))
+            assert status == 403
+            # Addresses and localhost are served.
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
+                status, response = await _raw_request(server, _get("/schema", host))
+                assert status == 200, (host, response)
+            async with MessageEnv(server.url) as client:
+                assert (await client.step(MessageAction(message="ok"))).reward == 2.0
+
+
+async def test_the_host_names_a_server_answers_can_be_allowed(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, create_app(WireEchoEnv, allowed_hosts=["env.internal"])) as server:
+            for host in ("env.internal", f"ENV.internal.:{server.port}"):
+                status, response = await _raw_request(server, _get("/schema", host))
+                assert status == 200, (host, response)
+            status, _ = await _raw_request(server, _get("/schema", "other.internal"))
+            assert status == 403
+        async with serving(server_name, create_app(WireEchoEnv, allowed_hosts=["*"])) as server:
+            status, _ = await _raw_request(server, _get("/schema", "other.internal"))
+            assert status == 200
+
+
+async def test_a_server_with_a_token_answers_any_host(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, auth_token="s3cret") as server:
+            status, _ = await _raw_request(server, _get("/schema", "env.example", "Authorization: Bearer s3cret"))
+            assert status == 200
+            status, _ = await _raw_request(server, _get("/schema", "env.example"))
+            assert status == 401
+
+
+# -- finding 7: a browser cannot send a token on a WebSocket handshake ------------------
+
+
+def _bearer_entry(token: str) -> str:
+    """What a browser offers: ``openenv.bearer.`` and the token in unpadded base64url."""
+    return "openenv.bearer." + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+async def test_a_browser_can_offer_the_token_as_a_subprotocol(server_name: ServerName) -> None:
+    origin = "Origin: https://app.example"
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, auth_token="a/token=with:odd+chars", allow_origins=[origin[8:]]) as server:
+            offer = f"Sec-WebSocket-Protocol: openenv.v1.json, {_bearer_entry('a/token=with:odd+chars')}"
+            status, response = await _raw_request(server, _handshake(server, extra=(origin, offer)))
+            assert status == 101, response
+            # The token's entry is never selected: the subprotocol the browser asked to speak is.
+            assert b"sec-websocket-protocol: openenv.v1.json\r\n" in response.lower()
+            wrong = f"Sec-WebSocket-Protocol: openenv.v1.json, {_bearer_entry('another')}"
+            status, _ = await _raw_request(server, _handshake(server, extra=(origin, wrong)))
+            assert status == 401
+            garbled = "Sec-WebSocket-Protocol: openenv.v1.json, openenv.bearer.!!"
+            status, _ = await _raw_request(server, _handshake(server, extra=(origin, garbled)))
+            assert status == 401
+
+
+def test_the_bearer_subprotocol_is_a_valid_subprotocol_name() -> None:
+    from transports._guard import bearer_subprotocol
+
+    assert bearer_subprotocol("a/b=c:d@e") == _bearer_entry("a/b=c:d@e")
+    token_chars = set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    for token in ("s3cret", "a/b=c:d@e", "~" * 64):
+        assert set(bearer_subprotocol(token)) <= token_chars
+
+
+# -- finding 7: resumable request ids out of range or behind ----------------------------
+
+
+async def test_resumable_request_ids_out_of_range_or_behind_are_answered(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, resumable_ws(server.ws_url) as ws:
+            assert (await ws.receive_json())["type"] == "session"
+            assert (await ws.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
+            assert (await ws.request('{"type":"step","id":2,"data":{"message":"two"}}'))["id"] == 2
+            assert (await ws.request('{"type":"step","id":3,"data":{"message":"three"}}'))["id"] == 3
+            for bad in (0, -1, 2**63, 2**64 + 5):
+                reply = await ws.request(f'{{"type":"step","id":{bad},"data":{{"message":"x"}}}}')
+                assert reply["data"]["code"] == "VALIDATION_ERROR"
+                assert reply["data"]["errors"][0]["loc"] == ["id"]
+                assert reply.get("id") == (bad if bad < 2**63 else None)
+            behind = await ws.request('{"type":"step","id":2,"data":{"message":"again"}}')
+            assert (behind["id"], behind["data"]["code"]) == (2, "VALIDATION_ERROR")
+            assert "received before" in behind["data"]["errors"][0]["msg"]
+            # Not wedged: the next id is taken, and the bad ones ran nothing.
+            state = await ws.request('{"type":"state","id":4}')
+            assert (state["id"], state["data"]["step_count"]) == (4, 2)
+            await ws.send_text('{"type":"close"}')
+            await ws.close()
+
+
+# -- finding 7: the token on the command line --------------------------------------------
+
+
+def _wait_for_health(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + LIMIT
+    while True:
+        assert process.poll() is None, f"the server exited: {process.communicate()}"
+        try:
+            httpx.get(f"{url}/health", timeout=1.0)
+            return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # polls a server in another process, which has no event to wait on
+
+
+def test_the_server_takes_its_token_from_a_file_kept_out_of_the_process_list(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("# rotated monthly\nfrom-a-file\n\nsecond-token\n")
+    port = free_port()
+    args = [*CLI, "serve", "openenv.examples.echo:EchoEnvironment", "--port", str(port), "--log-level", "warning"]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENENV_AUTH_TOKEN")}
+    process = subprocess.Popen(
+        [*args, "--auth-token-file", str(token_file)], env=environment, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_for_health(url, process)
+        assert httpx.get(f"{url}/schema", timeout=5).status_code == 401
+        for token in ("from-a-file", "second-token"):
+            assert httpx.get(f"{url}/schema", headers={"Authorization": f"Bearer {token}"}, timeout=5).is_success
+        assert b"from-a-file" not in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    finally:
+        process.kill()
+        _, errors = process.communicate(timeout=10)
+    assert "warning" not in errors
+    # Given on the command line, it works, and the server says where else to put it.
+    shown = subprocess.run(
+        [*CLI, "serve", "no_such_module_here:Env", "--auth-token", "on-the-command-line"],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    assert "--auth-token shows the token to anyone who can list processes" in shown.stderr
+    assert "OPENENV_AUTH_TOKEN" in shown.stderr
+    # A file that cannot be read is one line saying so.
+    missing = subprocess.run(
+        [*CLI, "serve", "openenv.examples.echo:EchoEnvironment", "--auth-token-file", str(tmp_path / "none")],
+        env=environment,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    assert missing.returncode != 0
+    assert "cannot read" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+# -- finding 7: a session's credentials for anyone presenting its Idempotency-Key -------
+
+
+async def test_an_idempotent_retry_gets_the_session_only_from_its_own_client(server_name: ServerName) -> None:
+    key = {"Idempotency-Key": "k" * 32}
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, auth_token=["alice-token", "mallory-token"]) as server:
+            sessions = f"{server.url}/poll/sessions"
+            async with httpx.AsyncClient() as alice, httpx.AsyncClient() as mallory:
+                alice.headers["Authorization"] = "Bearer alice-token"
+                mallory.headers["Authorization"] = "Bearer mallory-token"
+                created = await alice.post(sessions, headers=key)
+                assert created.status_code == 201
+                retried = await alice.post(sessions, headers=key)  # its response was lost: the same session
+                assert retried.json() == created.json()
+                stolen = await mallory.post(sessions, headers=key)  # the key, seen on the way, from another client
+                assert stolen.status_code == 201
+                assert stolen.json()["session_id"] != created.json()["session_id"]
+                assert stolen.json()["session_key"] != created.json()["session_key"]
+        async with serving(server_name) as server:  # without a token, the client is its address
+            sessions = f"{server.url}/poll/sessions"
+            elsewhere = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+            async with httpx.AsyncClient() as here, httpx.AsyncClient(transport=elsewhere) as there:
+                created = await here.post(sessions, headers=key)
+                assert (await here.post(sessions, headers=key)).json() == created.json()
+                other = await there.post(sessions, headers=key)
+                assert other.json()["session_id"] != created.json()["session_id"]
+
+
+# -- finding 6: permessage-deflate on plain hypercorn ------------------------------------
+
+
+def _compressed_frame(size: int) -> bytes:
+    """A masked binary frame with RSV1 set (permessage-deflate): ``size`` zero bytes, deflated."""
+    deflate = zlib.compressobj(wbits=-15)
+    payload = deflate.compress(bytes(size)) + deflate.flush(zlib.Z_SYNC_FLUSH)
+    payload = payload.removesuffix(b"\x00\x00\xff\xff")
+    head = bytes((0x80 | 0x40 | 0x2,))  # FIN, RSV1 (compressed), binary
+    length = len(payload)
+    if length < 126:
+        head += bytes((0x80 | length,))
+    elif length < 65536:
+        head += bytes((0x80 | 126,)) + length.to_bytes(2, "big")
+    else:
+        head += bytes((0x80 | 127,)) + length.to_bytes(8, "big")
+    return head + b"\x00\x00\x00\x00" + payload  # a zero mask leaves the payload as it is
+
+
+async def test_no_server_negotiates_compression(server_name: ServerName) -> None:
+    offer = "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(_handshake(server, extra=(offer,)).encode())
+                response = b""
+                while b"\r\n\r\n" not in response:
+                    response += await stream.receive()
+                assert response.startswith(b"HTTP/1.1 101")
+                assert b"sec-websocket-extensions" not in response.lower()
+                # A compressed message is a protocol error, never inflated: 64 MiB of zeros, in 64 KiB.
+                await stream.send(_compressed_frame(64 * 1024 * 1024))
+                closing = b""
+                try:
+                    while True:
+                        closing += await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    pass
+            # A close frame with 1002 (protocol error), or a dropped connection; not 1009 (inflated first).
+            assert b"\x88\x02\x03\xf1" not in closing
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+
+
+def test_the_hypercorn_internals_the_runner_relies_on_are_there() -> None:
+    """A fence: what `transports._hypercorn_limits` reaches into (hypercorn is capped in pyproject.toml)."""
+    import hypercorn.asyncio.run
+    import hypercorn.protocol.ws_stream
+    import hypercorn.trio.run
+
+    from transports._hypercorn_limits import refuse_compression
+
+    refuse_compression()  # what every hypercorn server the runner starts does first
+    handshake = hypercorn.protocol.ws_stream.Handshake([(b"sec-websocket-extensions", b"permessage-deflate")], "1.1")
+    assert handshake.extensions is None
+    for module in (hypercorn.asyncio.run, hypercorn.trio.run):
+        server_class = module.TCPServer
+        assert callable(server_class.run)
+        assert callable(server_class.protocol_send)
+    assert "writer" in hypercorn.asyncio.tcp_server.TCPServer.__init__.__code__.co_varnames
+    assert "stream" in hypercorn.trio.tcp_server.TCPServer.__init__.__code__.co_varnames
+
+
+# -- finding 3: hypercorn had no connection cap ---------------------------------------------
+
+
+async def test_every_server_caps_its_connections(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, max_connections=3) as server:
+            held = [await anyio.connect_tcp(server.host, server.port) for _ in range(3)]
+            try:
+                # Uvicorn answers once it has the request; hypercorn at once.
+                status, response = await _raw_request(server, _get("/health", f"127.0.0.1:{server.port}"))
+                assert status == 503, response
+            finally:
+                for stream in held:
+                    await stream.aclose()
+
+            async def served() -> bool:
+                status, _ = await _raw_request(server, _get("/health", f"127.0.0.1:{server.port}"))
+                return status == 200
+
+            await wait_until(served, "the held connections are counted out")
+
+
+def test_the_connection_cap_fits_the_open_file_limit(caplog: pytest.LogCaptureFixture) -> None:
+    import resource
+
+    from transports._hypercorn_limits import fit_to_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    try:
+        assert fit_to_open_files(1000) == 960
+        assert fit_to_open_files(None) == 960
+        assert fit_to_open_files(100) == 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert "the open-file limit is 1024" in caplog.text
+
+
+# -- finding 7: tracebacks for a client's mistakes -------------------------------------------
+
+_SERVER_LOGGERS = ("asyncio", "uvicorn", "hypercorn", "openenv", "trio")
+
+
+def _server_complaints(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        f"{record.name}: {record.getMessage()}"
+        for record in caplog.records
+        if record.levelno >= logging.WARNING and record.name.startswith(_SERVER_LOGGERS)
+    ]
+
+
+async def test_a_text_message_of_bad_utf8_is_closed_without_a_traceback(
+    server_name: ServerName, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            for _ in range(3):
+                async with RawWebSocket.connect(server.ws_url) as ws:
+                    await ws._stream.send(b"\x81\x82" + b"\x00\x00\x00\x00" + b"\xc3\x28")
+                    assert (await ws.expect_close()).code in (1007, None)
+            await wait_until(lambda: registry_of(server).active == 1, "the sessions end")
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+    assert _server_complaints(caplog) == []
+
+
+async def test_a_ping_flood_then_a_reset_is_not_logged(
+    server_name: ServerName, caplog: pytest.LogCaptureFixture
+) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            async with RawWebSocket.connect(server.ws_url) as flooder:
+                await flooder.request('{"type":"reset"}')
+                for _ in range(2000):
+                    flooder._protocol.send_ping(b"p" * 125)
+                flood = b"".join(flooder._protocol.data_to_send())
+                with anyio.move_on_after(1):  # as much as the server takes; it may stop reading
+                    await flooder._stream.send(flood)
+                raw = flooder._stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+            await wait_until(lambda: registry_of(server).active == 1, "the flooder's session ends")
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+    assert _server_complaints(caplog) == []
