@@ -21,6 +21,7 @@ import msgspec
 
 from ._codec import RequestError, ServerCodec
 from ._environment import Environment
+from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
 from ._tools import mcp_unsupported, runs_plain_steps
@@ -84,6 +85,8 @@ class ServerSession:
             exception the environment raised and its message (OpenEnv's
             behaviour); ``False`` sends a generic message instead, so no path
             or module name leaves the server (the log keeps the traceback).
+            The same holds for the error of a tool that raised, in an
+            `openenv.MCPEnvironment`'s observation and ``mcp`` replies.
         on_end: Called once when the session ends (a close request, `aclose`),
             before the environment is closed, which may take a while: a server
             frees the session's slot there, as its client may already open another.
@@ -119,6 +122,10 @@ class ServerSession:
         self._reset_keywords = _accepted_keywords(env.reset)
         self._reset = self._runner(env.reset)
         self._step = self._runner(env.step)
+        if not error_details:  # a tool environment words its tools' errors: tell it to keep them generic
+            self._step = hiding_error_details(self._step)
+            if self._mcp is not None:
+                self._mcp = hiding_error_details(self._mcp)
         # An async environment lives on the event loop: read its state there too
         # (unless its steps run plain code: then on the session's thread).
         async_env = inspect.iscoroutinefunction(env.step) and not self._plain_steps

@@ -25,6 +25,7 @@ import anyio
 import httpx
 import pytest
 
+import openenv
 from tests.helpers import free_port
 from tests.test_hostile_clients import (
     LIMIT,
@@ -446,3 +447,56 @@ async def test_a_ping_flood_then_a_reset_is_not_logged(
             await wait_until(lambda: registry_of(server).active == 1, "the flooder's session ends")
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
     assert _server_complaints(caplog) == []
+
+
+# -- finding 4: --hide-error-details let tool exceptions through -----------------------------
+
+
+class LeakyTools(openenv.MCPEnvironment[openenv.CallToolAction, openenv.CallToolObservation, openenv.State]):
+    """A tool environment whose tools raise with a server path in the message."""
+
+    def reset(self) -> openenv.Observation:
+        return openenv.Observation()
+
+    @property
+    def state(self) -> openenv.State:
+        return openenv.State()
+
+    @openenv.tool
+    async def lookup(self, key: str) -> str:
+        """Raise, naming a file on the server."""
+        raise OSError(f"/srv/secret/{key}.db is locked")
+
+    @openenv.tool
+    def plain_lookup(self, key: str) -> str:
+        """The same, from a plain tool (run on the session's thread)."""
+        raise OSError(f"/srv/secret/{key}.db is locked")
+
+
+@pytest.mark.parametrize("error_details", [True, False], ids=["details", "hidden"])
+async def test_hidden_error_details_cover_tool_exceptions(server_name: ServerName, error_details: bool) -> None:
+    def leaks(text: str) -> bool:
+        return "/srv/secret" in text
+
+    call = {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "lookup", "arguments": {"key": "k"}}, "id": 7}
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving(server_name, LeakyTools, error_details=error_details) as server,
+            httpx.AsyncClient() as http,
+        ):
+            texts = []
+            for url in (server.url, server.url.replace("http", "http+poll", 1)):
+                async with openenv.EnvClient(url) as client:
+                    for tool in ("lookup", "plain_lookup"):  # the step observation's error
+                        observation = (
+                            await client.step(openenv.CallToolAction(tool_name=tool, arguments={"key": "k"}))
+                        ).observation
+                        texts.append(str(observation))
+                        with pytest.raises(openenv.ToolCallError) as raised:  # an mcp frame
+                            await client.call_tool(tool, key="k")
+                        texts.append(str(raised.value))
+            texts.append((await http.post(f"{server.url}/mcp", json=call)).text)
+            step = {"action": {"tool_name": "lookup", "arguments": {"key": "k"}}}
+            texts.append((await http.post(f"{server.url}/step", json=step)).text)
+    assert len(texts) == 10
+    assert [leaks(text) for text in texts] == [error_details] * 10, texts
