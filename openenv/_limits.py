@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_HTTP_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
@@ -54,8 +55,11 @@ A larger one is refused as it arrives, before it is buffered whole.
 DEFAULT_HEADER_TIMEOUT: Final = 10.0
 """Seconds a connection may take to send a request's headers (a WebSocket handshake's too)."""
 
+DEFAULT_BODY_TIMEOUT: Final = 10.0
+"""Seconds a request's body may take by default, plus one for every 64 KiB of it received."""
+
 DEFAULT_MAX_CONNECTIONS: Final = 1000
-"""The most connections a uvicorn server holds at once by default; beyond, requests get 503."""
+"""The most connections a server holds at once by default (fewer if the open-file limit is lower); beyond, 503."""
 
 DEFAULT_STARTUP_TIMEOUT: Final = 30.0
 """Seconds `openenv.serve` waits for its server to listen by default."""

@@ -7,6 +7,7 @@ happens in `ServerSession`.
 
 from ._environment import Environment, EnvironmentMetadata
 from ._limits import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -24,6 +25,7 @@ from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_HTTP_IDLE_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",

@@ -500,3 +500,168 @@ async def test_hidden_error_details_cover_tool_exceptions(server_name: ServerNam
             texts.append((await http.post(f"{server.url}/step", json=step)).text)
     assert len(texts) == 10
     assert [leaks(text) for text in texts] == [error_details] * 10, texts
+
+
+# -- finding 3: slow request bodies ----------------------------------------------------------
+
+
+async def _trickle(server: Any, head: str, *, trickle: bool) -> bytes:
+    """Send a request head declaring a large body, then a byte at a time (or nothing); what the server answers."""
+    async with await anyio.connect_tcp(server.host, server.port) as stream:
+        await stream.send(head.encode("latin-1"))
+        answer = b""
+
+        async def read() -> None:
+            nonlocal answer
+            try:
+                while True:
+                    answer += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(read)
+            if trickle:
+                try:
+                    while True:
+                        await stream.send(b" ")
+                        await anyio.sleep(0.05)  # the slow client being tested: a byte every 50 ms
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+        return answer
+
+
+async def test_a_request_body_that_comes_too_slowly_is_cut(server_name: ServerName) -> None:
+    app = create_app(WireEchoEnv, body_timeout=0.5)
+    with anyio.fail_after(LIMIT):
+        async with (
+            serving(server_name, app) as server,
+            MessageEnv(server.url) as bystander,
+            httpx.AsyncClient() as http,
+        ):
+            await bystander.reset()
+            created = (await http.post(f"{server.url}/poll/sessions")).json()
+            frames = f"/poll/sessions/{created['session_id']}/frames"
+            routes = [  # each declares a body under its route's limit
+                ("/reset", 1_000_000, ""),
+                ("/poll/sessions", 60_000, ""),
+                (frames, 1_000_000, f"OpenEnv-Seq: 1\r\nOpenEnv-Session-Key: {created['session_key']}\r\n"),
+            ]
+            answers: list[bytes] = []
+
+            async def one(path: str, size: int, extra: str, trickle: bool) -> None:
+                head = (
+                    f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {size}\r\n{extra}\r\n"
+                )
+                answers.append(await _trickle(server, head, trickle=trickle))
+
+            async with anyio.create_task_group() as task_group:
+                for path, size, extra in routes:
+                    for trickle in (True, False):  # a byte every 50 ms, or none at all
+                        task_group.start_soon(one, path, size, extra, trickle)
+            for answer in answers:  # 408, and the connection closed
+                assert answer.startswith(b"HTTP/1.1 408"), answer
+                assert b"body_timeout" in answer
+            assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
+            assert (await http.get(f"{server.url}/health")).status_code == 200
+
+
+# -- finding 1: the admission queue ----------------------------------------------------------
+
+
+class _CountCreations:
+    """An ASGI middleware counting the requests that ask for an HTTP long-polling session."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/poll/sessions":
+            self.count += 1
+        await self.app(scope, receive, send)
+
+
+async def test_http_long_polling_clients_wait_in_the_queue_past_their_connect_timeout(
+    server_name: ServerName,
+) -> None:
+    app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
+    counted: list[_CountCreations] = []
+    app.add_middleware(lambda inner: counted.append(_CountCreations(inner)) or counted[-1])
+    stepped: list[str] = []
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            url = server.url.replace("http", "http+poll", 1)
+
+            async def latecomer(name: str) -> None:
+                # Each of its requests gives up after 0.5 s: the queue must keep its place over several.
+                async with MessageEnv(url, connect_timeout=0.5) as client:
+                    stepped.append((await client.step(MessageAction(message=name))).observation.echoed_message)
+
+            async with MessageEnv(server.url) as holder:
+                await holder.reset()
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(latecomer, "first")
+                    task_group.start_soon(latecomer, "second")
+                    await wait_until(lambda: registry_of(server).queued == 2, "both wait")
+                    await wait_until(lambda: counted[0].count >= 8, "each asked again past its connect timeout")
+                    assert stepped == []
+                    await holder.close()  # the slot goes to one, then to the other
+            assert sorted(stepped) == ["first", "second"]
+            await wait_until(lambda: registry_of(server).active == 0, "nothing abandoned holds a slot")
+            assert registry_of(server).queued == 0
+
+
+async def test_a_queued_creation_whose_client_went_gives_its_place_up(server_name: ServerName) -> None:
+    app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server, MessageEnv(server.url) as holder:
+            await holder.reset()
+            head = "POST /poll/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
+            async with await anyio.connect_tcp(server.host, server.port) as stream:
+                await stream.send(head.encode())
+                await wait_until(lambda: registry_of(server).queued == 1, "it waits")
+            await wait_until(lambda: registry_of(server).queued == 0, "it gave its place up when its client went")
+            await holder.close()
+            await wait_until(lambda: registry_of(server).active == 0, "the slot is free, not held by nobody's session")
+
+
+async def test_a_resumable_websocket_client_is_told_it_is_queued(server_name: ServerName) -> None:
+    from tests.helpers import ManualClock
+
+    clock = ManualClock()
+    app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            results: list[str] = []
+
+            async def latecomer() -> None:
+                async with MessageEnv(server.url, connect_timeout=1.0, clock=clock) as client:
+                    results.append((await client.step(MessageAction(message="in"))).observation.echoed_message)
+
+            async with MessageEnv(server.url) as holder:
+                await holder.reset()
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(latecomer)
+                    await wait_until(lambda: registry_of(server).queued == 1, "it waits")
+                    await anyio.wait_all_tasks_blocked()  # the queued frame is read: its wait is the queue's now
+                    clock.advance(5.0)  # well past its connect timeout
+                    await holder.close()
+            assert results == ["in"]
+
+
+async def test_a_websocket_client_that_goes_while_queued_gives_its_place_up(server_name: ServerName) -> None:
+    app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server, MessageEnv(server.url) as holder:
+            await holder.reset()
+            for subprotocols in (None, ["openenv.v1.json.resumable"]):
+                async with RawWebSocket.connect(server.ws_url, subprotocols) as waiting:
+                    if subprotocols is None:
+                        await waiting.send_text('{"type":"reset"}')  # kept for it while it waits
+                    else:
+                        assert (await waiting.receive_json())["type"] == "queued"
+                    await wait_until(lambda: registry_of(server).queued == 1, "it waits")
+                await wait_until(lambda: registry_of(server).queued == 0, "it gave its place up")
+            assert registry_of(server).active == 1

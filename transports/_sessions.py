@@ -29,14 +29,18 @@ closing. The lease stays listed until `SessionLease.release`, so
 
 ``CAPACITY_REACHED``, the whole story: the registry alone decides.
 `SessionRegistry.open` refuses a session when `SessionRegistry.full`
-(``max_sessions`` slots taken, across every transport) or when sessions wait in
-the queue (a freed slot is theirs first). `SessionRegistry.admit` is `open`
-with the queue: given a ``queue_timeout``, a refused session waits up to that
-long, in arrival order, and `SessionLease.vacate` / `SessionLease.release`
-hand a freed slot straight to the longest waiting one; `close_all` turns the
-queue away. Only when `admit` returns ``None`` is the client turned away, with
-the words of `SessionRegistry.capacity_reached_message` (the reference's), and
-each transport reports it in its own way:
+(``max_sessions`` slots taken, across every transport), when sessions wait in
+the queue (a freed slot is theirs first), or when its client holds
+``max_sessions_per_client`` already (counting its sessions in the queue).
+`SessionRegistry.admit` is `open` with the queue: given a ``queue_timeout``, a
+refused session waits up to that long, in arrival order, and
+`SessionLease.vacate` / `SessionLease.release` hand a freed slot straight to
+the longest waiting one; `close_all` turns the queue away. An endpoint whose
+client may leave or come back while it waits (HTTP long-polling) holds its
+place with a `QueueTicket` (`SessionRegistry.enqueue`, `SessionRegistry.leave`).
+Only when no lease comes is the client turned away, with the words of
+`SessionRegistry.capacity_reached_message` (the reference's, or the client's
+quota), and each transport reports it in its own way:
 
 - WebSocket (``/ws``): the connection is accepted, then gets one unsolicited
   `SessionRegistry.capacity_reached_frame` (with ``active_sessions`` and
@@ -76,7 +80,14 @@ import anyio
 from openenv import Dialect
 from openenv.server import encode_fatal_error
 
-__all__ = ["IDLE_TIMEOUT_REASON", "SHUTDOWN_REASON", "SessionLease", "SessionRegistry", "session_failed_frame"]
+__all__ = [
+    "IDLE_TIMEOUT_REASON",
+    "SHUTDOWN_REASON",
+    "QueueTicket",
+    "SessionLease",
+    "SessionRegistry",
+    "session_failed_frame",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -121,6 +132,7 @@ class SessionLease:
             (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
         idle_timeout: Seconds it may stay idle before the reaper ends it
             (``None``: never), as its registry and transport set it.
+        client: Who holds it, for the per-client quota (see `transports._guard.client_of`), or ``None``.
 
     Args:
         registry: The registry that made it (leases come from `SessionRegistry.open`).
@@ -129,12 +141,14 @@ class SessionLease:
         on_close: Called once when the registry asks the session to end, or ``None``.
         now: The registry clock's reading when it was taken.
         idle_timeout: Seconds it may stay idle (``None``: never).
+        client: Who holds it, or ``None``.
     """
 
     __slots__ = (
         "_on_close",
         "_registry",
         "_vacated",
+        "client",
         "close_reason",
         "id",
         "idle_since",
@@ -150,10 +164,12 @@ class SessionLease:
         on_close: Callable[[], object] | None,
         now: float,
         idle_timeout: float | None = None,
+        client: str | None = None,
     ) -> None:
         self._registry: SessionRegistry | None = registry
         self._on_close = on_close
         self._vacated = False
+        self.client = client
         self.id = lease_id
         self.transport = transport
         self.idle_timeout = idle_timeout
@@ -229,7 +245,7 @@ class SessionLease:
         if self._vacated or registry is None:
             return
         self._vacated = True
-        registry._free_slot()
+        registry._free_slot(self)
 
     def release(self) -> None:
         """Give the slot back; idempotent, and safe after the registry has forgotten it."""
@@ -243,14 +259,22 @@ class SessionLease:
         return f"<SessionLease {self.id} {self.transport} {state}>"
 
 
-class _Waiter:
-    """A session waiting in `SessionRegistry.admit` for a slot; handed its lease when one frees."""
+class QueueTicket:
+    """A session's place in the queue for a slot (`SessionRegistry.enqueue`); handed its lease when one frees.
 
-    __slots__ = ("admitted", "lease", "on_close", "transport")
+    Attributes:
+        admitted: Set once the ticket has its lease, or the queue was turned away (then `lease` is ``None``).
+        lease: The session's slot, once admitted.
+        transport: Which transport the session runs on.
+        client: Who waits, for the per-client quota, or ``None``.
+    """
 
-    def __init__(self, transport: str, on_close: Callable[[], object] | None) -> None:
+    __slots__ = ("admitted", "client", "lease", "on_close", "transport")
+
+    def __init__(self, transport: str, on_close: Callable[[], object] | None, client: str | None) -> None:
         self.transport = transport
         self.on_close = on_close
+        self.client = client
         self.admitted = anyio.Event()
         self.lease: SessionLease | None = None
 
@@ -271,9 +295,13 @@ class SessionRegistry:
         clock: The clock leases are timed with (seconds, monotonic).
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
+        max_sessions_per_client: The most sessions one client may hold at
+            once, queued ones included (a client is what `open` is told:
+            its token, or its address); ``None`` for no quota.
 
     Raises:
-        ValueError: ``max_sessions`` is below 1, or an idle or queue timeout is not positive.
+        ValueError: ``max_sessions`` or ``max_sessions_per_client`` is below 1,
+            or an idle or queue timeout is not positive.
     """
 
     def __init__(
@@ -284,11 +312,18 @@ class SessionRegistry:
         transport_idle_timeouts: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
         queue_timeout: float | None = None,
+        max_sessions_per_client: int | None = None,
     ) -> None:
         if queue_timeout is not None and not queue_timeout > 0:
             raise ValueError(f"queue_timeout must be positive (or None for no queue), not {queue_timeout}")
+        if max_sessions_per_client is not None and max_sessions_per_client < 1:
+            raise ValueError(
+                f"max_sessions_per_client must be at least 1 (or None for no quota), not {max_sessions_per_client}"
+            )
         self.queue_timeout = queue_timeout
-        self._queue: deque[_Waiter] = deque()
+        self.max_sessions_per_client = max_sessions_per_client
+        self._per_client: dict[str, int] = {}  # slots taken and places queued, by client (with a quota only)
+        self._queue: deque[QueueTicket] = deque()
         self._closing = False
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1 (or None for no limit), not {max_sessions}")
@@ -316,19 +351,44 @@ class SessionRegistry:
         """Whether `open` would refuse a new session now."""
         return self.max_sessions is not None and self._slots_taken >= self.max_sessions
 
-    def _free_slot(self) -> None:
+    def _free_slot(self, lease: SessionLease) -> None:
         self._slots_taken -= 1
+        self._uncount(lease.client)
         # A freed slot goes to the longest waiting session first, straight away,
         # so a session arriving meanwhile cannot take it.
         while self._queue and not self.full and not self._closing:
-            waiter = self._queue.popleft()
-            waiter.lease = self._new_lease(waiter.transport, waiter.on_close)
-            waiter.admitted.set()
+            ticket = self._queue.popleft()
+            ticket.lease = self._new_lease(ticket.transport, ticket.on_close, ticket.client, counted=True)
+            ticket.admitted.set()
+
+    def _count(self, client: str | None) -> None:
+        if client is not None and self.max_sessions_per_client is not None:
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+
+    def _uncount(self, client: str | None) -> None:
+        if client is not None and self.max_sessions_per_client is not None:
+            held = self._per_client.get(client, 0) - 1
+            if held > 0:
+                self._per_client[client] = held
+            else:
+                self._per_client.pop(client, None)
+
+    def over_quota(self, client: str | None) -> bool:
+        """Whether ``client`` holds (or waits for) ``max_sessions_per_client`` sessions already.
+
+        Args:
+            client: Who asks (see `open`), or ``None`` (never over a quota).
+
+        Returns:
+            ``True`` if one more session would pass its quota.
+        """
+        quota = self.max_sessions_per_client
+        return client is not None and quota is not None and self._per_client.get(client, 0) >= quota
 
     def _forget(self, lease: SessionLease) -> None:
         if self._leases.pop(lease.id, None) is not None and not lease.vacated:
             lease._vacated = True
-            self._free_slot()
+            self._free_slot(lease)
         if not self._leases and self._emptied is not None:
             self._emptied.set()
             self._emptied = None
@@ -356,19 +416,28 @@ class SessionRegistry:
         ]
         return min(timeouts) if timeouts else None
 
-    def capacity_reached_message(self) -> str:
-        """What a client turned away now is told, worded as the reference words it.
+    def capacity_reached_message(self, client: str | None = None) -> str:
+        """What a client turned away now is told, worded as the reference words it (or about its quota).
+
+        Args:
+            client: Who was turned away, if known: a client over its quota is told so.
 
         Returns:
             The message, with the sessions active and the limit.
         """
+        if self.over_quota(client):
+            return (
+                f"Client at its quota: it holds {self.max_sessions_per_client} sessions, "
+                f"the most one client may (server: {self.active}/{self.max_sessions} sessions active)."
+            )
         return f"Server at capacity: {self.active}/{self.max_sessions} sessions active. Cannot accept new connections."
 
-    def capacity_reached_frame(self, dialect: Dialect) -> bytes:
+    def capacity_reached_frame(self, dialect: Dialect, client: str | None = None) -> bytes:
         """The ``CAPACITY_REACHED`` error frame for a client turned away now.
 
         Args:
             dialect: The dialect of the client's channel.
+            client: Who was turned away, if known (see `capacity_reached_message`).
 
         Returns:
             The encoded frame: `capacity_reached_message`, ``active_sessions`` and ``max_sessions``.
@@ -376,7 +445,7 @@ class SessionRegistry:
         return encode_fatal_error(
             dialect,
             "CAPACITY_REACHED",
-            self.capacity_reached_message(),
+            self.capacity_reached_message(client),
             active_sessions=self.active,
             max_sessions=self.max_sessions,
         )
@@ -390,7 +459,11 @@ class SessionRegistry:
         return list(self._leases.values())
 
     def open(
-        self, *, transport: str = "websocket", on_close: Callable[[], object] | None = None
+        self,
+        *,
+        transport: str = "websocket",
+        on_close: Callable[[], object] | None = None,
+        client: str | None = None,
     ) -> SessionLease | None:
         """Take a slot for a new session.
 
@@ -400,22 +473,35 @@ class SessionRegistry:
                 to end the session while it waits for its client: when it has
                 been idle too long, or the server shuts down. It should end the
                 session at once, e.g. ``cancel_scope.cancel``, and must not block.
+            client: Who asks (its token, or its address: see
+                `transports._guard.client_of`), for ``max_sessions_per_client``;
+                ``None`` counts toward no quota.
 
         Returns:
             The lease, idle from now; or ``None`` when `max_sessions` are open
-            already (then tell the client ``CAPACITY_REACHED`` with `active` and
-            `max_sessions`).
+            already, or the client is at its quota (then tell the client
+            ``CAPACITY_REACHED``: `capacity_reached_frame`).
         """
-        if self.full or self._queue:  # with sessions queued, a slot is theirs first
+        if self.full or self._queue or self.over_quota(client):  # with sessions queued, a slot is theirs first
             return None
-        return self._new_lease(transport, on_close)
+        return self._new_lease(transport, on_close, client)
 
-    def _new_lease(self, transport: str, on_close: Callable[[], object] | None) -> SessionLease:
+    def _new_lease(
+        self, transport: str, on_close: Callable[[], object] | None, client: str | None, *, counted: bool = False
+    ) -> SessionLease:
         lease = SessionLease(
-            self, next(self._ids), transport, on_close, self.clock(), idle_timeout=self.idle_timeout_of(transport)
+            self,
+            next(self._ids),
+            transport,
+            on_close,
+            self.clock(),
+            idle_timeout=self.idle_timeout_of(transport),
+            client=client,
         )
         self._leases[lease.id] = lease
         self._slots_taken += 1
+        if not counted:  # a queued session was counted when it joined the queue
+            self._count(client)
         return lease
 
     @property
@@ -423,39 +509,103 @@ class SessionRegistry:
         """The number of sessions waiting in `admit` for a slot now."""
         return len(self._queue)
 
-    async def admit(
-        self, *, transport: str = "websocket", on_close: Callable[[], object] | None = None
-    ) -> SessionLease | None:
-        """Take a slot for a new session, waiting up to `queue_timeout` for one if all are taken.
+    def enqueue(
+        self,
+        *,
+        transport: str = "websocket",
+        on_close: Callable[[], object] | None = None,
+        client: str | None = None,
+    ) -> QueueTicket | None:
+        """Join the queue for a slot, at its end; for a session that `open` refused while a queue is allowed.
 
-        Sessions waiting are admitted in the order they came, each as soon as a
-        slot is released. Without a `queue_timeout` it is `open`.
+        Wait for the ticket's ``admitted``, bounded by `queue_timeout`; give
+        it back with `leave` if it is not wanted any more (the client went, the
+        wait ran out), which also releases a lease it was handed meanwhile.
 
         Args:
             transport: As for `open`.
             on_close: As for `open`.
+            client: As for `open`.
 
         Returns:
-            The lease; or ``None`` if no slot came free in time (tell the client
-            ``CAPACITY_REACHED``, as for `open`).
+            The ticket; ``None`` if there is no queue (no `queue_timeout`), the
+            server is closing, or the client is at its quota.
         """
-        lease = self.open(transport=transport, on_close=on_close)
-        if lease is not None or self.queue_timeout is None:
-            return lease
-        waiter = _Waiter(transport, on_close)
-        self._queue.append(waiter)
+        if self.queue_timeout is None or self._closing or self.over_quota(client):
+            return None
+        ticket = QueueTicket(transport, on_close, client)
+        self._queue.append(ticket)
+        self._count(client)
+        return ticket
+
+    def position(self, ticket: QueueTicket) -> int:
+        """Where a ticket stands in the queue: 1 for the next admitted, 0 once it has left it."""
         try:
-            with anyio.move_on_after(self.queue_timeout):
-                await waiter.admitted.wait()
-        except BaseException:  # cancelled (the client went, the server stops): give back what came
-            if waiter.lease is not None:
-                waiter.lease.release()
-            elif waiter in self._queue:
-                self._queue.remove(waiter)
+            return self._queue.index(ticket) + 1
+        except ValueError:
+            return 0
+
+    def leave(self, ticket: QueueTicket) -> None:
+        """Give a ticket back: out of the queue, or, if it was admitted, its lease released (idempotent)."""
+        if ticket.lease is not None:
+            lease, ticket.lease = ticket.lease, None
+            lease.release()
+        elif ticket in self._queue:
+            self._queue.remove(ticket)
+            self._uncount(ticket.client)
+
+    async def admit(
+        self,
+        *,
+        transport: str = "websocket",
+        on_close: Callable[[], object] | None = None,
+        client: str | None = None,
+    ) -> SessionLease | None:
+        """Take a slot for a new session, waiting up to `queue_timeout` for one if all are taken.
+
+        Sessions waiting are admitted in the order they came, each as soon as a
+        slot is released. Without a `queue_timeout` it is `open`. Cancel it to
+        stop waiting (the client went): its place is given up.
+
+        Args:
+            transport: As for `open`.
+            on_close: As for `open`.
+            client: As for `open`.
+
+        Returns:
+            The lease; or ``None`` if no slot came free in time, or the client
+            is at its quota (tell the client ``CAPACITY_REACHED``, as for `open`).
+        """
+        lease = self.open(transport=transport, on_close=on_close, client=client)
+        if lease is not None:
+            return lease
+        ticket = self.enqueue(transport=transport, on_close=on_close, client=client)
+        if ticket is None:
+            return None
+        return await self.wait_admitted(ticket)
+
+    async def wait_admitted(self, ticket: QueueTicket, timeout: float | None = None) -> SessionLease | None:
+        """Wait for a ticket's lease, up to ``timeout`` (`queue_timeout` by default); give the ticket back if none came.
+
+        Cancelled (the client went, the server stops), it gives the ticket back too.
+
+        Args:
+            ticket: From `enqueue`.
+            timeout: Seconds to wait; `queue_timeout` when ``None``.
+
+        Returns:
+            The lease, now the caller's; ``None`` if none came in time (the ticket is given back).
+        """
+        try:
+            with anyio.move_on_after(self.queue_timeout if timeout is None else timeout):
+                await ticket.admitted.wait()
+        except BaseException:
+            self.leave(ticket)
             raise
-        if waiter.lease is None and waiter in self._queue:
-            self._queue.remove(waiter)
-        return waiter.lease
+        lease, ticket.lease = ticket.lease, None
+        if lease is None:
+            self.leave(ticket)
+        return lease
 
     def expire_idle(self, now: float | None = None) -> list[SessionLease]:
         """Expire every session idle for longer than its idle timeout (see `idle_timeout_of`).
@@ -496,7 +646,9 @@ class SessionRegistry:
                 lease.request_close(reason)
         self._closing = True
         while self._queue:  # sessions still waiting for a slot are turned away
-            self._queue.popleft().admitted.set()
+            ticket = self._queue.popleft()
+            self._uncount(ticket.client)
+            ticket.admitted.set()
 
     @property
     def reap_interval(self) -> float | None:

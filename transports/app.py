@@ -40,6 +40,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv import EnvironmentMetadata
 from openenv.server import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_SESSION_IDLE_TIMEOUT,
     check_factory,
@@ -48,6 +49,7 @@ from openenv.server import (
     load_factory,
 )
 
+from ._body_deadline import BodyDeadline
 from ._guard import RequestGuard, auth_tokens_from, normalized_origins
 from ._sessions import SessionRegistry
 from .http._protocol import (
@@ -140,6 +142,7 @@ def create_app(
     error_details: bool = True,
     queue_timeout: float | None = None,
     allowed_hosts: Sequence[str] = (),
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -200,6 +203,9 @@ def create_app(
             ``localhost``: a request for any other ``Host`` gets ``403``, so
             a web page cannot reach the server by a name of its own (DNS
             rebinding). With a token, every ``Host`` is answered.
+        body_timeout: Seconds a request's body may take to arrive once the
+            app reads it, plus one for every 64 KiB received (10 by default);
+            a slower body gets ``408`` and its connection is closed.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -211,12 +217,14 @@ def create_app(
 
     Raises:
         ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout,
-            ``http_max_body_size`` or auth token.
+            ``http_max_body_size``, ``body_timeout`` or auth token.
         ImportError: The named factory cannot be imported.
         TypeError: The factory cannot build environments: not callable, or a
             client or message class (see `openenv.server.check_factory`).
     """
     tokens = auth_tokens_from(auth_token)
+    if not body_timeout > 0:
+        raise ValueError(f"body_timeout must be positive, not {body_timeout}")
     env_factory = load_factory(factory) if isinstance(factory, str) else factory
     check_factory(env_factory)
     registry = SessionRegistry(
@@ -271,7 +279,8 @@ def create_app(
         ),
     ]
     middleware = [
-        Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins, allowed_hosts=allowed_hosts)
+        Middleware(BodyDeadline, timeout=body_timeout),
+        Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins, allowed_hosts=allowed_hosts),
     ]
     if allow_origins:
         middleware.append(

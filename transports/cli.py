@@ -32,6 +32,7 @@ import click
 
 import openenv
 from openenv.server import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -110,6 +111,14 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="Seconds a connection may take to send a request's headers (or WebSocket handshake).",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_BODY_TIMEOUT,
+    show_default=True,
+    help="Seconds a request's body may take, plus one for every 64 KiB received; then 408 and the "
+    "connection is closed.",
+)
+@click.option(
     "--max-connections",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_CONNECTIONS,
@@ -178,6 +187,7 @@ def serve(
     http_idle_timeout: float,
     max_message_size: int,
     header_timeout: float,
+    body_timeout: float,
     max_connections: int,
     queue_timeout: float | None,
     hide_error_details: bool,
@@ -246,6 +256,7 @@ def serve(
             error_details=not hide_error_details,
             queue_timeout=queue_timeout,
             allowed_hosts=allowed_hosts,
+            body_timeout=body_timeout,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc

@@ -36,6 +36,7 @@ from starlette.routing import BaseRoute, Route
 import openenv
 from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
 
+from ._guard import client_of
 from ._sessions import SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
@@ -121,16 +122,19 @@ class _TooLarge(Exception):
     """A request body over the limit."""
 
 
-async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _Limits) -> dict[str, Any]:
+async def _run_one(
+    factory: Callable[[], Any], frame: dict[str, Any], limits: _Limits, request: Request
+) -> dict[str, Any]:
     """Build an environment, run one request frame on it, close it; return the reply frame."""
     registry = limits.registry
     lease = None
     if registry is not None:
-        lease = await registry.admit(transport="http-stateless")
+        client = client_of(request.scope)
+        lease = await registry.admit(transport="http-stateless", client=client)
         if lease is not None:
             lease.mark_busy()  # one request, in hand for the environment's whole life
         else:
-            message = registry.capacity_reached_message()
+            message = registry.capacity_reached_message(client)
             return {"type": "error", "data": {"code": "CAPACITY_REACHED", "message": message}}
     try:
         try:
@@ -317,7 +321,7 @@ def openenv_http_routes(
         if not isinstance(kwargs, dict):
             detail = [{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
             return _JSONResponse({"detail": detail}, status_code=422)
-        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits))
+        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits, request))
 
     async def step(request: Request) -> Response:
         try:
@@ -331,10 +335,10 @@ def openenv_http_routes(
             return _body_error(exc)
         except RecursionError as exc:
             return _body_error(msgspec.DecodeError(f"JSON is nested too deeply ({exc})"))
-        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}, limits))
+        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}, limits, request))
 
     async def state(request: Request) -> Response:
-        reply = await _run_one(factory, {"type": "state"}, limits)
+        reply = await _run_one(factory, {"type": "state"}, limits, request)
         if reply.get("type") == "error":
             return _observation_or_error(reply)
         return _JSONResponse(reply["data"])
@@ -351,7 +355,7 @@ def openenv_http_routes(
         if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             request_id = message.get("id")
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
-        reply = await _run_one(factory, {"type": "mcp", "data": message}, limits)
+        reply = await _run_one(factory, {"type": "mcp", "data": message}, limits, request)
         if reply.get("type") == "error":
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
         return _JSONResponse(reply["data"])

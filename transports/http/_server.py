@@ -45,7 +45,7 @@ from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
-from .._sessions import SessionLease, SessionRegistry, session_failed_frame
+from .._sessions import QueueTicket, SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_BODY_SIZE,
@@ -125,11 +125,27 @@ _JSON_TYPE = (b"content-type", b"application/json")
 
 _IDEMPOTENCY_KEY_LENGTHS: Final = range(16, 256)
 
+# Seconds a queued creation keeps its place with no request waiting on it (the
+# client's next one comes at once after a 202, or after a retry's backoff);
+# also how long a slot admitted meanwhile waits for it.
+_COME_BACK: Final = 5.0
+
 
 class _CreateRequest(msgspec.Struct):
     """The body of ``POST /poll/sessions`` (every field optional; unknown fields ignored)."""
 
     encoding: str = "json"
+
+
+class _QueuePlace(msgspec.Struct):
+    position: int
+    queue_timeout: float
+
+
+class _Queued(msgspec.Struct):
+    """The body of the ``202`` that says a creation waits in the queue for a slot: ask again, at once."""
+
+    queued: _QueuePlace
 
 
 class _Created(msgspec.Struct):
@@ -346,6 +362,49 @@ class _Session:
         return None
 
 
+class _QueuedCreation:
+    """A session's creation waiting in the registry's queue, over as many ``POST`` requests as it takes.
+
+    Its ticket keeps the place while a request waits on it, and `_COME_BACK`
+    seconds after the last one ended: a client that gave up (its request
+    timed out, it went) loses its place instead of being admitted and holding
+    a slot nobody uses.
+    """
+
+    __slots__ = ("_changed", "claimed", "client", "key", "lease", "session", "settled", "ticket", "waiting")
+
+    def __init__(self, session: _Session, ticket: QueueTicket, key: tuple[str, str] | None, client: str | None) -> None:
+        self.session = session
+        self.ticket = ticket
+        self.key = key
+        self.client = client
+        self.waiting = 0  # requests waiting on it now
+        self.settled = anyio.Event()  # admitted (`lease`), or refused (no lease)
+        self.lease: SessionLease | None = None
+        self.claimed = False  # a request took the lease and answered 201
+        self._changed = anyio.Event()
+
+    def changed(self) -> anyio.Event:
+        """An event set at the next change: a request comes or goes, or the lease is claimed."""
+        return self._changed
+
+    def note_change(self) -> None:
+        event, self._changed = self._changed, anyio.Event()
+        event.set()
+
+
+async def _either(first: anyio.Event, second: anyio.Event) -> None:
+    """Return once either event is set."""
+    async with anyio.create_task_group() as task_group:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            task_group.cancel_scope.cancel()
+
+        task_group.start_soon(wait, first)
+        task_group.start_soon(wait, second)
+
+
 # The most digits a numeric header may have: far beyond any count a session
 # reaches, and far below what Python refuses to parse (4,300 digits).
 _MAX_HEADER_DIGITS: Final = 18
@@ -495,6 +554,7 @@ class HTTPPollingEndpoint:
         # By client and idempotency key, until the first frame: only the client that
         # created a session gets its credentials again for the key.
         self._created: dict[tuple[str, str], _Session] = {}
+        self._queued: dict[tuple[str, str], _QueuedCreation] = {}  # by client and idempotency key
         self._task_group: TaskGroup | None = None
         self._new_event: Callable[[], anyio.Event] = anyio.Event
 
@@ -540,6 +600,7 @@ class HTTPPollingEndpoint:
         if scope["method"] != "POST":
             raise _HTTPError(405, "method_not_allowed", "use POST to create a session", [(b"allow", b"POST")])
         content_type = content_length = key = None
+        hold: float | None = None  # how long the client waits for this answer, if it says
         for name, value in scope["headers"]:
             if name == _CONTENT_TYPE:
                 content_type = value
@@ -547,6 +608,8 @@ class HTTPPollingEndpoint:
                 content_length = value
             elif name == _IDEMPOTENCY_KEY:
                 key = value
+            elif name == _WAIT:
+                hold = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
         body = await _read_body(receive, _MAX_CREATE_BODY, content_length)
         if body.strip():
             if content_type is None or _media_type(content_type) != "application/json":
@@ -570,39 +633,145 @@ class HTTPPollingEndpoint:
                 )
             idempotency_key = (client_of(scope), text)
             existing = self._created.get(idempotency_key)
-            if existing is not None:
-                if existing.dialect != dialect:
+            queued = self._queued.get(idempotency_key)
+            if queued is not None and queued.claimed:
+                existing = queued.session
+            if existing is not None or queued is not None:
+                earlier = existing or (queued.session if queued is not None else None)
+                if earlier is not None and earlier.dialect != dialect:
                     raise _HTTPError(
                         409,
                         "idempotency_key_reused",
                         f"this {IDEMPOTENCY_KEY_HEADER} created a session with other options",
                     )
+            if existing is not None:
                 await self._respond_created(send, existing)
+                return
+            if queued is not None:  # it waits in the queue: this request waits with it
+                await self._wait_in_queue(queued, scope, receive, send, hold)
                 return
         task_group = self._task_group
         if task_group is None:
             raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
-        session_id = secrets.token_urlsafe(32)
-        session = _Session(session_id, dialect, self._new_event)
-        lease = await self.registry.admit(transport="http", on_close=session.scope.cancel)
-        if lease is None:
-            await self._refuse_at_capacity(send, dialect)
+        client = client_of(scope)
+        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event)
+        lease = self.registry.open(transport="http", on_close=session.scope.cancel, client=client)
+        if lease is not None:
+            self._open(session, lease, idempotency_key, scope)
+            await self._respond_created(send, session)
             return
+        ticket = self.registry.enqueue(transport="http", on_close=session.scope.cancel, client=client)
+        if ticket is None:
+            await self._refuse_at_capacity(send, dialect, client)
+            return
+        queued = _QueuedCreation(session, ticket, idempotency_key, client)
+        if idempotency_key is not None:
+            self._queued[idempotency_key] = queued
+        task_group.start_soon(self._hold_place, queued)
+        await self._wait_in_queue(queued, scope, receive, send, hold)
+
+    def _open(
+        self, session: _Session, lease: SessionLease, idempotency_key: tuple[str, str] | None, scope: Scope
+    ) -> None:
+        """Start a session that has its slot."""
+        task_group = self._task_group
+        if task_group is None:  # the server stopped meanwhile
+            lease.release()
+            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
         session.lease = lease
-        self._sessions[session_id] = session
+        self._sessions[session.id] = session
         if idempotency_key is not None:
             session.idempotency_key = idempotency_key
             self._created[idempotency_key] = session
         task_group.start_soon(self._run_session, session)
-        await self._respond_created(send, session)
         client = scope.get("client")
         # The id is the session's only credential: the log shows a prefix, enough to follow it.
         logger.info(
             "%s - HTTP long-polling session %s… opened",
             f"{client[0]}:{client[1]}" if client else "-",
-            session_id[:_LOGGED_ID_LENGTH],
+            session.id[:_LOGGED_ID_LENGTH],
         )
+
+    async def _hold_place(self, queued: _QueuedCreation) -> None:
+        """Keep a queued creation's place while its client waits (or comes back soon); hand over its slot."""
+        ticket = queued.ticket
+        come_back = _COME_BACK if queued.key is not None else 0.0  # without a key it cannot come back
+        try:
+            with anyio.move_on_after(self.registry.queue_timeout or 0.0):
+                while not ticket.admitted.is_set():
+                    if queued.waiting:
+                        await _either(ticket.admitted, queued.changed())
+                        continue
+                    with anyio.move_on_after(come_back) as grace:
+                        await _either(ticket.admitted, queued.changed())
+                    if grace.cancelled_caught:  # the client gave up: its place goes to the next
+                        logger.info("a queued HTTP long-polling session's client went: its place is given up")
+                        return
+            queued.lease, ticket.lease = ticket.lease, None
+            queued.settled.set()
+            if queued.lease is None:
+                return  # the wait ran out (or the server stops): the requests waiting answer 503
+            with anyio.move_on_after(come_back):  # a request waiting takes it; or one that comes back soon
+                while not queued.claimed:
+                    await queued.changed().wait()
+        finally:
+            queued.settled.set()
+            if queued.key is not None and self._queued.get(queued.key) is queued and not queued.claimed:
+                del self._queued[queued.key]
+            if not queued.claimed:
+                if queued.lease is not None:
+                    queued.lease.release()  # admitted, and nobody came for it
+                    queued.lease = None
+                self.registry.leave(ticket)
+
+    async def _wait_in_queue(
+        self, queued: _QueuedCreation, scope: Scope, receive: Receive, send: Send, hold: float | None
+    ) -> None:
+        """Answer a queued creation: 201 once admitted, 503 if the wait runs out, else 202 after ``hold`` seconds.
+
+        A client that goes away meanwhile is noticed (its ``http.disconnect``):
+        it no longer waits on the place, which is given up unless it comes back.
+        """
+        gone = False
+        queued.waiting += 1
+        queued.note_change()
+        try:
+            async with anyio.create_task_group() as task_group:
+
+                async def notice_the_client_going() -> None:
+                    nonlocal gone
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    gone = True
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(notice_the_client_going)
+                with anyio.move_on_after(math.inf if hold is None else hold):
+                    await queued.settled.wait()
+                task_group.cancel_scope.cancel()
+        finally:
+            queued.waiting -= 1
+            queued.note_change()
+        if gone:
+            return
+        if not queued.settled.is_set():
+            position = self.registry.position(queued.ticket)
+            body = _json_encode(_Queued(_QueuePlace(position, self.registry.queue_timeout or 0.0)))
+            await _respond(send, 202, [_JSON_TYPE, _NO_STORE, (b"retry-after", b"0")], body)
+            return
+        if queued.claimed:  # another request for the same creation took it
+            await self._respond_created(send, queued.session)
+            return
+        lease = queued.lease
+        if lease is None:
+            await self._refuse_at_capacity(send, queued.session.dialect, queued.client)
+            return
+        queued.lease = None
+        queued.claimed = True
+        queued.note_change()
+        self._open(queued.session, lease, queued.key, scope)
+        await self._respond_created(send, queued.session)
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(
@@ -611,8 +780,8 @@ class HTTPPollingEndpoint:
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
 
-    async def _refuse_at_capacity(self, send: Send, dialect: Dialect) -> None:
-        frame = self.registry.capacity_reached_frame(dialect)
+    async def _refuse_at_capacity(self, send: Send, dialect: Dialect, client: str | None) -> None:
+        frame = self.registry.capacity_reached_frame(dialect, client)
         headers = [
             (_CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
             _NO_STORE,

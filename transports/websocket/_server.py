@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import anyio
@@ -28,10 +28,11 @@ from openenv import ConnectionClosed, Dialect
 from openenv.server import ServerSession, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
-from .._sessions import SessionLease, SessionRegistry, session_failed_frame
+from .._guard import client_of
+from .._sessions import QueueTicket, SessionLease, SessionRegistry, session_failed_frame
 from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
+from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS, QueuedData, QueuedFrame
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -45,6 +46,10 @@ INTERNAL_ERROR = 1011
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
 _CLOSE_GRACE = 1.0
+
+# Messages a client may send while its session waits in the queue (a plain
+# client's first request, say); past them the connection is not read until then.
+_QUEUED_MESSAGES = 4
 
 
 _RESUME = RESUME_HEADER.lower().encode()
@@ -166,23 +171,27 @@ class WebSocketEndpoint:
         except OSError:
             return
         lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
+        client = client_of(scope)
         if not resumable:
-            await self._serve_connection(receive, send, dialect, lend)
+            await self._serve_connection(receive, send, dialect, lend, client)
             return
         connection = Connection(receive, send, lend)
         token = _header(scope, _RESUME)
         if token is None:
-            await self._serve_resumable(connection, dialect)
+            await self._serve_resumable(connection, dialect, client)
         else:
             await self._resume(connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(
-        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None
+        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None, client: str
     ) -> None:
         scope = anyio.CancelScope()
-        lease = await self.registry.admit(transport="websocket", on_close=scope.cancel)
+        admitted = await _admit(self.registry, asgi_receive, client=client, on_close=scope.cancel)
+        if admitted is None:
+            return  # the client went while it waited for a slot
+        lease, asgi_receive = admitted
         if lease is None:
-            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
+            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect, client))
             return
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
@@ -224,17 +233,28 @@ class WebSocketEndpoint:
                 return  # FACTORY_ERROR sent: see _turn_away
         await _close(asgi_send, close_code, reason)
 
-    async def _serve_resumable(self, first: Connection, dialect: Dialect) -> None:
+    async def _serve_resumable(self, first: Connection, dialect: Dialect, client: str) -> None:
         """Host a resumable session: it lives on until its client closes it or fails to come back in time."""
         registry = self.registry
         scope = anyio.CancelScope()
-        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
+        binary = dialect.encoding == "msgpack"
+
+        async def tell_queued(ticket: QueueTicket) -> None:
+            # The client waits for the session frame: told it is queued, it waits as long as the queue may.
+            place = QueuedData(registry.position(ticket), registry.queue_timeout or 0.0)
+            frame = (msgspec.msgpack if binary else msgspec.json).encode(QueuedFrame("queued", place))
+            with contextlib.suppress(OSError):
+                await _send(first.send, binary, frame)
+
+        admitted = await _admit(registry, first.receive, client=client, on_close=scope.cancel, on_queued=tell_queued)
+        if admitted is None:
+            return  # the client went while it waited for a slot
+        lease, first.receive = admitted
         if lease is None:
-            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect))
+            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect, client))
             return
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
-        binary = dialect.encoding == "msgpack"
 
         async def receive_frame() -> bytes:
             while True:
@@ -323,6 +343,68 @@ class WebSocketEndpoint:
         if connection.disconnected is False and link.current is not connection:
             # Replaced by yet another connection: this one is done.
             await _close(connection.send, GOING_AWAY, "the session moved to another connection")
+
+
+async def _admit(
+    registry: SessionRegistry,
+    asgi_receive: Receive,
+    *,
+    client: str,
+    on_close: Callable[[], object],
+    on_queued: Callable[[QueueTicket], Awaitable[None]] | None = None,
+) -> tuple[SessionLease | None, Receive] | None:
+    """Take a slot for a connection's session, waiting in the registry's queue while the client stays.
+
+    While it waits, the connection is read: a client that goes gives its place
+    up at once (else it would be admitted, and hold the slot, with nobody
+    there); what it sends meanwhile (at most `_QUEUED_MESSAGES`) is kept.
+
+    Returns:
+        ``(lease, receive)``: the lease, or ``None`` if no slot came in time (or
+        the client is at its quota); ``receive`` gives the messages kept first.
+        ``None`` if the client went.
+    """
+    lease = registry.open(transport="websocket", on_close=on_close, client=client)
+    if lease is not None:
+        return lease, asgi_receive
+    ticket = registry.enqueue(transport="websocket", on_close=on_close, client=client)
+    if ticket is None:
+        return None, asgi_receive
+    kept: list[dict[str, Any]] = []
+    gone = False
+    try:
+        if on_queued is not None:
+            await on_queued(ticket)
+        async with anyio.create_task_group() as task_group:
+
+            async def notice_the_client_going() -> None:
+                nonlocal gone
+                while len(kept) < _QUEUED_MESSAGES:
+                    message = await asgi_receive()
+                    if message["type"] == "websocket.disconnect":
+                        gone = True
+                        task_group.cancel_scope.cancel()
+                        return
+                    kept.append(message)
+
+            task_group.start_soon(notice_the_client_going)
+            lease = await registry.wait_admitted(ticket)
+            task_group.cancel_scope.cancel()
+    except BaseException:
+        registry.leave(ticket)
+        raise
+    if gone:
+        registry.leave(ticket)
+        if lease is not None:
+            lease.release()
+        return None
+    if not kept:
+        return lease, asgi_receive
+
+    async def receive_kept_first() -> dict[str, Any]:
+        return kept.pop(0) if kept else await asgi_receive()
+
+    return lease, receive_kept_first
 
 
 async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
