@@ -665,3 +665,73 @@ async def test_a_websocket_client_that_goes_while_queued_gives_its_place_up(serv
                     await wait_until(lambda: registry_of(server).queued == 1, "it waits")
                 await wait_until(lambda: registry_of(server).queued == 0, "it gave its place up")
             assert registry_of(server).active == 1
+
+
+# -- finding 8: fairness, a per-client quota ----------------------------------------------------
+
+
+async def test_a_client_at_its_quota_leaves_room_for_the_others(server_name: ServerName) -> None:
+    app = create_app(WireEchoEnv, auth_token=["alice", "bob"], max_sessions=4, max_sessions_per_client=2)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server, httpx.AsyncClient() as http:
+            polling = server.url.replace("http", "http+poll", 1)
+            async with (
+                MessageEnv(server.url, auth_token="alice") as first,
+                MessageEnv(polling, auth_token="alice") as second,
+            ):
+                await first.reset()
+                await second.reset()
+                for url in (server.url, polling):
+                    with pytest.raises(openenv.CapacityReachedError, match="quota"):
+                        async with MessageEnv(url, auth_token="alice") as third:
+                            await third.reset()
+                refused = await http.post(f"{server.url}/reset", json={}, headers={"Authorization": "Bearer alice"})
+                assert refused.status_code == 503
+                assert "quota" in refused.json()["detail"]
+                async with MessageEnv(server.url, auth_token="bob") as other, MessageEnv(polling, auth_token="bob"):
+                    assert (await other.step(MessageAction(message="fair"))).reward == 4.0
+            async with MessageEnv(server.url, auth_token="alice") as again:  # its sessions ended: room again
+                assert (await again.step(MessageAction(message="again"))).reward == 5.0
+
+
+async def test_without_a_token_the_quota_is_per_address(server_name: ServerName) -> None:
+    app = create_app(WireEchoEnv, max_sessions_per_client=1)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            sessions = f"{server.url}/poll/sessions"
+            elsewhere = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+            async with httpx.AsyncClient() as here, httpx.AsyncClient(transport=elsewhere) as there:
+                assert (await here.post(sessions)).status_code == 201
+                refused = await here.post(sessions)
+                assert refused.status_code == 503
+                assert refused.headers["openenv-error"] == "CAPACITY_REACHED"
+                assert (await there.post(sessions)).status_code == 201
+
+
+def test_the_quota_counts_sessions_queued_and_held() -> None:
+    from transports._sessions import SessionRegistry
+
+    registry = SessionRegistry(max_sessions=2, queue_timeout=LIMIT, max_sessions_per_client=2)
+    first = registry.open(client="a")
+    assert first is not None
+    assert registry.open(client="b") is not None
+    ticket = registry.enqueue(client="a")  # the server is full: "a" waits, its second
+    assert ticket is not None
+    assert registry.position(ticket) == 1
+    assert registry.over_quota("a")
+    assert registry.enqueue(client="a") is None  # a third, even queued, is past its quota
+    assert "quota" in registry.capacity_reached_message("a")
+    assert "capacity" in registry.capacity_reached_message("c")
+    first.release()  # its slot goes to the ticket: "a" holds one now
+    assert ticket.admitted.is_set()
+    assert ticket.lease is not None
+    assert registry.active == 2
+    assert not registry.over_quota("a")
+    assert registry.open(client="a") is None  # the server is full
+    registry.leave(ticket)  # not wanted any more: its lease is released
+    assert registry.active == 1
+    second_for_a = registry.open(client="a")  # the place it gave up is free
+    assert second_for_a is not None
+    assert registry.position(ticket) == 0
+    registry.close_all()
+    assert registry.enqueue(client="d") is None  # closing: no queue

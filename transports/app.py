@@ -143,6 +143,7 @@ def create_app(
     queue_timeout: float | None = None,
     allowed_hosts: Sequence[str] = (),
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    max_sessions_per_client: int | None = None,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -206,6 +207,12 @@ def create_app(
         body_timeout: Seconds a request's body may take to arrive once the
             app reads it, plus one for every 64 KiB received (10 by default);
             a slower body gets ``408`` and its connection is closed.
+        max_sessions_per_client: The most sessions one client may hold at
+            once, over all transports, queued ones included; a client is the
+            token it presents, or else its address. Past it the client gets
+            ``CAPACITY_REACHED`` saying so, and other clients are unaffected.
+            ``None`` (the default) for no quota: a trainer often runs all its
+            sessions from one process with one token.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -232,6 +239,7 @@ def create_app(
         session_idle_timeout=session_idle_timeout,
         transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
         queue_timeout=queue_timeout,
+        max_sessions_per_client=max_sessions_per_client,
     )
     polling = HTTPPollingEndpoint(
         env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details

@@ -133,6 +133,13 @@ def main(ctx: click.Context, debug: bool) -> None:
     "before it is refused; by default it is refused at once.",
 )
 @click.option(
+    "--max-sessions-per-client",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The most sessions one client (its token, or else its address) may hold at once, queued ones "
+    "included; by default no quota.",
+)
+@click.option(
     "--hide-error-details",
     is_flag=True,
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
@@ -190,6 +197,7 @@ def serve(
     body_timeout: float,
     max_connections: int,
     queue_timeout: float | None,
+    max_sessions_per_client: int | None,
     hide_error_details: bool,
     auth_token_files: tuple[str, ...],
     auth_tokens: tuple[str, ...],
@@ -257,6 +265,7 @@ def serve(
             queue_timeout=queue_timeout,
             allowed_hosts=allowed_hosts,
             body_timeout=body_timeout,
+            max_sessions_per_client=max_sessions_per_client,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
