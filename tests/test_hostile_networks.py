@@ -735,3 +735,40 @@ def test_the_quota_counts_sessions_queued_and_held() -> None:
     assert registry.position(ticket) == 0
     registry.close_all()
     assert registry.enqueue(client="d") is None  # closing: no queue
+
+
+# -- finding 2: no server-wide cap on unacknowledged HTTP replies -------------------------------
+
+
+async def test_replies_nobody_acknowledges_are_bounded_server_wide(server_name: ServerName) -> None:
+    from tests.test_hostile_clients import PollSession, _poll_session
+
+    size = 200_000
+    budget = 1_000_000
+    step = b'{"type":"step","id":%d,"data":{"message":"' + b"z" * size + b'"}}'
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name) as server, httpx.AsyncClient(timeout=LIMIT) as http:
+            server.app.state.http_polling.max_unacknowledged_total = budget
+            sessions: list[PollSession] = [await _poll_session(http, server) for _ in range(4)]
+            accepted = 0
+            sent = [0] * len(sessions)
+            for round_number in range(6):
+                for index, session in enumerate(sessions):
+                    seq = sent[index] + 1
+                    response = await session.post(seq, step % seq)  # acknowledging nothing
+                    if response.status_code == 200:
+                        sent[index] = seq
+                        accepted += 1
+                    else:
+                        assert response.status_code == 409
+                        assert response.json()["error"]["code"] == "too_many_unacknowledged"
+                    if round_number == 0:
+                        assert response.status_code == 200  # one request is always let in
+            # Past the first request of each, what they keep fits the budget: not 64 MiB a session.
+            assert accepted <= len(sessions) + budget // size
+            # A client that acknowledges gets on; so does a well-behaved one.
+            first = sessions[0]
+            seq = sent[0] + 1
+            assert (await first.post(seq, step % seq, ack=sent[0])).status_code == 200
+            async with MessageEnv(server.url.replace("http", "http+poll", 1)) as client:
+                assert (await client.step(MessageAction(message="fine"))).reward == 4.0

@@ -63,7 +63,13 @@ from ._protocol import (
     dialect_for,
 )
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_UNACKNOWLEDGED_BYTES", "DEFAULT_UNUSED_TIMEOUT", "HTTPPollingEndpoint"]
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_UNACKNOWLEDGED_BYTES",
+    "DEFAULT_MAX_UNACKNOWLEDGED_TOTAL",
+    "DEFAULT_UNUSED_TIMEOUT",
+    "HTTPPollingEndpoint",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -90,7 +96,19 @@ _LINGER_FREE_BYTES: Final = 64 * 1024
 _MAX_UNACKNOWLEDGED: Final = 64
 
 DEFAULT_MAX_UNACKNOWLEDGED_BYTES: Final = 64 * 1024 * 1024
-"""The most reply bytes an HTTP session keeps for a client that does not acknowledge them."""
+"""The most bytes an HTTP session holds for a client beyond one request and its reply (see `HTTPPollingEndpoint`)."""
+
+DEFAULT_MAX_UNACKNOWLEDGED_TOTAL: Final = 256 * 1024 * 1024
+"""The most bytes all the HTTP sessions of a server hold beyond one request and its reply each."""
+
+
+class _Held:
+    """The bytes every session of an endpoint holds for its client: replies not acknowledged, requests not taken."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
 
 DEFAULT_UNUSED_TIMEOUT: Final = 30.0
 """Seconds a new HTTP session may wait for its first frame before it ends.
@@ -205,9 +223,11 @@ class _Session:
         "dialect",
         "end_reason",
         "forgotten",
+        "held",
         "id",
         "idempotency_key",
         "inbox",
+        "inbox_bytes",
         "key",
         "lease",
         "media_type",
@@ -221,8 +241,12 @@ class _Session:
         "waiter",
     )
 
-    def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event]) -> None:
+    def __init__(
+        self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event], held: _Held | None = None
+    ) -> None:
         self.id = session_id
+        self.held = held if held is not None else _Held()  # the endpoint's count, shared by its sessions
+        self.inbox_bytes = 0  # the requests queued and not yet taken by the environment
         self.key = secrets.token_urlsafe(32).encode()
         self.dialect = dialect
         self.media_type = MEDIA_TYPES[dialect.encoding].encode()
@@ -261,6 +285,8 @@ class _Session:
             seq, frame = await inbox.get()
         except QueueClosed:
             raise ConnectionClosed("the client deleted the session") from None
+        self.inbox_bytes -= len(frame)
+        self.held.bytes -= len(frame)
         lease.mark_busy()
         self.current = seq
         return frame
@@ -275,6 +301,7 @@ class _Session:
         self.sent += 1
         self.outbox.append((self.sent, self.current, frame))
         self.outbox_bytes += len(frame)
+        self.held.bytes += len(frame)
         self.wake()
 
     def wake(self) -> None:
@@ -288,6 +315,23 @@ class _Session:
         """Free the slot once the session is over, unless large replies the client has yet to fetch keep it."""
         if self.lease is not None and self.outbox_bytes <= _LINGER_FREE_BYTES:
             self.lease.vacate()
+
+    @property
+    def holds(self) -> int:
+        """The bytes it holds for its client: replies not acknowledged, and requests not taken yet."""
+        return self.outbox_bytes + self.inbox_bytes
+
+    def queue_request(self, seq: int, frame: bytes) -> None:
+        """Queue a request frame for the environment, counted as held until it is taken."""
+        self.inbox_bytes += len(frame)
+        self.held.bytes += len(frame)
+        self.inbox.put((seq, frame))
+
+    def forget_held(self) -> None:
+        """Uncount what it holds: its record is gone, and all it held with it."""
+        self.held.bytes -= self.outbox_bytes + self.inbox_bytes
+        self.outbox_bytes = self.inbox_bytes = 0
+        self.outbox.clear()
 
     def end(self, reason: str) -> None:
         """Note that the session has ended (its environment is closed); wake every waiter."""
@@ -330,6 +374,7 @@ class _Session:
         while outbox and outbox[0][0] <= ack:
             _, request_seq, frame = outbox.popleft()
             self.outbox_bytes -= len(frame)
+            self.held.bytes -= len(frame)
             if request_seq > self.answered:
                 self.answered = request_seq
         self.acked = ack
@@ -517,13 +562,22 @@ class HTTPPollingEndpoint:
             environment is built only when that frame comes.
         error_details: Whether error replies name the server's exceptions (see
             `openenv.server.ServerSession`).
-        max_unacknowledged_bytes: The most reply bytes a session keeps for its
-            client; beyond, its frames get ``409 too_many_unacknowledged`` until
-            it acknowledges replies.
+        max_unacknowledged_bytes: The most bytes a session holds for its
+            client (replies not acknowledged, requests not yet taken) beyond
+            one request and its reply: a session holding nothing always gets
+            its request in; one holding some gets ``409
+            too_many_unacknowledged`` for a frame that would take it past this,
+            until it acknowledges replies.
+        max_unacknowledged_total: The same bound for all its sessions
+            together: past it, a session that holds anything gets ``409
+            too_many_unacknowledged`` too. So the replies clients leave
+            unacknowledged cost at most this, plus one request and its reply
+            per session.
 
     Raises:
         ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
-            ``max_unacknowledged_bytes`` is not positive, or ``linger`` is negative.
+            ``max_unacknowledged_bytes`` or ``max_unacknowledged_total`` is not
+            positive, or ``linger`` is negative.
     """
 
     def __init__(
@@ -537,14 +591,17 @@ class HTTPPollingEndpoint:
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
+        max_unacknowledged_total: int = DEFAULT_MAX_UNACKNOWLEDGED_TOTAL,
     ) -> None:
         if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
-        if not unused_timeout > 0 or not max_unacknowledged_bytes > 0:
-            raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
+        if not unused_timeout > 0 or not max_unacknowledged_bytes > 0 or not max_unacknowledged_total > 0:
+            raise ValueError("unused_timeout, max_unacknowledged_bytes and max_unacknowledged_total must be positive")
         self.unused_timeout = unused_timeout
         self.error_details = error_details
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
+        self.max_unacknowledged_total = max_unacknowledged_total
+        self._held = _Held()
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
@@ -655,7 +712,7 @@ class HTTPPollingEndpoint:
             raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
         client = client_of(scope)
-        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event)
+        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self._held)
         lease = self.registry.open(transport="http", on_close=session.scope.cancel, client=client)
         if lease is not None:
             self._open(session, lease, idempotency_key, scope)
@@ -834,6 +891,7 @@ class HTTPPollingEndpoint:
                 await session.forgotten.wait()
         finally:
             lease.release()
+            session.forget_held()
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
 
@@ -941,14 +999,31 @@ class HTTPPollingEndpoint:
                 f"the session has ended: {session.end_reason}",
                 [(_RECEIVED, b"%d" % received)],
             )
-        if received - session.answered >= _MAX_UNACKNOWLEDGED or session.outbox_bytes > self.max_unacknowledged_bytes:
+        if received - session.answered >= _MAX_UNACKNOWLEDGED:
             raise _HTTPError(
                 409,
                 "too_many_unacknowledged",
                 f"{_MAX_UNACKNOWLEDGED} requests await an acknowledged reply; acknowledge replies first",
             )
+        holds = session.holds
+        if holds:  # one request and its reply are always let in; more count against the bounds
+            size = len(frame)
+            if holds + size > self.max_unacknowledged_bytes:
+                raise _HTTPError(
+                    409,
+                    "too_many_unacknowledged",
+                    f"the session holds {holds} bytes of replies and requests for its client, and this frame "
+                    f"would pass {self.max_unacknowledged_bytes}; acknowledge replies first",
+                )
+            if self._held.bytes + size > self.max_unacknowledged_total:
+                raise _HTTPError(
+                    409,
+                    "too_many_unacknowledged",
+                    f"the server holds {self._held.bytes} bytes its clients have not acknowledged, past its "
+                    f"budget of {self.max_unacknowledged_total} with this frame; acknowledge replies first",
+                )
         session.received = seq
-        session.inbox.put((seq, frame))
+        session.queue_request(seq, frame)
         if seq == 1:
             session.wake()  # the session waits for its first frame to build the environment
         assert session.lease is not None
