@@ -139,6 +139,8 @@ class ServerSession:
         # The base class's close does nothing: no need to hand it to a thread.
         inherited = getattr(type(env), "close", None) is Environment.close
         self._close = self._runner(close) if close is not None and not inherited else None
+        # A plain close is queued behind a call given up on (`abandon`), not waited for.
+        self._plain_close = close if self._close is not None and not inspect.iscoroutinefunction(close) else None
         self._closed = False
 
     @property
@@ -273,6 +275,20 @@ class ServerSession:
             return anyio.from_thread.run(_awaited, result, token=self._token)
         return result
 
+    def abandon(self) -> bool:
+        """Give up on the plain call the session waits for (a step that does not return): let the session end.
+
+        Python cannot stop a thread: the call runs on, on the session's
+        thread, and the environment's plain ``close`` runs there after it, if
+        it ever returns (see `openenv._worker`). Cancel the session's task
+        too: it then stops waiting and ends, freeing its slot. An ``async``
+        call needs no abandoning: cancelling the task stops it.
+
+        Returns:
+            Whether a plain call was in hand.
+        """
+        return self._worker.abandon()
+
     async def aclose(self) -> None:
         """End the session and close its environment, once; never raises for the environment."""
         if self._closed:
@@ -285,7 +301,9 @@ class ServerSession:
             except Exception:
                 logger.exception("the session's on_end callback raised")
         with anyio.CancelScope(shield=True):
-            if self._close is not None:
+            if self._worker.abandoned and self._plain_close is not None:
+                self._worker.run_detached(self._plain_close)  # after the call given up on, if it returns
+            elif self._close is not None:
                 try:
                     await self._close()
                 except Exception:
@@ -385,6 +403,7 @@ async def host_session(
     error_details: bool = True,
     on_end: Callable[[], object] | None = None,
     serve_on_thread: ServeOnThread | None = None,
+    on_session: Callable[[ServerSession], object] | None = None,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
 
@@ -404,6 +423,8 @@ async def host_session(
             closed (see `ServerSession`); not called if the factory raised.
         serve_on_thread: The transport's way to answer requests on the
             session's thread, if it has one (see `serve_frames`).
+        on_session: Called with the `ServerSession` once the environment is
+            built: to give up on a step later (`ServerSession.abandon`), say.
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
     session ends. The environment is closed however the session ends. It returns
@@ -458,4 +479,6 @@ async def host_session(
             await send(frame)
         return
     session = ServerSession(env, dialect=dialect, error_details=error_details, on_end=on_end)
+    if on_session is not None:
+        on_session(session)
     await serve_frames(session, receive, send, serve_on_thread=serve_on_thread)

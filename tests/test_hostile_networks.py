@@ -16,16 +16,20 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import httpx
 import pytest
 
 import openenv
+from openenv import State
+from openenv.server import Environment, abandoned_calls
 from tests.helpers import free_port
 from tests.test_hostile_clients import (
     LIMIT,
@@ -42,7 +46,7 @@ from tests.test_hostile_clients import (
 from tests.test_hostile_clients import anyio_backend as anyio_backend
 from tests.test_hostile_clients import backend_and_server as backend_and_server
 from tests.test_hostile_clients import server_name as server_name
-from tests.test_server_app import MessageAction, WireEchoEnv
+from tests.test_server_app import MessageAction, MessageObservation, WireEchoEnv
 from transports.app import create_app
 
 pytestmark = pytest.mark.anyio
@@ -772,3 +776,196 @@ async def test_replies_nobody_acknowledges_are_bounded_server_wide(server_name: 
             assert (await first.post(seq, step % seq, ack=sent[0])).status_code == 200
             async with MessageEnv(server.url.replace("http", "http+poll", 1)) as client:
                 assert (await client.step(MessageAction(message="fine"))).reward == 4.0
+
+
+# -- finding 5: a step that never returns ---------------------------------------------------------
+
+
+class EndlessPlainEnv(Environment[MessageAction, MessageObservation, State]):
+    """Plain methods; a step of "block" blocks its thread until the test opens the gate (it never would)."""
+
+    entered: ClassVar[threading.Event] = threading.Event()
+    gate: ClassVar[threading.Event] = threading.Event()
+    closed: ClassVar[list[str]] = []
+
+    def reset(self, **kwargs: Any) -> MessageObservation:
+        return MessageObservation()
+
+    def step(self, action: MessageAction) -> MessageObservation:
+        if action.message == "block":
+            EndlessPlainEnv.entered.set()
+            EndlessPlainEnv.gate.wait(LIMIT)  # bounded: a failed test still lets the thread go
+        return MessageObservation(echoed_message=action.message)
+
+    @property
+    def state(self) -> State:
+        return State()
+
+    def close(self) -> None:
+        EndlessPlainEnv.closed.append(threading.current_thread().name)
+
+
+class EndlessAsyncEnv(WireEchoEnv):
+    """A step of "block", a coroutine, waits for ever (until cancelled)."""
+
+    entered: ClassVar[anyio.Event]
+
+    async def step(self, action: MessageAction) -> MessageObservation:
+        if action.message == "block":
+            EndlessAsyncEnv.entered.set()
+            await anyio.sleep_forever()
+        return MessageObservation(echoed_message=action.message)
+
+
+@pytest.fixture
+def endless() -> Iterator[None]:
+    EndlessPlainEnv.entered.clear()
+    EndlessPlainEnv.gate.clear()
+    EndlessPlainEnv.closed.clear()
+    EndlessAsyncEnv.entered = anyio.Event()
+    try:
+        yield
+    finally:
+        EndlessPlainEnv.gate.set()
+
+
+async def _entered(plain: bool) -> None:
+    if plain:
+        await anyio.to_thread.run_sync(EndlessPlainEnv.entered.wait, LIMIT)
+    else:
+        await EndlessAsyncEnv.entered.wait()
+
+
+async def _drop(ws: RawWebSocket) -> None:
+    """Leave without a word: the socket reset, no closing handshake."""
+    raw = ws._stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await ws._stream.aclose()
+
+
+async def _newcomer_steps(server: Any) -> None:
+    async with MessageEnv(server.url) as newcomer:
+        assert (await newcomer.step(MessageAction(message="in"))).observation.echoed_message == "in"
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-step", "async-step"])
+@pytest.mark.parametrize("channel", ["websocket", "resumable", "http"])
+async def test_the_slot_of_a_step_whose_client_went_is_freed(
+    server_name: ServerName, plain: bool, channel: str, endless: None
+) -> None:
+    from tests.test_hostile_clients import _poll_session
+
+    factory = EndlessPlainEnv if plain else EndlessAsyncEnv
+    app = create_app(factory, max_sessions=1, http_idle_timeout=0.5)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            server.app.state.websocket.resume_timeout = 0.3
+            if channel == "http":
+                async with httpx.AsyncClient(timeout=LIMIT) as http:
+                    session = await _poll_session(http, server)
+                    headers = {
+                        "Content-Type": "application/json",
+                        "OpenEnv-Seq": "1",
+                        "OpenEnv-Wait": "0",
+                        **session.key,
+                    }
+                    frame = b'{"type":"step","id":1,"data":{"message":"block"}}'
+                    assert (await http.post(session.frames, content=frame, headers=headers)).status_code == 204
+                    await _entered(plain)
+                # ... and never asks again.
+            else:
+                subprotocols = ["openenv.v1.json.resumable"] if channel == "resumable" else None
+                async with RawWebSocket.connect(server.ws_url, subprotocols) as ws:
+                    if subprotocols:
+                        assert (await ws.receive_json())["type"] == "session"
+                    await ws.send_text('{"type":"step","id":1,"data":{"message":"block"}}')
+                    await _entered(plain)
+                    await _drop(ws)
+            await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
+            await _newcomer_steps(server)
+            if plain:  # its thread runs on, and closes the environment once the step returns
+                assert abandoned_calls() == 1
+                EndlessPlainEnv.gate.set()
+                await wait_until(lambda: abandoned_calls() == 0, "the thread is done")
+                await wait_until(lambda: len(EndlessPlainEnv.closed) == 2, "both environments closed")
+                assert EndlessPlainEnv.closed[0].startswith("openenv-session")
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-step", "async-step"])
+async def test_a_step_past_the_step_timeout_ends_its_session(
+    server_name: ServerName, plain: bool, endless: None
+) -> None:
+    factory = EndlessPlainEnv if plain else EndlessAsyncEnv
+    app = create_app(factory, max_sessions=4, step_timeout=0.5)  # room for two abandoned threads
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            for url in (server.url, server.url.replace("http", "http+poll", 1)):
+                EndlessAsyncEnv.entered = anyio.Event()
+                async with MessageEnv(url) as client:
+                    with pytest.raises(openenv.ConnectionClosed, match="step timeout"):
+                        await client.step(MessageAction(message="block"))
+                await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
+                await _newcomer_steps(server)
+            EndlessPlainEnv.gate.set()
+            await wait_until(lambda: abandoned_calls() == 0, "the threads are done")
+
+
+async def test_abandoned_threads_are_bounded_by_the_slots(server_name: ServerName, endless: None) -> None:
+    app = create_app(EndlessPlainEnv, max_sessions=1)
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app) as server:
+            registry = registry_of(server)
+            for round_number in range(2):
+                EndlessPlainEnv.entered.clear()
+                async with RawWebSocket.connect(server.ws_url) as ws:
+                    await ws.send_text('{"type":"step","data":{"message":"block"}}')
+                    await _entered(plain=True)
+                    await _drop(ws)
+                if round_number == 0:
+                    await wait_until(lambda: registry.active == 0, "the first is abandoned: its slot freed")
+            # The second is given up on too, but one thread already runs abandoned: it keeps its slot.
+            await wait_until(lambda: registry.leases()[0].given_up, "the second is given up on")
+            assert abandoned_calls() == 1
+            assert registry.active == 1
+            EndlessPlainEnv.gate.set()  # both steps return
+            await wait_until(lambda: registry.active == 0, "its step returned: the slot is freed")
+            await wait_until(lambda: abandoned_calls() == 0, "the abandoned thread is done")
+
+
+def test_the_registry_watches_long_requests_without_any_idle_timeout() -> None:
+    from transports._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, SessionRegistry
+
+    now = [0.0]
+    registry = SessionRegistry(step_timeout=10.0, clock=lambda: now[0])  # no idle timeout at all
+    assert registry.reap_interval is None  # the reaper still runs: every LONG_STEP, for the requests
+    lease = registry.open()
+    assert lease is not None
+    noticed: list[str] = []
+    lease.on_long_step = lambda: noticed.append("long")
+    lease.on_give_up = lambda: noticed.append("given up")
+    lease.mark_busy()
+    now[0] = 0.5
+    registry.watch_steps()
+    now[0] = 1.0
+    registry.watch_steps()
+    now[0] = 5.0
+    registry.watch_steps()
+    assert noticed == ["long"]  # once per request
+    now[0] = 10.5
+    assert registry.watch_steps() == [lease]
+    assert (noticed, lease.close_reason) == (["long", "given up"], STEP_TIMEOUT_REASON)
+    assert registry.watch_steps() == []  # once
+    # A client that notes its asking (HTTP) and stops while its request runs has gone.
+    registry = SessionRegistry(transport_idle_timeouts={"http": 3.0}, clock=lambda: now[0])
+    lease = registry.open(transport="http")
+    assert lease is not None
+    lease.on_give_up = lambda: None
+    lease.seen()
+    lease.mark_busy()
+    now[0] += 2.0
+    lease.seen()  # it polls for the reply
+    now[0] += 2.0
+    assert registry.watch_steps() == []
+    now[0] += 2.0
+    assert registry.watch_steps() == [lease]
+    assert lease.close_reason == CLIENT_GONE_REASON

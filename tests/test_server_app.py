@@ -577,11 +577,6 @@ def test_close_all_ends_idle_sessions_now_and_busy_ones_later() -> None:
     assert idle.close_reason == SHUTDOWN_REASON
 
 
-async def test_reaper_returns_at_once_without_a_timeout() -> None:
-    with anyio.fail_after(LIMIT):
-        await SessionRegistry().run_reaper()
-
-
 # -- the /ws endpoint ----------------------------------------------------------------
 
 

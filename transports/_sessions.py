@@ -63,8 +63,21 @@ have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
 lease's `SessionLease.close_reason` is set; an idle session's ``on_close`` is
 called at once, a busy one ends when it next goes idle, after its reply.
 
-The registry does no I/O: `SessionRegistry.expire_idle` is a plain function of
-the clock, and `SessionRegistry.run_reaper` only sleeps between calls to it.
+A session whose request runs long is watched too (`SessionRegistry.watch_steps`,
+run by the reaper as well): once busy for `LONG_STEP` seconds, its endpoint is
+told (`SessionLease.on_long_step`), to watch for its client going away
+meanwhile; and the registry gives up on the request (`SessionLease.give_up`,
+which calls the endpoint's `SessionLease.on_give_up`: end the session now,
+abandoning a plain step's thread) when it runs past the ``step_timeout``, or
+when an HTTP session's client (`SessionLease.seen`) stops asking for longer
+than its idle timeout. Python cannot kill a thread: a plain step given up on
+runs on, and once `openenv.server.abandoned_calls` reaches ``max_sessions``
+no more are abandoned (`SessionRegistry.may_abandon`: their sessions keep
+their slots until their steps return).
+
+The registry does no I/O: `SessionRegistry.expire_idle` and
+`SessionRegistry.watch_steps` are plain functions of the clock, and
+`SessionRegistry.run_reaper` only sleeps between calls to them.
 """
 
 from __future__ import annotations
@@ -78,11 +91,15 @@ from collections.abc import Callable, Mapping
 import anyio
 
 from openenv import Dialect
-from openenv.server import encode_fatal_error
+from openenv.server import ServerSession, abandoned_calls, encode_fatal_error
 
 __all__ = [
+    "CLIENT_GONE_REASON",
     "IDLE_TIMEOUT_REASON",
+    "GivingUp",
+    "LONG_STEP",
     "SHUTDOWN_REASON",
+    "STEP_TIMEOUT_REASON",
     "QueueTicket",
     "SessionLease",
     "SessionRegistry",
@@ -95,6 +112,13 @@ IDLE_TIMEOUT_REASON = "session idle timeout"
 """`SessionLease.close_reason` of a session ended for idleness."""
 SHUTDOWN_REASON = "server shutting down"
 """`SessionLease.close_reason` of a session ended because the server is stopping."""
+STEP_TIMEOUT_REASON = "step timeout"
+"""`SessionLease.close_reason` of a session whose request ran past the step timeout (the registry gave up on it)."""
+CLIENT_GONE_REASON = "the client went away during a step"
+"""`SessionLease.close_reason` of a session given up on because its client left while a request ran."""
+
+LONG_STEP = 1.0
+"""Seconds a session's request runs before its endpoint is asked to watch its client (`SessionLease.on_long_step`)."""
 
 
 def session_failed_frame(dialect: Dialect) -> bytes:
@@ -148,11 +172,17 @@ class SessionLease:
         "_on_close",
         "_registry",
         "_vacated",
+        "busy_since",
         "client",
         "close_reason",
+        "given_up",
         "id",
         "idle_since",
         "idle_timeout",
+        "long_step_noticed",
+        "on_give_up",
+        "on_long_step",
+        "seen_at",
         "transport",
     )
 
@@ -175,6 +205,14 @@ class SessionLease:
         self.idle_timeout = idle_timeout
         self.idle_since: float | None = now
         self.close_reason: str | None = None
+        self.busy_since: float | None = None  # when the request in hand began
+        self.long_step_noticed = False  # on_long_step was called for the request in hand
+        self.given_up = False
+        self.seen_at: float | None = None  # when the client last asked (transports that cannot see it leave)
+        self.on_long_step: Callable[[], object] | None = None
+        """Called (on the event loop) once a request has run `LONG_STEP` seconds: watch the client."""
+        self.on_give_up: Callable[[], object] | None = None
+        """Called once when the registry gives up on the request in hand: end the session now, abandoning it."""
 
     @property
     def released(self) -> bool:
@@ -186,10 +224,42 @@ class SessionLease:
         registry = self._registry
         if registry is not None:
             self.idle_since = registry.clock()
+        self.busy_since = None
+        self.long_step_noticed = False
 
     def mark_busy(self) -> None:
         """Stop the idle clock until the next `touch` (a request is being handled)."""
         self.idle_since = None
+        registry = self._registry
+        if self.busy_since is None and registry is not None:
+            self.busy_since = registry.clock()
+
+    def seen(self) -> None:
+        """Note that the client asked for something now (for a transport that cannot see it leave: HTTP)."""
+        registry = self._registry
+        if registry is not None:
+            self.seen_at = registry.clock()
+
+    def give_up(self, reason: str) -> bool:
+        """End the session now, request in hand or not: call `on_give_up` once (an exception is logged).
+
+        Args:
+            reason: Why, for the client and the logs (the `close_reason`, unless one was set).
+
+        Returns:
+            Whether it gave up now (``False``: released, given up on before, or no `on_give_up`).
+        """
+        callback = self.on_give_up
+        if self.given_up or self._registry is None or callback is None:
+            return False
+        self.given_up = True
+        if self.close_reason is None:
+            self.close_reason = reason
+        try:
+            callback()
+        except Exception:
+            logger.exception("giving up on session %d (%s) failed", self.id, reason)
+        return True
 
     def idle_for(self, now: float | None = None) -> float:
         """Seconds the session has been idle (0 while it is busy or released).
@@ -251,6 +321,7 @@ class SessionLease:
         """Give the slot back; idempotent, and safe after the registry has forgotten it."""
         registry, self._registry = self._registry, None
         self._on_close = None
+        self.on_give_up = self.on_long_step = None
         if registry is not None:
             registry._forget(self)
 
@@ -298,6 +369,8 @@ class SessionRegistry:
         max_sessions_per_client: The most sessions one client may hold at
             once, queued ones included (a client is what `open` is told:
             its token, or its address); ``None`` for no quota.
+        step_timeout: Seconds a request may run before the registry gives up
+            on it and ends its session (see `watch_steps`); ``None`` for never.
 
     Raises:
         ValueError: ``max_sessions`` or ``max_sessions_per_client`` is below 1,
@@ -313,7 +386,11 @@ class SessionRegistry:
         clock: Callable[[], float] = time.monotonic,
         queue_timeout: float | None = None,
         max_sessions_per_client: int | None = None,
+        step_timeout: float | None = None,
     ) -> None:
+        if step_timeout is not None and not step_timeout > 0:
+            raise ValueError(f"step_timeout must be positive (or None for none), not {step_timeout}")
+        self.step_timeout = step_timeout
         if queue_timeout is not None and not queue_timeout > 0:
             raise ValueError(f"queue_timeout must be positive (or None for no queue), not {queue_timeout}")
         if max_sessions_per_client is not None and max_sessions_per_client < 1:
@@ -635,6 +712,66 @@ class SessionRegistry:
                 expired.append(lease)
         return expired
 
+    def may_abandon(self) -> bool:
+        """Whether a plain step given up on may be abandoned to its thread (fewer than ``max_sessions`` are).
+
+        Returns:
+            ``False`` once `openenv.server.abandoned_calls` reaches ``max_sessions``:
+            then a session given up on waits for its step, keeping its slot.
+        """
+        return self.max_sessions is None or abandoned_calls() < self.max_sessions
+
+    def watch_steps(self, now: float | None = None) -> list[SessionLease]:
+        """Look at the requests in hand: tell endpoints of long ones, give up on those past their bounds.
+
+        A request busy for `LONG_STEP` seconds gets its lease's `SessionLease.on_long_step`
+        called (once). The registry gives up (`SessionLease.give_up`) on one
+        that ran past `step_timeout` (`STEP_TIMEOUT_REASON`), and on one
+        whose client, on a transport that notes it (`SessionLease.seen`), has
+        not asked for anything for longer than the lease's idle timeout
+        (`CLIENT_GONE_REASON`). (The endpoint abandons a plain step only
+        if `may_abandon`: else its session waits for the step, keeping its slot.)
+
+        Args:
+            now: The clock's current reading; read from `clock` when omitted.
+
+        Returns:
+            The leases given up on by this call.
+        """
+        if now is None:
+            now = self.clock()
+        given_up = []
+        step_timeout = self.step_timeout
+        for lease in list(self._leases.values()):
+            busy_since = lease.busy_since
+            if busy_since is None or lease.vacated or lease.given_up:
+                continue
+            if not lease.long_step_noticed and now - busy_since >= LONG_STEP:
+                lease.long_step_noticed = True
+                callback = lease.on_long_step
+                if callback is not None:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("watching session %d's long request failed", lease.id)
+            reason = None
+            if step_timeout is not None and now - busy_since > step_timeout:
+                reason = STEP_TIMEOUT_REASON
+            elif (
+                lease.seen_at is not None
+                and lease.idle_timeout is not None
+                and now - max(lease.seen_at, busy_since) > lease.idle_timeout
+            ):
+                reason = CLIENT_GONE_REASON
+            if reason is None:
+                continue
+            logger.warning(
+                "session %d (%s): %s after %.1f s: ending it", lease.id, lease.transport, reason, now - busy_since
+            )
+            if lease.give_up(reason):
+                given_up.append(lease)
+        return given_up
+
     def close_all(self, reason: str = SHUTDOWN_REASON) -> None:
         """Ask every session to end (see `SessionLease.request_close`): the server is stopping.
 
@@ -662,14 +799,46 @@ class SessionRegistry:
         return min(max(timeout * _REAP_FRACTION, _REAP_MIN_INTERVAL), _REAP_MAX_INTERVAL)
 
     async def run_reaper(self) -> None:
-        """Expire idle sessions until cancelled; returns at once without an idle timeout.
+        """Expire idle sessions, and watch long requests (`watch_steps`), until cancelled.
 
         Run it as a task for the app's lifetime (the app's lifespan does). A
-        session is ended at most `reap_interval` seconds after it passed the timeout.
+        session is ended at most `reap_interval` seconds after it passed the
+        idle timeout; requests are looked at every `LONG_STEP` seconds at least.
         """
-        interval = self.reap_interval
-        if interval is None:
-            return
+        interval = min(self.reap_interval or LONG_STEP, LONG_STEP)
         while True:
             await anyio.sleep(interval)
             self.expire_idle()
+            self.watch_steps()
+
+
+class GivingUp:
+    """How an endpoint lets the registry give up on a session's request (`SessionLease.give_up`): end it now.
+
+    It becomes the lease's `SessionLease.on_give_up`: the session's task is
+    cancelled (its cancel scope), and a plain step in hand is abandoned to its
+    thread (`openenv.server.ServerSession.abandon`), unless abandoned steps
+    already hold as many threads as the server has slots
+    (`SessionRegistry.may_abandon`): then the session waits for the step.
+
+    Args:
+        registry: The registry.
+        lease: The session's lease.
+        scope: The cancel scope the session runs in.
+    """
+
+    def __init__(self, registry: SessionRegistry, lease: SessionLease, scope: anyio.CancelScope) -> None:
+        self.registry = registry
+        self.scope = scope
+        self.session: ServerSession | None = None
+        lease.on_give_up = self.give_up
+
+    def hosted(self, session: ServerSession) -> None:
+        """`host_session`'s ``on_session``: the session whose steps may be given up on."""
+        self.session = session
+
+    def give_up(self) -> None:
+        """End the session: cancel it, and abandon a plain step in hand if the registry allows."""
+        self.scope.cancel()
+        if self.session is not None and self.registry.may_abandon():
+            self.session.abandon()

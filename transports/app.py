@@ -144,6 +144,7 @@ def create_app(
     allowed_hosts: Sequence[str] = (),
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     max_sessions_per_client: int | None = None,
+    step_timeout: float | None = None,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -213,6 +214,14 @@ def create_app(
             ``CAPACITY_REACHED`` saying so, and other clients are unaffected.
             ``None`` (the default) for no quota: a trainer often runs all its
             sessions from one process with one token.
+        step_timeout: Seconds one request (a reset, a step, a tool call) may
+            run before the server gives up on it: the session ends (WebSocket
+            close 1001 "step timeout"; an HTTP session ends with that reason)
+            and frees its slot. A plain (``def``) step cannot be stopped: it
+            runs on in its thread until it returns. ``None`` (the default)
+            lets a step run as long as its client stays: a step may take
+            minutes (an evaluation, a long tool call). A step whose client
+            has gone is given up on in any case.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -240,6 +249,7 @@ def create_app(
         transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
         queue_timeout=queue_timeout,
         max_sessions_per_client=max_sessions_per_client,
+        step_timeout=step_timeout,
     )
     polling = HTTPPollingEndpoint(
         env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details

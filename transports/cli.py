@@ -140,6 +140,13 @@ def main(ctx: click.Context, debug: bool) -> None:
     "included; by default no quota.",
 )
 @click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds one request (a step, a tool call) may run before the server ends its session; by "
+    "default a step runs as long as its client stays.",
+)
+@click.option(
     "--hide-error-details",
     is_flag=True,
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
@@ -198,6 +205,7 @@ def serve(
     max_connections: int,
     queue_timeout: float | None,
     max_sessions_per_client: int | None,
+    step_timeout: float | None,
     hide_error_details: bool,
     auth_token_files: tuple[str, ...],
     auth_tokens: tuple[str, ...],
@@ -266,6 +274,7 @@ def serve(
             allowed_hosts=allowed_hosts,
             body_timeout=body_timeout,
             max_sessions_per_client=max_sessions_per_client,
+            step_timeout=step_timeout,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc

@@ -24,10 +24,12 @@ read whole.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,7 +39,7 @@ import openenv
 from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
 
 from ._guard import client_of
-from ._sessions import SessionRegistry
+from ._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, GivingUp, SessionLease, SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
 
@@ -136,25 +138,44 @@ async def _run_one(
         else:
             message = registry.capacity_reached_message(client)
             return {"type": "error", "data": {"code": "CAPACITY_REACHED", "message": message}}
+    reply: bytes | None = None
     try:
-        try:
-            env = factory()
-        except Exception as exc:
-            logger.exception("environment factory failed")
-            message = "Failed to create environment"
-            if limits.error_details:
-                message += f": {type(exc).__name__}: {exc}"
-            return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-        session = ServerSession(env, error_details=limits.error_details)
-        try:
-            reply = await session.handle(msgspec.json.encode(frame))
-        finally:
-            await session.aclose()
+        with anyio.CancelScope() as scope:
+            giving_up = GivingUp(registry, lease, scope) if registry is not None and lease is not None else None
+            async with anyio.create_task_group() as beside:
+                if lease is not None:  # a request that runs long: watch for its client going
+                    lease.on_long_step = functools.partial(beside.start_soon, _give_up_when_gone, request, lease)
+                try:
+                    env = factory()
+                except Exception as exc:
+                    logger.exception("environment factory failed")
+                    message = "Failed to create environment"
+                    if limits.error_details:
+                        message += f": {type(exc).__name__}: {exc}"
+                    return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
+                session = ServerSession(env, error_details=limits.error_details)
+                if giving_up is not None:
+                    giving_up.hosted(session)
+                try:
+                    reply = await session.handle(msgspec.json.encode(frame))
+                finally:
+                    await session.aclose()
+                    beside.cancel_scope.cancel()
     finally:
         if lease is not None:
             lease.release()
-    assert reply is not None
+    if reply is None:  # given up on: past the step timeout (its client, if gone, reads nothing)
+        reason = lease.close_reason if lease is not None else None
+        message = f"the request was ended by the server ({reason or STEP_TIMEOUT_REASON})"
+        return {"type": "error", "data": {"code": "EXECUTION_ERROR", "message": message}}
     return msgspec.json.decode(reply)  # type: ignore[no-any-return]
+
+
+async def _give_up_when_gone(request: Request, lease: SessionLease) -> None:
+    """Wait for the request's client to go (its ``http.disconnect``); then end its request."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    lease.give_up(CLIENT_GONE_REASON)
 
 
 def _observation_or_error(reply: dict[str, Any]) -> Response:

@@ -45,7 +45,7 @@ from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
-from .._sessions import QueueTicket, SessionLease, SessionRegistry, session_failed_frame
+from .._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_BODY_SIZE,
@@ -109,6 +109,7 @@ class _Held:
 
     def __init__(self) -> None:
         self.bytes = 0
+
 
 DEFAULT_UNUSED_TIMEOUT: Final = 30.0
 """Seconds a new HTTP session may wait for its first frame before it ends.
@@ -850,6 +851,10 @@ class HTTPPollingEndpoint:
     async def _run_session(self, session: _Session) -> None:
         lease = session.lease
         assert lease is not None
+        # Its client cannot be seen leaving: one that stops asking while a step
+        # runs (for the idle timeout) has gone, and the registry gives up on it.
+        lease.seen()
+        giving_up = GivingUp(self.registry, lease, session.scope)
         reason = "the server stopped"  # unless it ends otherwise
         try:
             try:
@@ -866,6 +871,7 @@ class HTTPPollingEndpoint:
                             dialect=session.dialect,
                             error_details=self.error_details,
                             on_end=session.vacate_unless_lingering,
+                            on_session=giving_up.hosted,
                         )
                         reason = (
                             "the client closed the session"
@@ -941,6 +947,8 @@ class HTTPPollingEndpoint:
                 content_length = value
         if not session.holds_key(key):  # its id alone (seen in a URL, a log) does not drive it
             raise _not_found()
+        if session.lease is not None:
+            session.lease.seen()
         if ack > session.sent:
             raise _HTTPError(
                 409,

@@ -23,13 +23,21 @@ from typing import Any
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
 from openenv.server import ServerSession, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
-from .._sessions import QueueTicket, SessionLease, SessionRegistry, session_failed_frame
+from .._sessions import (
+    CLIENT_GONE_REASON,
+    GivingUp,
+    QueueTicket,
+    SessionLease,
+    SessionRegistry,
+    session_failed_frame,
+)
 from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
 from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS, QueuedData, QueuedFrame
@@ -194,6 +202,8 @@ class WebSocketEndpoint:
             await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect, client))
             return
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
+        giving_up = GivingUp(self.registry, lease, scope)
+        lease.on_long_step = session.watch_client
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
         try:
@@ -208,7 +218,9 @@ class WebSocketEndpoint:
                         error_details=self.error_details,
                         on_end=lease.vacate,
                         serve_on_thread=serve_on_thread,
-                    )
+                        on_session=giving_up.hosted,
+                    ),
+                    on_task_group=session.watch_from,
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -255,13 +267,51 @@ class WebSocketEndpoint:
             return
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
+        giving_up = GivingUp(registry, lease, scope)
+        beside: list[TaskGroup] = []  # where the watch runs (the session's own task group)
+        watching: anyio.Event | None = None  # set once the watch's read is done
+        kept: dict[str, Any] | ConnectionClosed | None = None  # what it got
+
+        async def read_while_busy(done: anyio.Event) -> None:
+            # The client's connection may drop and come back meanwhile (link.receive waits for it);
+            # if it closes on purpose, or does not come back in time, the client has gone.
+            nonlocal kept
+            try:
+                while True:
+                    message = await link.receive()
+                    if message is not None and message["type"] == "websocket.receive":
+                        kept = message
+                        return
+            except ConnectionClosed as exc:
+                kept = exc
+                lease.give_up(CLIENT_GONE_REASON)
+            finally:
+                done.set()
+
+        def watch_client() -> None:  # the lease's on_long_step
+            nonlocal watching
+            if watching is None and beside:
+                watching = anyio.Event()
+                beside[0].start_soon(read_while_busy, watching)
+
+        lease.on_long_step = watch_client
+
+        async def next_message() -> dict[str, Any] | None:
+            nonlocal watching, kept
+            if watching is None:
+                return await link.receive()
+            await watching.wait()  # the watch's read is under way, or done: its outcome is the next
+            outcome, kept, watching = kept, None, None
+            if isinstance(outcome, ConnectionClosed):
+                raise outcome
+            return outcome
 
         async def receive_frame() -> bytes:
             while True:
                 if lease.close_reason is not None:
                     raise ConnectionClosed(lease.close_reason)
                 lease.touch()  # waiting for the client: the idle clock runs
-                message = await link.receive()
+                message = await next_message()
                 lease.mark_busy()
                 if message is None or message["type"] != "websocket.receive":
                     continue  # replaced, or gone: wait for the next connection
@@ -301,7 +351,9 @@ class WebSocketEndpoint:
                         error_details=self.error_details,
                         on_end=lease.vacate,
                         serve_on_thread=serve_on_thread if first.lend is not None else None,
-                    )
+                        on_session=giving_up.hosted,
+                    ),
+                    on_task_group=beside.append,
                 )
             if lease.close_reason is not None:
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -407,16 +459,30 @@ async def _admit(
     return lease, receive_kept_first
 
 
-async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _in_own_task(
+    session: Callable[[], Coroutine[Any, Any, None]], on_task_group: Callable[[TaskGroup], object] | None = None
+) -> None:
     """Run a session in a task of its own, and wait for it.
 
     Each time a task resumes (a session's, once per request), Python passes
     through every frame of its await chain. In the connection's task, the
     server's, the app's middleware's and the router's dozen frames sit above
-    the endpoint; a task of its own starts at the session.
+    the endpoint; a task of its own starts at the session. ``on_task_group``
+    gets the task group, for tasks beside the session (they end with it).
     """
     async with anyio.create_task_group() as own_task:
-        own_task.start_soon(session)
+
+        async def then_the_rest() -> None:
+            try:
+                await session()
+            finally:
+                own_task.cancel_scope.cancel()  # what runs beside it ends with it
+
+        if on_task_group is None:
+            own_task.start_soon(session)
+            return
+        on_task_group(own_task)
+        own_task.start_soon(then_the_rest)
 
 
 async def _serve_on_thread(
@@ -505,7 +571,18 @@ class _WebSocketSession:
         served: Whether a request reached the session (else its factory failed).
     """
 
-    __slots__ = ("_binary", "_dialect", "_receive", "_send", "disconnected", "lease", "served")
+    __slots__ = (
+        "_binary",
+        "_dialect",
+        "_kept",
+        "_receive",
+        "_send",
+        "_task_group",
+        "_watch",
+        "disconnected",
+        "lease",
+        "served",
+    )
 
     def __init__(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lease: SessionLease) -> None:
         self._receive = asgi_receive
@@ -515,6 +592,36 @@ class _WebSocketSession:
         self.lease = lease
         self.disconnected = False
         self.served = False
+        self._task_group: TaskGroup | None = None
+        self._watch: anyio.Event | None = None  # set once the read that watches the client while busy is done
+        self._kept: dict[str, Any] | None = None  # what that read got
+
+    def watch_from(self, task_group: TaskGroup) -> None:
+        """Where to start the read that watches the client while a request runs long (`watch_client`)."""
+        self._task_group = task_group
+
+    def watch_client(self) -> None:
+        """While a request runs long, read the connection: a client that has gone ends the session now.
+
+        The lease's `SessionLease.on_long_step`. A message that comes instead
+        is kept for the next `receive_frame`: the client is there.
+        """
+        if self._watch is not None or self._task_group is None or self.disconnected:
+            return
+        self._watch = anyio.Event()
+        self._task_group.start_soon(self._read_while_busy, self._watch)
+
+    async def _read_while_busy(self, done: anyio.Event) -> None:
+        try:
+            message = await self._receive()
+        except OSError:  # the connection broke
+            message = {"type": "websocket.disconnect", "code": 1006}
+        finally:
+            done.set()
+        self._kept = message
+        if message["type"] == "websocket.disconnect":
+            self.disconnected = True
+            self.lease.give_up(CLIENT_GONE_REASON)
 
     async def send_frame(self, frame: bytes) -> None:
         """Send one reply frame; `ConnectionClosed` once the client has gone."""
@@ -537,7 +644,13 @@ class _WebSocketSession:
             if lease.close_reason is not None:  # asked to end while it was busy
                 raise ConnectionClosed(lease.close_reason)
             lease.touch()  # waiting for the client: the idle clock runs
-            message = await self._receive()
+            if self._watch is None:
+                message = await self._receive()
+            else:  # the watch's read is under way, or done: its message is the next
+                await self._watch.wait()
+                message, self._kept, self._watch = self._kept, None, None
+                if message is None:  # cut off before it read anything
+                    continue
             lease.mark_busy()
             kind = message["type"]
             if kind == "websocket.receive":
