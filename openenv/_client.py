@@ -26,6 +26,7 @@ from ._exceptions import (
     ReplyValidationError,
     TimeoutError,
     ToolCallError,
+    ValidationError,
     server_error_from_frame,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
@@ -557,10 +558,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 `timeout` (``None``: no limit).
 
         Returns:
-            One `Tool` per tool: its name, description and argument schema.
+            One `Tool` per tool: its name, description and argument schema;
+            ``[]`` for an environment without tools (it refuses the action as
+            invalid), as OpenEnv's ``MCPToolClient`` answers.
 
         Raises:
-            ValidationError: The environment has no tools (it refused the action).
             ReplyValidationError: The reply is not a list of tools.
             ServerError: Any other error frame.
             TimeoutError: No reply within the timeout; the session survives.
@@ -576,7 +578,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                     print(tool.name, tool.input_schema["required"])  # echo_message ['message'] ...
             ```
         """
-        observation = await self._tool_step(ListToolsAction(), timeout)
+        try:
+            observation = await self._tool_step(ListToolsAction(), timeout)
+        except ValidationError:  # its action type has no room for a tool listing: it has no tools
+            return []
         if not isinstance(observation, ListToolsObservation):
             raise ReplyValidationError(f"expected a list of tools, got {type(observation).__name__}")
         return observation.tools
@@ -601,8 +606,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         Raises:
             ToolCallError: The tool failed (unknown, bad arguments, or it raised);
-                it carries the tool's error. The session survives.
-            ValidationError: The environment has no tools (it refused the action).
+                it carries the tool's error. An environment without tools
+                gives ``tool_not_found``. The session survives.
             ServerError: Any other error frame.
             TimeoutError: No reply within the timeout; the session survives.
             ConnectionClosed: The server closed the connection, or it broke.
@@ -617,7 +622,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 print(await env.call_tool("echo_with_length", message="Hello!"))  # {'message': 'Hello!', 'length': 6}
             ```
         """
-        observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
+        try:
+            observation = await self._tool_step(CallToolAction(tool_name=name, arguments=arguments), timeout)
+        except ValidationError as exc:
+            message = f"the environment has no MCP tools: it refused the tool call as an action ({exc})"
+            raise ToolCallError(name, "tool_not_found", message) from exc
         if not isinstance(observation, CallToolObservation):
             raise ReplyValidationError(f"expected the result of a tool call, got {type(observation).__name__}")
         error = observation.error

@@ -43,6 +43,10 @@ class Clock:
 
     __slots__ = ()
 
+    def __repr__(self) -> str:
+        # What a signature shows for the default (help(EnvClient)): its name, not an address.
+        return "EVENT_LOOP_CLOCK" if self is EVENT_LOOP_CLOCK else f"<{type(self).__name__}>"
+
     def now(self) -> float:
         """The current time, in seconds (monotonic; only differences mean anything)."""
         return anyio.current_time()

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup, TaskStatus
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
@@ -439,10 +440,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         Raises:
             EnvPoolError: Sessions failed (see the failure policy); its ``errors``
                 holds each one's exception.
+            TypeError: One action instead of a list of them.
             ValueError: Not one action per session.
             ClientStateError: The pool is not open.
         """
         self._check_open()
+        if isinstance(actions, (Mapping, str, bytes, msgspec.Struct)) or not hasattr(actions, "__len__"):
+            raise TypeError(
+                f"step takes a list of actions, one per session ({self.size}), not one {type(actions).__name__}: "
+                f"for the same action in every session, step([action] * pool.size)"
+            )
         if len(actions) != self.size:
             raise ValueError(f"step needs one action per session: {self.size}, not {len(actions)}")
 

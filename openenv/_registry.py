@@ -115,8 +115,9 @@ def url_scheme(url: str) -> str:
     """
     scheme, separator, _ = url.partition("://")
     if not separator or not scheme:
+        hint = f"write ws://{url} (WebSocket) or http+poll://{url} (HTTP long-polling); " if url else ""
         raise UnsupportedSchemeError(
-            f"{url!r} is not a URL with a scheme; registered schemes: {', '.join(registered_schemes())}"
+            f"{url!r} is not a URL with a scheme: {hint}registered schemes: {', '.join(registered_schemes())}"
         )
     return scheme.lower()
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.from_thread
@@ -27,7 +28,7 @@ from ._messages import Dialect
 from ._tools import mcp_unsupported, runs_plain_steps
 from ._worker import SessionWorker
 
-__all__ = ["ServerSession", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
+__all__ = ["ServerSession", "SessionMetrics", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -49,6 +50,27 @@ def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
         if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
             names.add(parameter.name)
     return frozenset(names)
+
+
+class SessionMetrics(Protocol):
+    """What a server counts of its sessions' requests, per environment (for its ``/metrics``).
+
+    `ServerSession` calls it once per request, from the event loop or from the
+    session's thread; ``env`` is the environment's name (`factory_name`).
+    ``transports._metrics.ServerMetrics`` is the server's.
+    """
+
+    def step_done(self, env: str, seconds: float) -> None:
+        """A step was answered (an error reply included) after ``seconds`` on the server."""
+
+    def reset_done(self, env: str, seconds: float) -> None:
+        """A reset was answered after ``seconds`` on the server."""
+
+    def error(self, env: str, code: str) -> None:
+        """A request got an error reply with ``code`` (``VALIDATION_ERROR``, ``EXECUTION_ERROR``, ...)."""
+
+    def transferred(self, env: str, received: int, sent: int) -> None:
+        """A request frame of ``received`` bytes was answered with ``sent`` bytes (0 for none)."""
 
 
 class ServerSession:
@@ -90,6 +112,10 @@ class ServerSession:
         on_end: Called once when the session ends (a close request, `aclose`),
             before the environment is closed, which may take a while: a server
             frees the session's slot there, as its client may already open another.
+        metrics: Where each request is counted (its kind, time, bytes and
+            error code), or ``None``.
+        name: The environment's name in ``metrics``; its class's
+            (`factory_name`) by default.
 
     Attributes:
         env: The environment instance.
@@ -104,9 +130,13 @@ class ServerSession:
         strict: bool | None = None,
         error_details: bool = True,
         on_end: Callable[[], object] | None = None,
+        metrics: SessionMetrics | None = None,
+        name: str | None = None,
     ) -> None:
         self.env = env
         self._on_end = on_end
+        self._metrics = metrics
+        self._name = name or (factory_name(type(env)) if metrics is not None else "")
         self.dialect = dialect
         self.error_details = error_details
         if strict is None:
@@ -186,27 +216,69 @@ class ServerSession:
             session, and gets no reply).
         """
         request_id: int | None = None
+        metrics = self._metrics
+        started = _clock() if metrics is not None else 0.0
+        kind = error = None
+        reply: bytes | None
         try:
             kind, data, request_id = self.codec.decode_request(frame)
             if kind == "step":
                 observation = await self._step(data)
-                return self.codec.observation(observation, request_id)
-            if kind == "reset":
+                reply = self.codec.observation(observation, request_id)
+            elif kind == "reset":
                 if self._reset_keywords is not None:
-                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
+                    data = self._reset_data(data)
                 observation = await self._reset(**data)
-                return self.codec.observation(observation, request_id)
-            if kind == "state":
-                return self.codec.state(await self._state(), request_id)
-            if kind == "mcp":
+                reply = self.codec.observation(observation, request_id)
+            elif kind == "state":
+                reply = self.codec.state(await self._state(), request_id)
+            elif kind == "mcp":
                 response = await self._mcp(data) if self._mcp is not None else mcp_unsupported(data)
-                return self.codec.mcp(response, request_id)
-            await self.aclose()
-            return None
+                reply = self.codec.mcp(response, request_id)
+            else:
+                await self.aclose()
+                reply = None
         except RequestError as exc:
-            return self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=exc.request_id)
+            error = exc.code
+            reply = self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=exc.request_id)
         except Exception as exc:
-            return self._execution_error(exc, request_id)
+            error = "EXECUTION_ERROR"
+            reply = self._execution_error(exc, request_id)
+        if metrics is not None:
+            self._count(metrics, kind, error, started, len(frame), reply)
+        return reply
+
+    def _count(
+        self,
+        metrics: SessionMetrics,
+        kind: str | None,
+        error: str | None,
+        started: float,
+        size: int,
+        reply: bytes | None,
+    ) -> None:
+        """Tell the metrics of one request: its kind's time, its error, its bytes."""
+        name = self._name
+        if kind == "step":
+            metrics.step_done(name, _clock() - started)
+        elif kind == "reset":
+            metrics.reset_done(name, _clock() - started)
+        if error is not None:
+            metrics.error(name, error)
+        metrics.transferred(name, size, 0 if reply is None else len(reply))
+
+    def _reset_data(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The reset keywords the environment takes; the others are dropped, as OpenEnv's server drops them.
+
+        A keyword dropped is logged (once per environment class and keyword in
+        the process): a client's typo (``sed=3``) would otherwise go unseen.
+        """
+        keywords = self._reset_keywords
+        assert keywords is not None
+        accepted = {key: value for key, value in data.items() if key in keywords}
+        if len(accepted) != len(data):
+            _note_dropped(type(self.env), [key for key in data if key not in keywords], keywords)
+        return accepted
 
     def _execution_error(self, exc: Exception, request_id: int | None) -> bytes:
         """The reply when the environment raised, or returned something that cannot be encoded."""
@@ -258,16 +330,24 @@ class ServerSession:
         if kind not in _ON_THREAD or (admit is not None and not admit(request_id)):
             return None
         env = self.env
+        metrics = self._metrics
+        started = _clock() if metrics is not None else 0.0
+        error = None
         try:
             if kind == "step":
-                return self.codec.observation(self._resolved(env.step(data)), request_id)
-            if kind == "reset":
+                reply = self.codec.observation(self._resolved(env.step(data)), request_id)
+            elif kind == "reset":
                 if self._reset_keywords is not None:
-                    data = {key: value for key, value in data.items() if key in self._reset_keywords}
-                return self.codec.observation(self._resolved(env.reset(**data)), request_id)
-            return self.codec.state(self._resolved(env.state), request_id)
+                    data = self._reset_data(data)
+                reply = self.codec.observation(self._resolved(env.reset(**data)), request_id)
+            else:
+                reply = self.codec.state(self._resolved(env.state), request_id)
         except Exception as exc:
-            return self._execution_error(exc, request_id)
+            error = "EXECUTION_ERROR"
+            reply = self._execution_error(exc, request_id)
+        if metrics is not None:
+            self._count(metrics, kind, error, started, len(frame), reply)
+        return reply
 
     def _resolved(self, result: Any) -> Any:
         """``result``, awaited on the event loop if a plain method handed back an awaitable."""
@@ -309,6 +389,26 @@ class ServerSession:
                 except Exception:
                     logger.exception("environment close() raised")
             await self._worker.aclose()
+
+
+_clock = time.perf_counter
+
+# The (environment class, keyword) pairs whose dropping was logged already.
+_dropped_noted: set[tuple[type, str]] = set()
+
+
+def _note_dropped(env_type: type, dropped: list[str], keywords: frozenset[str]) -> None:
+    """Log, once per environment class and keyword, reset keywords the environment does not take."""
+    new = [name for name in dropped if (env_type, name) not in _dropped_noted]
+    if not new:
+        return
+    _dropped_noted.update((env_type, name) for name in new)
+    logger.warning(
+        "reset() of %s takes no keyword %s: dropped, as OpenEnv's server drops it (it takes %s)",
+        factory_name(env_type),
+        ", ".join(f"{name}=" for name in new),
+        ", ".join(f"{name}=" for name in sorted(keywords)) or "none",
+    )
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
@@ -403,6 +503,7 @@ async def host_session(
     error_details: bool = True,
     on_end: Callable[[], object] | None = None,
     serve_on_thread: ServeOnThread | None = None,
+    metrics: SessionMetrics | None = None,
     on_session: Callable[[ServerSession], object] | None = None,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
@@ -423,6 +524,8 @@ async def host_session(
             closed (see `ServerSession`); not called if the factory raised.
         serve_on_thread: The transport's way to answer requests on the
             session's thread, if it has one (see `serve_frames`).
+        metrics: Where the session's requests are counted (see
+            `ServerSession`), under the factory's name; ``None`` for nowhere.
         on_session: Called with the `ServerSession` once the environment is
             built: to give up on a step later (`ServerSession.abandon`), say.
 
@@ -478,7 +581,14 @@ async def host_session(
         with contextlib.suppress(ConnectionClosed):
             await send(frame)
         return
-    session = ServerSession(env, dialect=dialect, error_details=error_details, on_end=on_end)
+    session = ServerSession(
+        env,
+        dialect=dialect,
+        error_details=error_details,
+        on_end=on_end,
+        metrics=metrics,
+        name=factory_name(factory) if metrics is not None else None,
+    )
     if on_session is not None:
         on_session(session)
     await serve_frames(session, receive, send, serve_on_thread=serve_on_thread)

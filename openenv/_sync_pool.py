@@ -140,6 +140,7 @@ class SyncEnvPool(Generic[ActT, ObsT, StateT]):
 
         Raises:
             EnvPoolError: Sessions failed; its ``errors`` holds each one's exception.
+            TypeError: One action instead of a list of them.
             ValueError: Not one action per session.
             ClientStateError: Not open, or called inside an event loop.
         """

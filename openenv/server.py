@@ -20,7 +20,7 @@ from ._limits import (
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
 from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
-from ._session import ServerSession, encode_fatal_error, factory_name, host_session, serve_frames
+from ._session import ServerSession, SessionMetrics, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
 from ._worker import abandoned_calls
@@ -42,6 +42,7 @@ __all__ = [
     "RunningServer",
     "ServeFunction",
     "ServerSession",
+    "SessionMetrics",
     "StructUnionDecoder",
     "abandoned_calls",
     "check_factory",

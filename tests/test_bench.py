@@ -288,7 +288,10 @@ def test_an_action_must_be_an_object() -> None:
         ("wss://host/env/", "https://host/env/schema"),
         ("http://host:1/x?token=a#frag", "http://host:1/x/schema?token=a"),
         ("https://host", "https://host/schema"),
+        ("ws://127.0.0.1:8000/ws", "http://127.0.0.1:8000/schema"),  # the endpoint's URL, as OpenEnv users write it
+        ("https://host/env/ws/", "https://host/env/schema"),
         ("http+poll://host:8000/prefix", "http://host:8000/prefix/schema"),
+        ("http+poll://host:8000/ws", "http://host:8000/ws/schema"),  # long-polling appends nothing
         ("HTTPS+POLL://host", "https://host/schema"),
         ("inproc://tests.envs:DictEnv", None),
         ("grpc://host:1", None),
@@ -422,6 +425,46 @@ async def test_an_unknown_scheme_fails_up_front() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_url_without_a_scheme_fails_up_front_saying_which_to_write() -> None:
+    for action in (None, {}):
+        with pytest.raises(BenchmarkError, match=r"write ws://127\.0\.0\.1:1 \(WebSocket\) or http\+poll://"):
+            await run_benchmark("127.0.0.1:1", action=action)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["ws", "http+poll"])
+async def test_a_server_that_wants_a_token(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
+    with anyio.fail_after(60):
+        async with serving(kind, MessageEchoEnv, auth_token="s3cret") as url:
+            # Without one, the schema's fetch says so, and how to give one (not that the schema is missing).
+            with pytest.raises(BenchmarkError, match=r"wants a token and none was sent.*--auth-token"):
+                await run_benchmark(url, steps=2)
+            with pytest.raises(BenchmarkError, match="wants a token and none was sent"):
+                await run_benchmark(url, action={"message": "hi"}, steps=2)
+            with pytest.raises(BenchmarkError, match="refused the token"):
+                await run_benchmark(url, steps=2, auth_token="wrong")
+            result = await run_benchmark(url, steps=4, sessions=2, auth_token="s3cret")
+            assert (result.steps, result.errors) == (4, 0)
+            monkeypatch.setenv("OPENENV_AUTH_TOKEN", "s3cret")  # as the clients take it
+            assert (await run_benchmark(url, steps=2)).steps == 2
+
+
+@pytest.mark.anyio
+async def test_a_token_given_for_an_inprocess_environment_is_ignored() -> None:
+    url = f"inproc://{factory_path(MessageEchoEnv)}"
+    assert (await run_benchmark(url, steps=2, auth_token="unused")).steps == 2
+
+
+@pytest.mark.anyio
+async def test_a_websocket_url_that_names_the_endpoint_is_measured() -> None:
+    with anyio.fail_after(60):
+        async with serving("ws", MessageEchoEnv) as url:
+            result = await run_benchmark(f"{url}/ws", steps=3)
+    assert (result.steps, result.errors) == (3, 0)
+
+
+@pytest.mark.anyio
 async def test_more_sessions_than_the_server_takes_fail_up_front() -> None:
     with anyio.fail_after(60):
         async with serving("ws", MessageEchoEnv, max_sessions=2) as url:
@@ -535,6 +578,22 @@ def test_command_unreachable_server_is_one_line_and_fails() -> None:
     assert result.stderr.startswith(f"Error: {url}: ")
     assert result.stderr.count("\n") == 1
     assert "Traceback" not in result.output
+
+
+def test_command_takes_the_token_as_an_option_or_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENENV_AUTH_TOKEN", raising=False)
+    with _served(MessageEchoEnv, auth_token="s3cret") as base_url:
+        url = base_url.replace("http://", "ws://")
+        refused = CliRunner().invoke(main, ["bench", url, "--steps", "3"])
+        given = CliRunner().invoke(main, ["bench", url, "--steps", "3", "--json", "--auth-token", "s3cret"])
+        monkeypatch.setenv("OPENENV_AUTH_TOKEN", "s3cret")
+        from_env = CliRunner().invoke(main, ["bench", url, "--steps", "3", "--json"])
+    assert refused.exit_code == 1
+    assert "none was sent" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    for result in (given, from_env):
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["results"][0]["steps"] == 3
 
 
 def test_command_fails_when_not_one_step_succeeds() -> None:

@@ -141,7 +141,7 @@ def test_trio_asked_for_but_not_installed(command: list[str]) -> None:
         ("openenv.examples.echo:CallToolAction", "CallToolAction is a message class (an Action"),
         ("openenv.examples.echo:EchoObservation", "EchoObservation is a message class"),
         ("openenv.examples.echo:no_such_name", "has no attribute 'no_such_name'"),
-        ("no_such_module_here:Env", "No module named 'no_such_module_here'"),
+        ("no_such_module_here:Env", "no module named 'no_such_module_here' in "),
         ("no-colon", "is not of the form 'package.module:Factory'"),
     ],
 )

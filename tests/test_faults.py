@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import anyio
@@ -110,3 +111,19 @@ async def test_a_reply_over_the_clients_limit_is_a_typed_error() -> None:
             await client.reset()
             with pytest.raises(openenv.TransportError):
                 await client.step(MessageAction(message="y" * 4096))
+
+
+@pytest.mark.parametrize(("scheme", "options"), [("ws", {}), ("http+poll", {"retries": 0})])
+async def test_a_refused_connection_is_one_short_chain(scheme: str, options: dict[str, int]) -> None:
+    """The I/O libraries' frames are left out: the cause is the system's error, told in the message too."""
+    with anyio.fail_after(LIMIT), pytest.raises(openenv.ConnectError) as info:
+        async with MessageEnv(f"{scheme}://127.0.0.1:{free_port()}", **options):
+            pass
+    cause = info.value.__cause__
+    assert isinstance(cause, ConnectionRefusedError)
+    assert (cause.__traceback__, cause.__cause__, cause.__context__) == (None, None, None)
+    assert str(cause) in str(info.value)
+    printed = "".join(traceback.format_exception(info.value))
+    cause_part, _, error_part = printed.partition("The above exception was the direct cause")
+    assert cause_part.strip() == f"{type(cause).__name__}: {cause}"  # no frames: the libraries' internals
+    assert "The above exception" not in error_part

@@ -155,6 +155,30 @@ async def test_a_missing_or_wrong_token_is_refused_before_any_environment(server
             assert CountedEnv.built == 2
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_refused_client_is_told_how_to_send_a_token(server_name: ServerName, scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, CountedEnv, auth_token="s3cret") as server:
+            url = _url(server, scheme)
+            with pytest.raises(openenv.AuthenticationError, match="none was sent") as missing:
+                async with MessageEnv(url):
+                    pass
+            assert "auth_token=" in str(missing.value)
+            assert "OPENENV_AUTH_TOKEN" in str(missing.value)
+            with pytest.raises(openenv.AuthenticationError, match="refused the token") as wrong:
+                async with MessageEnv(url, auth_token="wrong"):
+                    pass
+            assert "{" not in str(wrong.value)  # the server's JSON error is told in words
+
+
+async def test_a_websocket_path_the_server_does_not_serve_says_so(server_name: ServerName) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, CountedEnv) as server:
+            with pytest.raises(openenv.ConnectError, match="no WebSocket endpoint there"):
+                async with MessageEnv(f"{server.url}/nothing/here/ws"):
+                    pass
+
+
 async def test_health_is_open_and_every_other_route_needs_the_token(server_name: ServerName) -> None:
     with anyio.fail_after(LIMIT):
         async with serving(server_name, CountedEnv, auth_token="s3cret") as server, httpx.AsyncClient() as http:
@@ -465,6 +489,7 @@ async def test_unused_http_sessions_build_nothing_and_end_soon(server_name: Serv
                 assert (await http.post(f"{server.url}/poll/sessions")).status_code == 201
             assert CountedEnv.built == 0
             await wait_until(lambda: registry_of(server).active == 0, "the unused sessions end")
+            server.app.state.http_polling.unused_timeout = LIMIT  # a loaded machine may take 0.2 s to step
             async with MessageEnv(_url(server, "http+poll")) as client:
                 assert (await client.step(MessageAction(message="in"))).reward == 2.0
             assert CountedEnv.built == 1

@@ -28,6 +28,7 @@ from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient,
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
 from tests.helpers import CounterClient, ManualClock, proxied, wait_until
+from transports._network_client import is_loopback
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingEndpoint, HTTPPollingTransport, polling_url
@@ -911,3 +912,57 @@ async def test_a_plain_http_client_loads_no_ca_bundle(monkeypatch: pytest.Monkey
     with anyio.fail_after(LIMIT):
         async with server() as running, CounterClient(poll_url(running)) as env:
             assert (await env.reset()).observation.count == 0
+
+
+# -- proxies from the environment ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST.", True),
+        ("env.localhost", True),
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("10.0.0.1", False),
+        ("example.com", False),
+        ("localhost.example.com", False),
+    ],
+)
+def test_is_loopback(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+async def test_a_proxy_from_the_environment_is_used_except_for_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As OpenEnv's client and Go's net/http: HTTP_PROXY applies, but never to a loopback host."""
+    seen: list[bytes] = []
+
+    async def fake_proxy(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            seen.append(await stream.receive())
+            await stream.send(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    with anyio.fail_after(LIMIT):
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, fake_proxy)
+            proxy = f"http://127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+            for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+                monkeypatch.setenv(name, proxy)
+            monkeypatch.delenv("NO_PROXY", raising=False)
+            monkeypatch.delenv("no_proxy", raising=False)
+            async with server(AsyncCounterEnv) as running:
+                for host in ("127.0.0.1", "localhost"):
+                    url = poll_url(running).replace("127.0.0.1", host)
+                    async with CounterClient(url) as env:
+                        assert (await env.step(CountAction(by=2))).observation.count == 2
+            assert seen == []
+            # Any other host goes through the proxy (which answers 502 here).
+            with pytest.raises(ConnectError, match="502"):
+                async with CounterClient("http+poll://envs.example:8000", retries=0):
+                    pass
+            assert len(seen) == 1
+            assert seen[0].startswith(b"POST http://envs.example:8000/poll/sessions ")
+            tg.cancel_scope.cancel()

@@ -272,6 +272,9 @@ async def test_bad_arguments_and_lifecycle_errors() -> None:
                 await pool.reset(start=[1, 2, 3])
             with pytest.raises(ValueError, match="one action per session"):
                 await pool.step([CountAction()])
+            for one in (CountAction(), {"by": 1}):  # one action, not a list: said so, not "no len()"
+                with pytest.raises(TypeError, match=r"a list of actions, one per session \(2\).*\[action\] \* pool"):
+                    await pool.step(one)  # type: ignore[arg-type]
             results = await pool.reset(episode_id=("a", "b"))  # type: ignore[arg-type]
             assert len(results) == 2
         with pytest.raises(openenv.ClientStateError, match="closed"):

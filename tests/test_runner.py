@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import httpx
@@ -149,6 +151,56 @@ async def test_stopping_ends_open_sessions_politely() -> None:
     assert codes == [(1001, "server shutting down")]
 
 
+class EndlessStepEnv(openenv.Environment):  # type: ignore[type-arg]
+    """A step that never ends by itself: it outlives any shutdown grace."""
+
+    stepping: anyio.Event
+
+    async def reset(self, **kwargs: object) -> dict[str, str]:
+        return {}
+
+    async def step(self, action: object) -> dict[str, str]:
+        type(self).stepping.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def state(self) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_a_step_outliving_the_shutdown_grace_is_ended_with_the_reason(
+    scheme: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    EndlessStepEnv.stepping = anyio.Event()
+    errors: list[BaseException] = []
+
+    async def step_forever(client: openenv.EnvClient[object, object, object]) -> None:
+        try:
+            await client.step({})
+        except openenv.OpenEnvError as exc:
+            errors.append(exc)
+        finally:
+            await client.aclose()
+
+    with anyio.fail_after(LIMIT), caplog.at_level("WARNING"):
+        # The server stops first (the block's end), then the task group waits for the client's step.
+        async with anyio.create_task_group() as task_group, serve(EndlessStepEnv, shutdown_timeout=0.2) as server:
+            client: openenv.EnvClient[object, object, object] = openenv.EnvClient(
+                server.url.replace("http", scheme, 1), timeout=None
+            )
+            await client.__aenter__()
+            task_group.start_soon(step_forever, client)
+            await EndlessStepEnv.stepping.wait()
+    assert len(errors) == 1
+    assert isinstance(errors[0], openenv.ConnectionClosed)
+    assert "server shutting down" in str(errors[0])  # WebSocket close 1001, or HTTP 410: not a 500
+    assert "still busy after the 0.2 s shutdown grace" in caplog.text
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]
+    assert "Traceback" not in caplog.text
+
+
 @pytest.mark.anyio
 async def test_openenv_serve_delegates_to_the_runner() -> None:
     with anyio.fail_after(LIMIT):
@@ -198,10 +250,12 @@ def test_openenv_serve_command(backend: str) -> None:
         "65536",
         "--log-level",
         "warning",
+        "--metrics",
     ]
     with running([*args, *options]) as process:
         response = wait_for_health(f"http://127.0.0.1:{port}", process)
         assert response.json() == {"status": "healthy"}
+        assert "openenv_sessions_open" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert httpx.get(f"http://127.0.0.1:{port}/metadata", timeout=5).json()["name"] == "EchoEnvironment"
         # HTTP long-polling is served beside WebSocket.
         created = httpx.post(f"http://127.0.0.1:{port}/poll/sessions", timeout=5)
@@ -232,6 +286,29 @@ def test_openenv_serve_command(backend: str) -> None:
         assert f"clients connect to ws://127.0.0.1:{port} (WebSocket) or http+poll://127.0.0.1:{port}" in stderr
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_each_server_line_is_printed_once_when_the_environment_logs_through_the_root_logger(
+    backend: str, tmp_path: Path
+) -> None:
+    (tmp_path / "rooted.py").write_text(
+        "import logging\n"
+        "from openenv.examples.echo import EchoEnvironment\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "class Env(EchoEnvironment):\n"
+        "    pass\n"
+    )
+    port = free_port()
+    args = [*CLI, "serve", "rooted:Env", "--port", str(port), "--backend", backend, "--app-dir", str(tmp_path)]
+    with running(args) as process:
+        wait_for_health(f"http://127.0.0.1:{port}", process)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=15)
+    assert process.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert sum("SIGINT received" in line for line in lines) == 1, stderr
+    assert sum("Running on" in line or "Started server process" in line for line in lines) == 1, stderr
+
+
 def test_openenv_demo_command() -> None:
     result = subprocess.run([*CLI, "demo"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -251,9 +328,22 @@ def test_version_and_help() -> None:
     assert result.exit_code == 0
     assert "serve" in result.output
     assert "demo" in result.output
+    for command in ("serve", "demo", "bench"):  # plain text: no reStructuredText markup in a terminal
+        help_text = runner.invoke(main, [command, "--help"]).output
+        assert "``" not in help_text, help_text
+    assert "EVENT_LOOP_CLOCK" in str(inspect.signature(openenv.EnvClient))  # help(EnvClient): no object address
 
 
-def test_serve_rejects_a_bad_factory() -> None:
-    result = CliRunner().invoke(main, ["serve", "no_such_module_here:Env"])
+def test_serve_rejects_a_bad_factory(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["serve", "no_such_module_here:Env", "--app-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "FACTORY" in result.output
+    # Where it was looked for, and what to do: the folder that holds it, or --app-dir.
+    assert f"no module named 'no_such_module_here' in {tmp_path}" in result.output
+    assert "--app-dir" in result.output
+    (tmp_path / "needs_a_dependency.py").write_text("import no_such_dependency_here\n")
+    result = CliRunner().invoke(main, ["serve", "needs_a_dependency:Env", "--app-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "importing needs_a_dependency failed: No module named 'no_such_dependency_here'; pip install" in (
+        result.output
+    )

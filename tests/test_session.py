@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from openenv import ConnectionClosed, Dialect
+from openenv._session import _dropped_noted
 from openenv.server import ServerSession, host_session
 from tests.envs import AsyncCounterEnv, DictEnv, SyncCounterEnv, failing_factory
 
@@ -37,10 +38,21 @@ async def test_reset_step_state_close(env_class: type[Any]) -> None:
     assert session.closed
 
 
-async def test_reset_gets_only_the_keywords_it_accepts() -> None:
+async def test_reset_gets_only_the_keywords_it_accepts(caplog: pytest.LogCaptureFixture) -> None:
     session = ServerSession(AsyncCounterEnv())
-    reply = await ask(session, {"type": "reset", "data": {"episode_id": "e", "seed": 1, "junk": True}})
+    _dropped_noted.clear()
+    with caplog.at_level("WARNING", logger="openenv.server"):
+        reply = await ask(session, {"type": "reset", "data": {"episode_id": "e", "seed": 1, "junk": True}})
+        await ask(session, {"type": "reset", "data": {"sed": 3, "junk": True}})
+        await ask(session, {"type": "reset", "data": {"sed": 3}})
     assert reply["type"] == "observation"
+    # What was dropped is logged once per keyword (a client's typo would go unseen), with what it takes.
+    assert [record.getMessage() for record in caplog.records] == [
+        "reset() of tests.envs:AsyncCounterEnv takes no keyword seed=, junk=: dropped, as OpenEnv's server drops it"
+        " (it takes episode_id=, start=)",
+        "reset() of tests.envs:AsyncCounterEnv takes no keyword sed=: dropped, as OpenEnv's server drops it"
+        " (it takes episode_id=, start=)",
+    ]
     # An environment that takes **kwargs gets them all.
     session = ServerSession(SyncCounterEnv())
     reply = await ask(session, {"type": "reset", "data": {"seed": 1, "junk": True}})

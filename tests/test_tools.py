@@ -169,16 +169,19 @@ async def test_a_tool_environment_with_actions_of_its_own() -> None:
         MCPEnvironment.step_other(Walker(), Walk(steps=1))
 
 
-async def test_an_environment_without_tools() -> None:
-    async with openenv.EnvClient("inproc://", factory=MessageEchoEnv) as env:
-        with pytest.raises(openenv.ValidationError):
-            await env.list_tools()
-        with pytest.raises(openenv.ValidationError):
-            await env.call_tool("echo_message", message="x")
-        with pytest.raises(openenv.MCPError, match="does not support MCP") as caught:
-            await env.mcp("tools/list")
-        assert caught.value.code == -32603
-        assert (await env.step({"message": "still"})).observation == {"echoed_message": "still"}
+@pytest.mark.parametrize("kind", ["inproc", "ws"])
+async def test_an_environment_without_tools(kind: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(kind, MessageEchoEnv) as url, openenv.EnvClient(url) as env:
+            assert await env.list_tools() == []  # it has none, as OpenEnv's MCPToolClient says
+            with pytest.raises(openenv.ToolCallError, match="the environment has no MCP tools") as refused:
+                await env.call_tool("echo_message", message="x")
+            assert (refused.value.tool_name, refused.value.error_type) == ("echo_message", "tool_not_found")
+            assert isinstance(refused.value.__cause__, openenv.ValidationError)
+            with pytest.raises(openenv.MCPError, match="does not support MCP") as caught:
+                await env.mcp("tools/list")
+            assert caught.value.code == -32603
+            assert (await env.step({"message": "still"})).observation == {"echoed_message": "still"}
 
 
 async def ask(session: ServerSession, message: Any) -> Any:

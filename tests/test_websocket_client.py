@@ -210,7 +210,11 @@ async def echo_handler(connection: ServerConnection) -> None:
         ("HTTP://localhost:8000", "ws://localhost:8000/ws"),
         ("ws://localhost:8000", "ws://localhost:8000/ws"),
         ("wss://example.com/base/", "wss://example.com/base/ws"),
-        ("ws://localhost:8000/ws", "ws://localhost:8000/ws/ws"),  # OpenEnv always appends
+        # The endpoint's own URL, as OpenEnv users write it, is taken as it is (OpenEnv's client would append).
+        ("ws://localhost:8000/ws", "ws://localhost:8000/ws"),
+        ("http://h/env/ws/", "ws://h/env/ws"),
+        ("ws://h/ws/ws", "ws://h/ws/ws"),  # an app mounted at /ws: its endpoint, written out
+        ("ws://h/news", "ws://h/news/ws"),
         ("localhost:8000", "ws://localhost:8000/ws"),
         ("http://h:1/p/?token=a/b", "ws://h:1/p/ws?token=a/b"),
     ],

@@ -29,6 +29,7 @@ _EXTRA_OF_MODULE = {
     "starlette": "server",
     "uvicorn": "server",
     "hypercorn": "server",
+    "prometheus_client": "server",
     "trio": "trio",
     "rich": "cli",
 }

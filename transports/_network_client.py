@@ -10,6 +10,7 @@ and how a connection's end is recorded and reported (`ConnectionEnd`).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import ssl
@@ -17,22 +18,29 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, NoReturn
 
 import anyio
+import msgspec
 
-from openenv import ClientStateError, ConnectionClosed, ProtocolError, __version__
+from openenv import AuthenticationError, ClientStateError, ConnectionClosed, ProtocolError, __version__
 
 from ._guard import AUTH_TOKEN_ENV
 
 __all__ = [
     "STREAM_ERRORS",
     "ConnectionEnd",
+    "authentication_error",
     "HeaderPairs",
     "SplitURL",
     "client_headers",
     "connect_once",
     "default_ssl_context",
     "describe",
+    "error_detail",
+    "error_message",
+    "is_loopback",
+    "network_cause",
     "no_tls_context",
     "not_connected",
+    "sends_token",
     "split_url",
     "user_agent",
 ]
@@ -89,6 +97,25 @@ def split_url(url: str, schemes: Mapping[str, str], *, default_scheme: str | Non
 
 
 # -- TLS and identity ---------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` (and its subdomains), ``127.0.0.0/8``, ``::1``.
+
+    A transport never sends such a host's requests through a proxy from the
+    environment (``HTTP_PROXY``...), as OpenEnv's client and Go's ``net/http``
+    do not: a proxy elsewhere cannot reach it.
+
+    Args:
+        host: A URL's host, without brackets (``::1``).
+    """
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @functools.cache
@@ -171,6 +198,68 @@ def client_headers(
     return pairs
 
 
+class _ErrorBody(msgspec.Struct):
+    code: str = ""
+    message: str = ""
+
+
+class _Error(msgspec.Struct):
+    error: _ErrorBody
+
+
+_decode_error = msgspec.json.Decoder(_Error).decode
+
+
+def error_message(body: bytes) -> tuple[str, str] | None:
+    """The code and message of our servers' JSON error body (``{"error": {"code", "message"}}``), if it is one.
+
+    Args:
+        body: An error response's body.
+    """
+    try:
+        error = _decode_error(body).error
+    except msgspec.DecodeError:
+        return None
+    return error.code, error.message
+
+
+def error_detail(body: bytes) -> str:
+    """What an error response's body says, in a line: our servers' JSON error's message, or the body's start.
+
+    Args:
+        body: The response's body.
+    """
+    error = error_message(body)
+    if error is None:
+        return " ".join(body.decode("utf-8", "replace").split())[:200]
+    code, message = error
+    return f"{message} ({code})" if code else message
+
+
+def sends_token(headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether these request headers carry credentials (an ``Authorization`` header)."""
+    return any(name.lower() == "authorization" for name, _ in headers)
+
+
+def authentication_error(url: str, refusal: str, *, token_sent: bool) -> AuthenticationError:
+    """The error for a server's ``401``, saying how to send a token when none was sent.
+
+    Args:
+        url: The URL the client connected to.
+        refusal: What the server answered (``"HTTP 401 Unauthorized: ..."``).
+        token_sent: Whether the request carried an ``Authorization`` header.
+    """
+    if token_sent:
+        return AuthenticationError(
+            f"the server at {url} refused the token ({refusal}); check the one given "
+            f"(the auth_token option, or {AUTH_TOKEN_ENV})"
+        )
+    return AuthenticationError(
+        f"the server at {url} wants a token and none was sent ({refusal}); give it as "
+        f"auth_token='...' (EnvClient(url, auth_token=...), openenv bench --auth-token) or set {AUTH_TOKEN_ENV}"
+    )
+
+
 # -- lifecycle and failures ---------------------------------------------------------
 
 
@@ -190,18 +279,58 @@ def connect_once(entered: bool, transport: object) -> None:
         )
 
 
+def _os_errors(exc: BaseException | None, depth: int = 0) -> list[OSError]:
+    """The system's own failures at the bottom of an I/O library's chain of exceptions (groups looked into)."""
+    if exc is None or depth > 8:
+        return []
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, (list, tuple)):  # an exception group: anyio's connect tries every address
+        return [error for member in inner for error in _os_errors(member, depth + 1)]
+    below = _os_errors(exc.__cause__ or exc.__context__, depth + 1)
+    if below:
+        return below
+    return [exc] if isinstance(exc, OSError) else []
+
+
 def describe(exc: BaseException) -> str:
-    """One line on why an I/O call failed: its class and message, with anyio's grouped connect errors.
+    """One line on why an I/O call failed: its class and message, and the system's errors beneath it.
 
     Args:
         exc: The failure.
     """
     message = " ".join(str(exc).split())
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    inner = getattr(exc.__cause__, "exceptions", None)
-    if inner:
-        text += " (" + "; ".join(str(e) or type(e).__name__ for e in inner) + ")"
+    beneath = [str(error) or type(error).__name__ for error in _os_errors(exc) if error is not exc]
+    beneath = [line for line in dict.fromkeys(beneath) if line not in text]
+    if beneath:
+        text += " (" + "; ".join(beneath) + ")"
     return text
+
+
+def network_cause(exc: BaseException) -> BaseException:
+    """What a transport's error is raised from: the system's failure alone, when the network failed.
+
+    A refused or unreachable connection comes wrapped in the I/O libraries'
+    exceptions, each with its traceback through their internals: 60 to 85
+    lines around the one that says what happened, which the error's message
+    says already. The cause kept is the system's ``OSError`` (its class,
+    ``errno`` and message), without those frames. Any other failure (a bug,
+    say) is kept whole.
+
+    Args:
+        exc: The failure the transport caught.
+
+    Returns:
+        The failure to chain to (``raise error from network_cause(exc)``).
+    """
+    errors = _os_errors(exc)
+    if not errors:
+        return exc
+    root = errors[0]
+    root.__traceback__ = None
+    root.__cause__ = None
+    root.__context__ = None
+    return root
 
 
 class ConnectionEnd:

@@ -56,7 +56,8 @@ The client raises `openenv.CapacityReachedError` for each of them.
 
 The registry asks a session to end in two cases: it stayed idle past the
 timeout (`SessionRegistry.expire_idle`, run by `SessionRegistry.run_reaper`),
-or the server is shutting down (`SessionRegistry.close_all`). The idle timeout
+or the server is shutting down (`SessionRegistry.close_all`; once the
+shutdown's grace is over, `SessionRegistry.cut_all` ends the busy ones too). The idle timeout
 is the registry's own (every transport's), or a transport's own where that is
 shorter: HTTP long-polling cannot see a client leave, so its sessions always
 have one (``transport_idle_timeouts={"http": 300.0}``). Either way the
@@ -85,7 +86,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -300,6 +301,35 @@ class SessionLease:
         except Exception:
             logger.exception("closing session %d (%s) failed", self.id, reason)
 
+    def cut(self, reason: str) -> None:
+        """End the session now, busy or not: the server is stopping and its grace is over.
+
+        As `request_close`, except that ``on_close`` is called whether or not
+        the session is waiting for its client: a request in hand is cancelled
+        (a plain environment's call still runs to its end on the session's
+        thread; nobody waits for it). Where the endpoint set `on_give_up`, it
+        is called instead (`give_up`): a plain step in hand is abandoned, so
+        the session ends now. Idempotent.
+
+        Args:
+            reason: Why, if no reason was given before (the first one sticks).
+        """
+        if self._registry is None:
+            return
+        if self.close_reason is None:
+            self.close_reason = reason
+        if self.on_give_up is not None:  # its endpoint can also let a plain step's thread go
+            self._on_close = None
+            self.give_up(reason)
+            return
+        callback, self._on_close = self._on_close, None
+        if callback is None:
+            return
+        try:
+            callback()
+        except Exception:
+            logger.exception("cutting session %d (%s) failed", self.id, reason)
+
     @property
     def vacated(self) -> bool:
         """Whether the slot is free for another session (`vacate` or `release` was called)."""
@@ -372,6 +402,10 @@ class SessionRegistry:
         step_timeout: Seconds a request may run before the registry gives up
             on it and ends its session (see `watch_steps`); ``None`` for never.
 
+    Attributes:
+        opened: The sessions given a slot so far, by transport.
+        refused: The sessions turned away so far (``CAPACITY_REACHED``), by transport.
+
     Raises:
         ValueError: ``max_sessions`` or ``max_sessions_per_client`` is below 1,
             or an idle or queue timeout is not positive.
@@ -417,6 +451,9 @@ class SessionRegistry:
         self._slots_taken = 0  # the leases among them not yet vacated
         self._ids = itertools.count(1)
         self._emptied: anyio.Event | None = None
+        # Sessions admitted and turned away so far, by transport (for the server's metrics).
+        self.opened: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()
 
     @property
     def active(self) -> int:
@@ -559,6 +596,12 @@ class SessionRegistry:
             already, or the client is at its quota (then tell the client
             ``CAPACITY_REACHED``: `capacity_reached_frame`).
         """
+        lease = self._take(transport, on_close, client)
+        if lease is None:
+            self.refused[transport] += 1
+        return lease
+
+    def _take(self, transport: str, on_close: Callable[[], object] | None, client: str | None) -> SessionLease | None:
         if self.full or self._queue or self.over_quota(client):  # with sessions queued, a slot is theirs first
             return None
         return self._new_lease(transport, on_close, client)
@@ -579,6 +622,7 @@ class SessionRegistry:
         self._slots_taken += 1
         if not counted:  # a queued session was counted when it joined the queue
             self._count(client)
+        self.opened[transport] += 1
         return lease
 
     @property
@@ -613,6 +657,31 @@ class SessionRegistry:
         ticket = QueueTicket(transport, on_close, client)
         self._queue.append(ticket)
         self._count(client)
+        return ticket
+
+    def open_or_enqueue(
+        self,
+        *,
+        transport: str = "websocket",
+        on_close: Callable[[], object] | None = None,
+        client: str | None = None,
+    ) -> SessionLease | QueueTicket | None:
+        """`open`, or else `enqueue`: a lease now, a place in the queue, or ``None`` (turned away).
+
+        Args:
+            transport: As for `open`.
+            on_close: As for `open`.
+            client: As for `open`.
+
+        Returns:
+            The lease, the ticket (wait for it with `wait_admitted`), or ``None``.
+        """
+        lease = self._take(transport, on_close, client)
+        if lease is not None:
+            return lease
+        ticket = self.enqueue(transport=transport, on_close=on_close, client=client)
+        if ticket is None:
+            self.refused[transport] += 1
         return ticket
 
     def position(self, ticket: QueueTicket) -> int:
@@ -653,13 +722,10 @@ class SessionRegistry:
             The lease; or ``None`` if no slot came free in time, or the client
             is at its quota (tell the client ``CAPACITY_REACHED``, as for `open`).
         """
-        lease = self.open(transport=transport, on_close=on_close, client=client)
-        if lease is not None:
-            return lease
-        ticket = self.enqueue(transport=transport, on_close=on_close, client=client)
-        if ticket is None:
-            return None
-        return await self.wait_admitted(ticket)
+        taken = self.open_or_enqueue(transport=transport, on_close=on_close, client=client)
+        if not isinstance(taken, QueueTicket):
+            return taken
+        return await self.wait_admitted(taken)
 
     async def wait_admitted(self, ticket: QueueTicket, timeout: float | None = None) -> SessionLease | None:
         """Wait for a ticket's lease, up to ``timeout`` (`queue_timeout` by default); give the ticket back if none came.
@@ -681,6 +747,7 @@ class SessionRegistry:
             raise
         lease, ticket.lease = ticket.lease, None
         if lease is None:
+            self.refused[ticket.transport] += 1
             self.leave(ticket)
         return lease
 
@@ -787,6 +854,21 @@ class SessionRegistry:
             self._uncount(ticket.client)
             ticket.admitted.set()
 
+    def cut_all(self, reason: str = SHUTDOWN_REASON) -> int:
+        """End every session now, busy ones too (see `SessionLease.cut`): the shutdown's grace is over.
+
+        Args:
+            reason: Why, for the clients and the logs, where no reason was given before.
+
+        Returns:
+            How many sessions were still there to cut.
+        """
+        self.close_all(reason)
+        leases = [lease for lease in self._leases.values() if not lease.vacated]
+        for lease in leases:
+            lease.cut(reason)
+        return len(leases)
+
     @property
     def reap_interval(self) -> float | None:
         """How often `run_reaper` looks for idle sessions (``None`` without an idle timeout)."""
@@ -816,7 +898,7 @@ class GivingUp:
     """How an endpoint lets the registry give up on a session's request (`SessionLease.give_up`): end it now.
 
     It becomes the lease's `SessionLease.on_give_up`: the session's task is
-    cancelled (its cancel scope), and a plain step in hand is abandoned to its
+    cancelled (``stop``), and a plain step in hand is abandoned to its
     thread (`openenv.server.ServerSession.abandon`), unless abandoned steps
     already hold as many threads as the server has slots
     (`SessionRegistry.may_abandon`): then the session waits for the step.
@@ -824,12 +906,12 @@ class GivingUp:
     Args:
         registry: The registry.
         lease: The session's lease.
-        scope: The cancel scope the session runs in.
+        stop: Ends the session now (cancels the scope it runs in), as its lease's ``on_close`` does.
     """
 
-    def __init__(self, registry: SessionRegistry, lease: SessionLease, scope: anyio.CancelScope) -> None:
+    def __init__(self, registry: SessionRegistry, lease: SessionLease, stop: Callable[[], object]) -> None:
         self.registry = registry
-        self.scope = scope
+        self.stop = stop
         self.session: ServerSession | None = None
         lease.on_give_up = self.give_up
 
@@ -839,6 +921,6 @@ class GivingUp:
 
     def give_up(self) -> None:
         """End the session: cancel it, and abandon a plain step in hand if the registry allows."""
-        self.scope.cancel()
+        self.stop()
         if self.session is not None and self.registry.may_abandon():
             self.session.abandon()

@@ -6,7 +6,8 @@
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state"}`` JSON Schemas;
-- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`.
+- ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
+- ``GET /metrics`` → Prometheus' metrics, with ``metrics=True`` (see `transports._metrics`).
 
 Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
 Everything a further transport's routes need is kept on ``app.state``:
@@ -46,6 +47,7 @@ from openenv.server import (
     check_factory,
     environment_metadata,
     environment_schemas,
+    factory_name,
     load_factory,
 )
 
@@ -145,6 +147,7 @@ def create_app(
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     max_sessions_per_client: int | None = None,
     step_timeout: float | None = None,
+    metrics: bool = False,
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
@@ -222,6 +225,11 @@ def create_app(
             lets a step run as long as its client stays: a step may take
             minutes (an evaluation, a long tool call). A step whose client
             has gone is given up on in any case.
+        metrics: Serve ``GET /metrics`` for Prometheus: sessions, steps and
+            resets with their latency, errors by code, bytes, per environment
+            (see `transports._metrics`). Behind the same token as every route
+            but ``/health``. Off by default: counting costs each request a
+            few hundred nanoseconds.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
@@ -229,7 +237,8 @@ def create_app(
         ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``factory``, ``schemas``,
-        ``metadata`` and ``lifespan_tasks``.
+        ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
+        ``lifespan_tasks``.
 
     Raises:
         ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout,
@@ -251,8 +260,18 @@ def create_app(
         max_sessions_per_client=max_sessions_per_client,
         step_timeout=step_timeout,
     )
+    counted = None
+    if metrics:
+        from ._metrics import ServerMetrics
+
+        counted = ServerMetrics()
+        counted.watch(factory_name(env_factory), registry)
     polling = HTTPPollingEndpoint(
-        env_factory, registry=registry, max_body_size=http_max_body_size, error_details=error_details
+        env_factory,
+        registry=registry,
+        max_body_size=http_max_body_size,
+        error_details=error_details,
+        metrics=counted,
     )
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
@@ -279,7 +298,7 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=error_details)
+    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=error_details, metrics=counted)
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
@@ -294,8 +313,11 @@ def create_app(
             registry=registry,
             max_body_size=http_max_body_size,
             error_details=error_details,
+            metrics=counted,
         ),
     ]
+    if counted is not None:
+        routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
     middleware = [
         Middleware(BodyDeadline, timeout=body_timeout),
         Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins, allowed_hosts=allowed_hosts),
@@ -327,4 +349,5 @@ def create_app(
     app.state.factory = env_factory
     app.state.schemas = schemas
     app.state.metadata = meta
+    app.state.metrics = counted
     return app

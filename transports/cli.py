@@ -3,10 +3,11 @@
 ```
 openenv [--debug] serve package.module:Factory [--host H] [--port P] [--backend asyncio|trio]
                                      [--max-sessions N] [--session-idle-timeout S]
-                                     [--http-idle-timeout S]
+                                     [--http-idle-timeout S] [--metrics]
 openenv demo [--backend asyncio|trio|both]
 openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action JSON|@FILE]
-                            [--warmup N] [--timeout S] [--backend asyncio|trio] [--json] [--no-progress]
+                            [--warmup N] [--timeout S] [--backend asyncio|trio] [--auth-token T]
+                            [--json] [--no-progress]
 openenv --version
 ```
 
@@ -182,6 +183,11 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="A host name clients may reach a server without a token by (besides IP addresses and localhost), "
     "or '*'; repeatable. Other Host headers get 403 (DNS rebinding).",
 )
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Serve GET /metrics for Prometheus (sessions, steps, latency, errors, bytes); behind --auth-token if set.",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS), default="info", show_default=True, help="The log level.")
 @click.option(
     "--app-dir",
@@ -211,6 +217,7 @@ def serve(
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
     allowed_hosts: tuple[str, ...],
+    metrics: bool,
     log_level: str,
     app_dir: str,
 ) -> None:
@@ -244,6 +251,8 @@ def serve(
     sys.path.insert(0, os.path.abspath(app_dir))
     try:
         env_factory = load_factory(factory)
+    except ModuleNotFoundError as exc:
+        raise click.BadParameter(_missing_module(exc, factory, app_dir), param_hint="FACTORY") from exc
     except (ImportError, ValueError, TypeError) as exc:
         raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
     except Exception as exc:  # the user's module raised on import: --debug shows where
@@ -275,6 +284,7 @@ def serve(
             body_timeout=body_timeout,
             max_sessions_per_client=max_sessions_per_client,
             step_timeout=step_timeout,
+            metrics=metrics,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
@@ -308,6 +318,19 @@ def _read_token_file(path: str) -> list[str]:
     if not tokens:
         raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
     return tokens
+
+
+def _missing_module(exc: ModuleNotFoundError, factory: str, app_dir: str) -> str:
+    """What to do when serving FACTORY meets a module that is not there: where it was looked for."""
+    module = factory.partition(":")[0]
+    missing = exc.name or ""
+    if missing and (module == missing or module.startswith(f"{missing}.")):
+        folder = os.path.abspath(app_dir)
+        return (
+            f"no module named {missing!r} in {folder} nor among the installed packages: run from the folder "
+            f"that holds it, give that folder with --app-dir, or pip install the package"
+        )
+    return f"importing {module} failed: {exc}; pip install it into this environment"
 
 
 # -- demo ------------------------------------------------------------------------
@@ -467,9 +490,9 @@ def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
 def demo(backend: str) -> None:
     """Run the echo environment over every available transport, and show what comes back.
 
-    For each transport it resets, steps, resets and steps again (``reset_async`` /
-    ``step_async``) and reads the state through the async client, then once more
-    through the blocking ``.sync()`` facade. Exits non-zero if anything fails.
+    For each transport it resets, steps, resets and steps again (reset_async /
+    step_async) and reads the state through the async client, then once more
+    through the blocking .sync() facade. Exits non-zero if anything fails.
     """
     from anyio.from_thread import start_blocking_portal
 
@@ -559,6 +582,11 @@ def _parse_action(ctx: click.Context, param: click.Parameter, value: str | None)
     show_default=True,
     help="The event loop the clients run on.",
 )
+@click.option(
+    "--auth-token",
+    envvar="OPENENV_AUTH_TOKEN",
+    help="The server's bearer token, for its /schema and every session. Also read from OPENENV_AUTH_TOKEN.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of a table.")
 @click.option(
     "--no-progress",
@@ -574,6 +602,7 @@ def bench(
     warmup: int,
     timeout: float,
     backend: str,
+    auth_token: str | None,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -632,6 +661,7 @@ def bench(
                         seconds=seconds,
                         warmup=warmup,
                         timeout=timeout,
+                        auth_token=auth_token,
                         on_progress=None if progress.disable else show,
                     )
                 except BenchmarkError as exc:  # the other URLs are still measured and reported

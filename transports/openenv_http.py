@@ -36,7 +36,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, jsonrpc_error
+from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
 from ._guard import client_of
 from ._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, GivingUp, SessionLease, SessionRegistry
@@ -112,12 +112,21 @@ class JSONRPCRequest(msgspec.Struct, kw_only=True):
 
 
 class _Limits:
-    """What bounds the routes: the app's session registry, the largest body, and how much errors say."""
+    """What bounds the routes (the session registry, the largest body, how much errors say), and what counts them."""
 
-    def __init__(self, registry: SessionRegistry | None, max_body_size: int, error_details: bool) -> None:
+    def __init__(
+        self,
+        registry: SessionRegistry | None,
+        max_body_size: int,
+        error_details: bool,
+        metrics: SessionMetrics | None,
+        name: str,
+    ) -> None:
         self.registry = registry
         self.max_body_size = max_body_size
         self.error_details = error_details
+        self.metrics = metrics
+        self.name = name
 
 
 class _TooLarge(Exception):
@@ -141,7 +150,7 @@ async def _run_one(
     reply: bytes | None = None
     try:
         with anyio.CancelScope() as scope:
-            giving_up = GivingUp(registry, lease, scope) if registry is not None and lease is not None else None
+            giving_up = GivingUp(registry, lease, scope.cancel) if registry is not None and lease is not None else None
             async with anyio.create_task_group() as beside:
                 if lease is not None:  # a request that runs long: watch for its client going
                     lease.on_long_step = functools.partial(beside.start_soon, _give_up_when_gone, request, lease)
@@ -153,7 +162,9 @@ async def _run_one(
                     if limits.error_details:
                         message += f": {type(exc).__name__}: {exc}"
                     return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-                session = ServerSession(env, error_details=limits.error_details)
+                session = ServerSession(
+                    env, error_details=limits.error_details, metrics=limits.metrics, name=limits.name
+                )
                 if giving_up is not None:
                     giving_up.hosted(session)
                 try:
@@ -311,6 +322,7 @@ def openenv_http_routes(
     registry: SessionRegistry | None = None,
     max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
     error_details: bool = True,
+    metrics: SessionMetrics | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
 
@@ -323,12 +335,13 @@ def openenv_http_routes(
         max_body_size: The largest request body, in bytes (``413`` beyond).
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        metrics: Where the requests are counted (as a session's), or ``None``.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
     """
     document = msgspec.json.encode(openapi_document(schemas, metadata))
-    limits = _Limits(registry, max_body_size, error_details)
+    limits = _Limits(registry, max_body_size, error_details, metrics, factory_name(factory))
 
     async def reset(request: Request) -> Response:
         try:

@@ -71,6 +71,8 @@ one ends its own connection (close code 1009).
 _WS_PING_INTERVAL = 20.0
 _WS_PING_TIMEOUT = 20.0
 _LISTEN_BACKLOG = 2048
+# Seconds the sessions cut at the end of the shutdown's grace get to answer their clients.
+_CUT_WAIT = 1.0
 _PROBE_INTERVAL = 0.01
 
 
@@ -276,10 +278,16 @@ async def _run_hypercorn(
 
     config = Config()
     config.loglevel = "DEBUG" if options.log_level == "trace" else options.log_level.upper()  # no TRACE level
-    if options.embedded:  # log through the process's own logging setup, untouched
-        error_logger = logging.getLogger("hypercorn.error")
-        error_logger.setLevel(config.loglevel)
-        config.errorlog = error_logger
+    error_logger = logging.getLogger("hypercorn.error")
+    error_logger.setLevel(config.loglevel)
+    if not options.embedded:
+        # A console handler as hypercorn's own, and its lines printed once: not again
+        # by the root logger's handler, which an environment may have set up.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
+        error_logger.handlers = [handler]
+        error_logger.propagate = False
+    config.errorlog = error_logger  # embedded: the process's own logging setup, untouched
     config.accesslog = "-" if options.log_level in ("debug", "trace") else None
     config.websocket_max_message_size = options.max_message_size
     # Hypercorn closes a connection idle (no request in hand) this long: it also
@@ -455,10 +463,15 @@ def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options:
 
 
 async def _end_sessions(app: Starlette, timeout: float) -> None:
-    """Ask the app's sessions to end (idle ones now, busy ones after their reply); wait for them.
+    """Ask the app's sessions to end (idle ones now, busy ones after their reply); wait for them; then cut them.
 
     The servers would otherwise wait out their whole grace period for every
     open WebSocket (hypercorn), or close them without a reason (uvicorn: 1012).
+    A session still busy once ``timeout`` has passed (a step longer than the
+    grace) is cut: its step is cancelled, and its client told why (WebSocket
+    close 1001, HTTP ``410``, "server shutting down") before the server
+    stops, rather than the server cancelling its request (uvicorn logs each
+    as an application error, with its traceback; an HTTP client gets ``500``).
     """
     registry = getattr(app.state, "sessions", None)
     if not isinstance(registry, SessionRegistry) or not registry.leases():
@@ -466,28 +479,55 @@ async def _end_sessions(app: Starlette, timeout: float) -> None:
     registry.close_all(SHUTDOWN_REASON)
     with anyio.move_on_after(timeout):
         await registry.wait_empty()
+    if not registry.leases():
+        return
+    cut = registry.cut_all(SHUTDOWN_REASON)
+    if cut:
+        logger.warning("%d session(s) still busy after the %g s shutdown grace: ending them", cut, timeout)
+    # Cancelled steps end at once; a plain environment's step holds its thread
+    # to its end (the process does not wait for it): its session ends then.
+    with anyio.move_on_after(_CUT_WAIT):
+        await registry.wait_empty()
 
 
 class _StartupWatch:
-    """Passes an ASGI app through, noting whether its lifespan startup failed.
+    """Passes an ASGI app through, noting whether its lifespan startup failed, and quieting its end.
 
     Hypercorn on trio logs a failed startup and serves regardless; this lets
     `serve` refuse to yield a server whose app did not start.
+
+    Once `stopping` (the sessions were asked to end, then cut), a request the
+    server cancels is expected: a session whose plain environment's step
+    outlives the grace holds its thread, and its request, to the step's end.
+    Uvicorn logs each such cancellation as an application error, with a
+    traceback (and Starlette the lifespan's, which waits for them); this says
+    it in one line instead.
     """
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self.failure: str | None = None
+        self.stopping = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "lifespan":
-            return await self.app(scope, receive, send)
+            try:
+                return await self.app(scope, receive, send)
+            except anyio.get_cancelled_exc_class():
+                if not (self.stopping and current_backend() == "asyncio"):
+                    raise  # trio's servers cancel quietly; a Cancelled must reach its scope there
+                logger.warning("a request still running at the end of the shutdown was cancelled")
+                return
 
         async def watched_send(message: Any) -> None:
             if message["type"] == "lifespan.startup.failed":
                 # Starlette sends the whole traceback: its last line says what failed.
                 lines = str(message.get("message") or "").strip().splitlines()
                 self.failure = lines[-1] if lines else "lifespan startup failed"
+            elif message["type"] == "lifespan.shutdown.failed" and self.stopping:
+                lines = str(message.get("message") or "").strip().splitlines()
+                if lines and lines[-1].startswith(("asyncio.exceptions.CancelledError", "CancelledError")):
+                    message = {**message, "message": "sessions still running at the end of the shutdown were left"}
             await send(message)
 
         await self.app(scope, receive, watched_send)
@@ -561,6 +601,7 @@ async def _serving(
                     try:
                         await _end_sessions(app, options.shutdown_timeout)
                     finally:
+                        watched.stopping = True
                         stop.set()
                         # Graceful first; the server bounds its own grace, this bounds the server.
                         with anyio.move_on_after(options.shutdown_timeout + 2.0):
@@ -845,10 +886,16 @@ def _redact_access_logs() -> None:
 
 
 def _configure_console_logging(log_level: str) -> None:
-    """Log openenv's server messages to stderr, for a command line (the servers log their own)."""
+    """Log openenv's server messages to stderr, for a command line (the servers log their own).
+
+    Each server line is printed once, by its own handler: not again by the root
+    logger's, which an environment may set up (``logging.basicConfig()`` on
+    import). uvicorn's configuration does the same for its loggers.
+    """
     openenv_logger = logging.getLogger("openenv")
     if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
         openenv_logger.addHandler(handler)
+        openenv_logger.propagate = False
     openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())

@@ -28,6 +28,7 @@ from openenv import (
     StepResult,
     TransportError,
 )
+from openenv._registry import takes_option
 
 from .._network_client import describe
 from ._schema_action import SchemaActionError, minimal_action
@@ -205,10 +206,19 @@ async def _warm_up(client: EnvClient[Any, Any, Any], action: Any, steps: int) ->
             await client.reset()
 
 
-async def _session(url: str, action: Any, measurement: _Measurement, *, warmup: int, timeout: float | None) -> None:
+async def _session(
+    url: str,
+    action: Any,
+    measurement: _Measurement,
+    *,
+    warmup: int,
+    timeout: float | None,
+    auth_token: str | None,
+) -> None:
     """One session: connect, reset, warm up, wait for the others, then measure."""
     try:
-        client: EnvClient[Any, Any, Any] = EnvClient(url, timeout=timeout)
+        options: dict[str, Any] = {"auth_token": auth_token} if auth_token is not None else {}
+        client: EnvClient[Any, Any, Any] = EnvClient(url, timeout=timeout, **options)
         # The connection is bounded by `timeout` as well; every request by the client's own timeout.
         with anyio.CancelScope() as connecting:
             if timeout is not None:
@@ -231,13 +241,16 @@ async def _report_progress(measurement: _Measurement, on_progress: ProgressCallb
         await anyio.sleep(interval)
 
 
-async def resolve_action(url: str, action: Mapping[str, Any] | None, *, timeout: float | None) -> dict[str, Any]:
+async def resolve_action(
+    url: str, action: Mapping[str, Any] | None, *, timeout: float | None, auth_token: str | None = None
+) -> dict[str, Any]:
     """The action to step with: the one given, or the smallest that fits the environment's action schema.
 
     Args:
         url: The environment URL.
         action: The action's fields, or ``None`` to build them from the schema.
         timeout: Seconds to wait for the server's schema.
+        auth_token: The server's bearer token (``None``: ``OPENENV_AUTH_TOKEN``, if set).
 
     Returns:
         The action's fields.
@@ -248,7 +261,7 @@ async def resolve_action(url: str, action: Mapping[str, Any] | None, *, timeout:
     if action is not None:
         return dict(action)
     try:
-        return minimal_action(await fetch_action_schema(url, timeout=timeout))
+        return minimal_action(await fetch_action_schema(url, timeout=timeout, auth_token=auth_token))
     except (SchemaUnavailable, SchemaActionError) as exc:
         raise BenchmarkError(
             f"{url}: cannot build an action from the environment's schema ({_one_line(exc)}); give one explicitly"
@@ -266,6 +279,7 @@ async def run_benchmark(
     seconds: float | None = None,
     warmup: int = 5,
     timeout: float | None = 30.0,
+    auth_token: str | None = None,
     on_progress: ProgressCallback | None = None,
     progress_interval: float = 0.1,
 ) -> BenchResult:
@@ -285,6 +299,9 @@ async def run_benchmark(
         warmup: Steps each session takes before the measurement, not counted.
         timeout: Seconds to wait for the connection and for each reply; ``None``
             for no limit. A step that times out counts as an error.
+        auth_token: The server's bearer token, for the schema and every
+            session; ``None`` takes it from ``OPENENV_AUTH_TOKEN``, if set.
+            Given for a transport that takes none (``inproc://``), it is ignored.
         on_progress: Called every ``progress_interval`` seconds, and once at the
             end, with the steps taken so far and the seconds elapsed.
         progress_interval: See ``on_progress``.
@@ -304,14 +321,17 @@ async def run_benchmark(
         steps = DEFAULT_STEPS
     if sessions < 1 or warmup < 0 or (steps is not None and steps < 1) or (seconds is not None and seconds <= 0):
         raise ValueError("sessions and steps must be at least 1, seconds positive, warmup not negative")
-    fields = await resolve_action(url, action, timeout=timeout)
+    if auth_token is not None and not takes_option(url, "auth_token"):
+        auth_token = None  # in-process, say: nothing to authenticate to
+    fields = await resolve_action(url, action, timeout=timeout, auth_token=auth_token)
     measurement = _Measurement(sessions, steps, seconds)
     async with anyio.create_task_group() as reporting:
         if on_progress is not None:
             reporting.start_soon(_report_progress, measurement, on_progress, progress_interval)
         async with anyio.create_task_group() as session_group:
             for _ in range(sessions):
-                session_group.start_soon(partial(_session, warmup=warmup, timeout=timeout), url, fields, measurement)
+                session = partial(_session, warmup=warmup, timeout=timeout, auth_token=auth_token)
+                session_group.start_soon(session, url, fields, measurement)
         reporting.cancel_scope.cancel()
     if measurement.failure is not None:
         raise BenchmarkError(measurement.failure)

@@ -36,7 +36,6 @@ import msgspec
 
 from openenv import (
     EVENT_LOOP_CLOCK,
-    AuthenticationError,
     Clock,
     ConnectError,
     ConnectionClosed,
@@ -49,10 +48,15 @@ from openenv.channel import FrameQueue
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
+    authentication_error,
     client_headers,
     connect_once,
     default_ssl_context,
     describe,
+    error_detail,
+    error_message,
+    is_loopback,
+    network_cause,
     no_tls_context,
     not_connected,
     split_url,
@@ -129,27 +133,19 @@ class _Queued(msgspec.Struct):
     queued: _QueuePlace
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
 _decode_created = msgspec.json.Decoder(_Created).decode
 _decode_queued = msgspec.json.Decoder(_Queued).decode
-_decode_error = msgspec.json.Decoder(_Error).decode
 
 
 class _RequestFailed(Exception):
     """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
 
-    def __init__(self, reason: str, attempts: int) -> None:
+    def __init__(self, reason: str, attempts: int, cause: BaseException | None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.attempts = attempts
+        # What the transport's own error is raised from: without the I/O libraries' frames when the network failed.
+        self.cause = network_cause(cause) if cause is not None else None
 
 
 def polling_url(url: str) -> tuple[str, str]:
@@ -206,21 +202,15 @@ class _Answer:
 
 def _error_detail(response: httpx.Response) -> str:
     """What an error response says, in a line: our JSON error's message, or the start of the body."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
-        text = response.content.decode("utf-8", "replace").strip()
-        return text[:200]
-    return f"{error.message} ({error.code})" if error.code else error.message
+    return error_detail(response.content)
 
 
 def _end_reason(response: httpx.Response) -> str:
     """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
-    try:
-        error = _decode_error(response.content).error
-    except msgspec.DecodeError:
+    error = error_message(response.content)
+    if error is None:
         return _error_detail(response)
-    return error.message.removeprefix("the session has ended: ")
+    return error[1].removeprefix("the session has ended: ")
 
 
 class HTTPPollingTransport(Transport):
@@ -254,8 +244,11 @@ class HTTPPollingTransport(Transport):
         url: The server's base URL (``http+poll://host:8000``, ``https+poll://host/prefix``).
         client: The ``httpx.AsyncClient`` to send requests with (its proxies,
             TLS settings, auth, headers and cookies apply). The transport never
-            closes a client it was given; without one, it makes its own and
-            closes it on `aclose`.
+            closes a client it was given; without one, it makes its own, which
+            takes its proxy from ``HTTP_PROXY``, ``HTTPS_PROXY`` or ``ALL_PROXY``
+            (``NO_PROXY`` lists hosts reached directly), except for a loopback
+            host (``localhost``, ``127.0.0.1``, ``::1``), always reached
+            directly; and closes it on `aclose`.
         connect_timeout: Seconds allowed to create the session (retries
             included), and for each TCP/TLS connect afterwards (``None``: no limit).
         poll_timeout: The longest the server may hold one request waiting for a
@@ -381,6 +374,9 @@ class HTTPPollingTransport(Transport):
         if client is None:
             client = httpx.AsyncClient(
                 headers={"User-Agent": _USER_AGENT},
+                # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY apply (httpx's trust_env), but
+                # never to this machine, which a proxy elsewhere cannot reach (as over WebSocket).
+                trust_env=not is_loopback(httpx.URL(self.url).host),
                 verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
                 # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
                 # so that the client gives up an idle connection before the server closes it.
@@ -431,7 +427,7 @@ class HTTPPollingTransport(Transport):
         try:
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
         except _RequestFailed as exc:
-            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.__cause__
+            raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.cause
         if response.status_code == 202:
             try:
                 return _decode_queued(response.content).queued
@@ -448,10 +444,8 @@ class HTTPPollingTransport(Transport):
             self._finish(ConnectionClosed(reason))
             return
         if status == 401:
-            raise AuthenticationError(
-                f"the server at {self.url} refused the token: HTTP 401 {response.reason_phrase}: "
-                f"{_error_detail(response)}"
-            )
+            refusal = f"HTTP 401 {response.reason_phrase}: {_error_detail(response)}"
+            raise authentication_error(self.url, refusal, token_sent="authorization" in response.request.headers)
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(
@@ -555,7 +549,7 @@ class HTTPPollingTransport(Transport):
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
-                    raise error from exc.__cause__
+                    raise error from exc.cause
                 answer = _Answer(response)
                 if answer.sets_cookie:
                     self._build_headers()
@@ -592,7 +586,7 @@ class HTTPPollingTransport(Transport):
                 cause: BaseException | None = exc
             except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
                 # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
-                raise _RequestFailed(describe(exc), 1) from exc
+                raise _RequestFailed(describe(exc), 1, exc) from None
             else:
                 if response.status_code not in _GATEWAY_STATUSES or owned_by_protocol in response.headers:
                     return response
@@ -600,7 +594,7 @@ class HTTPPollingTransport(Transport):
                 failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
                 cause = None
             if attempt > self.retries:
-                raise _RequestFailed(failure, attempt) from cause
+                raise _RequestFailed(failure, attempt, cause)
             await self._clock.sleep(_backoff(attempt))
 
     def _confirm(self, answer: _Answer) -> None:
@@ -734,7 +728,10 @@ class HTTPPollingTransport(Transport):
             if self._unconfirmed and self._unconfirmed[0][0] <= seq:
                 self._unconfirmed.clear()
                 raise ConnectionClosed(reason)
-            # The frame arrived (a close, say): `receive` fetches what is left, then ends.
+            # The frame arrived (a close, say), and a 410 comes only once the client
+            # holds every reply: nothing is left to fetch (a reply in flight in another
+            # request still arrives), and the server may be going away.
+            self._finish(ConnectionClosed(reason))
         elif status == 404:
             # The server does not know the session (any more): no use deleting it.
             self._session_url = None

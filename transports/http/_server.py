@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute, Route
 
 from openenv import ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, host_session
+from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, SessionMetrics, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
@@ -341,6 +341,18 @@ class _Session:
         self.inbox.close()
         self.wake()
 
+    def stop(self) -> None:
+        """End the session at the registry's request (idle too long, the server stopping): its ``on_close``.
+
+        The session's task is cancelled, and its record ends now, so a request
+        waiting for a reply gets ``410`` with the reason at once, even while a
+        plain environment's step still holds the session's thread.
+        """
+        self.scope.cancel()
+        lease = self.lease
+        if lease is not None and lease.close_reason is not None:
+            self.end(lease.close_reason)
+
     def delete(self) -> None:
         """End the session at the client's request: after the request in hand, if any."""
         self.deleted = True
@@ -574,6 +586,7 @@ class HTTPPollingEndpoint:
             too_many_unacknowledged`` too. So the replies clients leave
             unacknowledged cost at most this, plus one request and its reply
             per session.
+        metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
         ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
@@ -593,6 +606,7 @@ class HTTPPollingEndpoint:
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
         max_unacknowledged_total: int = DEFAULT_MAX_UNACKNOWLEDGED_TOTAL,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
@@ -600,6 +614,7 @@ class HTTPPollingEndpoint:
             raise ValueError("unused_timeout, max_unacknowledged_bytes and max_unacknowledged_total must be positive")
         self.unused_timeout = unused_timeout
         self.error_details = error_details
+        self.metrics = metrics
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.max_unacknowledged_total = max_unacknowledged_total
         self._held = _Held()
@@ -714,16 +729,15 @@ class HTTPPollingEndpoint:
 
         client = client_of(scope)
         session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self._held)
-        lease = self.registry.open(transport="http", on_close=session.scope.cancel, client=client)
-        if lease is not None:
-            self._open(session, lease, idempotency_key, scope)
-            await self._respond_created(send, session)
-            return
-        ticket = self.registry.enqueue(transport="http", on_close=session.scope.cancel, client=client)
-        if ticket is None:
+        taken = self.registry.open_or_enqueue(transport="http", on_close=session.stop, client=client)
+        if taken is None:
             await self._refuse_at_capacity(send, dialect, client)
             return
-        queued = _QueuedCreation(session, ticket, idempotency_key, client)
+        if isinstance(taken, SessionLease):
+            self._open(session, taken, idempotency_key, scope)
+            await self._respond_created(send, session)
+            return
+        queued = _QueuedCreation(session, taken, idempotency_key, client)
         if idempotency_key is not None:
             self._queued[idempotency_key] = queued
         task_group.start_soon(self._hold_place, queued)
@@ -854,7 +868,7 @@ class HTTPPollingEndpoint:
         # Its client cannot be seen leaving: one that stops asking while a step
         # runs (for the idle timeout) has gone, and the registry gives up on it.
         lease.seen()
-        giving_up = GivingUp(self.registry, lease, session.scope)
+        giving_up = GivingUp(self.registry, lease, session.stop)
         reason = "the server stopped"  # unless it ends otherwise
         try:
             try:
@@ -872,6 +886,7 @@ class HTTPPollingEndpoint:
                             error_details=self.error_details,
                             on_end=session.vacate_unless_lingering,
                             on_session=giving_up.hosted,
+                            metrics=self.metrics,
                         )
                         reason = (
                             "the client closed the session"

@@ -37,7 +37,6 @@ from websockets.uri import WebSocketURI, parse_uri
 
 from openenv import (
     EVENT_LOOP_CLOCK,
-    AuthenticationError,
     Clock,
     ConnectError,
     ConnectionClosed,
@@ -55,10 +54,15 @@ from openenv._limits import (
 from .._network_client import (
     STREAM_ERRORS,
     HeaderPairs,
+    authentication_error,
     client_headers,
     connect_once,
     default_ssl_context,
     describe,
+    error_detail,
+    error_message,
+    network_cause,
+    sends_token,
     split_url,
     user_agent,
 )
@@ -75,7 +79,7 @@ from ._subprotocols import (
     offered_subprotocols,
 )
 
-__all__ = ["WebSocketTransport", "websocket_url"]
+__all__ = ["ENDPOINT_PATH", "WebSocketTransport", "websocket_url"]
 
 # Headers the handshake owns; a caller sets them through the constructor's options.
 _HANDSHAKE_HEADERS = frozenset(
@@ -97,20 +101,26 @@ _CONNECT_ERRORS = (*STREAM_ERRORS, WebSocketException)
 
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
+ENDPOINT_PATH = "/ws"
+"""Where a server's WebSocket endpoint is, below its base URL (OpenEnv's and ours)."""
+
 
 def websocket_url(url: str) -> str:
     """Turn a server's base URL into the URL of its WebSocket endpoint, as OpenEnv does.
 
     ``http://`` becomes ``ws://``, ``https://`` becomes ``wss://``, a URL without
     a scheme gets ``ws://``; then trailing slashes are stripped from the path and
-    ``/ws`` is appended, always (``ws://host/ws`` becomes ``ws://host/ws/ws``,
-    exactly as OpenEnv's client does). A query string stays at the end.
+    ``/ws`` is appended, as OpenEnv's client does, unless the path ends in
+    ``/ws`` already: ``ws://host:8000/ws``, the endpoint's own URL, is taken as
+    it is (OpenEnv's client would connect to ``/ws/ws``, which no server
+    serves). A query string stays at the end.
 
     Args:
         url: The server's base URL (``http://localhost:8000``, ``wss://host/env/``).
 
     Returns:
-        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``).
+        The WebSocket URL (``ws://localhost:8000/ws``, ``wss://host/env/ws``;
+        ``ws://localhost:8000/ws`` for ``ws://localhost:8000/ws`` too).
 
     Raises:
         ValueError: The URL's scheme is not ``ws``, ``wss``, ``http`` or ``https``.
@@ -118,23 +128,23 @@ def websocket_url(url: str) -> str:
     parts = split_url(url, _SCHEMES, default_scheme="ws")
     if parts is None:
         raise ValueError(f"{url!r} is not a ws://, wss://, http:// or https:// URL")
-    return f"{parts.scheme}://{parts.location}/ws{parts.query}{parts.fragment}"
+    location = parts.location if parts.location.endswith(ENDPOINT_PATH) else parts.location + ENDPOINT_PATH
+    return f"{parts.scheme}://{location}{parts.query}{parts.fragment}"
 
 
-def _connect_error(url: str, exc: BaseException) -> ConnectError:
+def _connect_error(url: str, exc: BaseException, *, token_sent: bool = False) -> ConnectError:
     """Translate a failure to connect, most specific class first."""
     if isinstance(exc, InvalidStatus):
         response = exc.response
-        detail = response.body.decode("utf-8", "replace").strip()[:200] if response.body else ""
+        detail = error_detail(bytes(response.body)) if response.body else ""
+        refusal = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
         if response.status_code == 401:
-            return AuthenticationError(
-                f"the server at {url} refused the token: HTTP 401 {response.reason_phrase}"
-                + (f": {detail}" if detail else "")
-            )
-        return ConnectError(
-            f"the server at {url} refused the WebSocket handshake: HTTP "
-            f"{response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
-        )
+            return authentication_error(url, refusal, token_sent=token_sent)
+        hint = ""
+        if response.status_code in (403, 404) and error_message(bytes(response.body)) is None:
+            # What Starlette (ours, OpenEnv's) answers a WebSocket to a path it does not serve.
+            hint = f" (no WebSocket endpoint there? give the server's base URL: the client appends {ENDPOINT_PATH})"
+        return ConnectError(f"the server at {url} refused the WebSocket handshake: {refusal}{hint}")
     if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
         return ConnectError(f"the server at {url} closed the connection during the WebSocket handshake")
     if isinstance(exc, NegotiationError):
@@ -446,9 +456,9 @@ class WebSocketTransport(Transport):
             except HandshakeFailed as exc:
                 events: list[Event] = [exc.response] if exc.response is not None else []
                 self._check_selected_subprotocol(events, offer)
-                raise _connect_error(self.url, exc.reason) from exc.reason
+                raise _connect_error(self.url, exc.reason, token_sent=sends_token(self._headers)) from exc.reason
             except _CONNECT_ERRORS as exc:
-                raise _connect_error(self.url, exc) from exc
+                raise _connect_error(self.url, exc) from network_cause(exc)
         if connection is None:
             raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
         selected = connection.subprotocol
@@ -481,13 +491,13 @@ class WebSocketTransport(Transport):
         try:
             stream = await self._connect_tcp(uri)
         except _CONNECT_ERRORS as exc:
-            raise _connect_error(self.url, exc) from exc
+            raise _connect_error(self.url, exc) from network_cause(exc)
         try:
             protocol, early_events = await self._handshake(stream, uri, offer, extra_headers)
         except BaseException as exc:
             await close_quietly(stream)
             if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
-                raise _connect_error(self.url, exc) from exc
+                raise _connect_error(self.url, exc, token_sent=sends_token(self._headers)) from network_cause(exc)
             raise
         return stream, protocol, early_events
 

@@ -26,7 +26,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, encode_fatal_error, host_session
+from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
@@ -136,6 +136,7 @@ class WebSocketEndpoint:
         resume_timeout: Seconds a resumable session (one whose client offered
             a resumable subprotocol) waits for its client to come back after
             its connection drops; see `transports.websocket._resume`.
+        metrics: Where the sessions' requests are counted, or ``None``.
     """
 
     def __init__(
@@ -145,9 +146,11 @@ class WebSocketEndpoint:
         registry: SessionRegistry,
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
+        metrics: SessionMetrics | None = None,
     ) -> None:
         self.factory = factory
         self.registry = registry
+        self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
         self._resumable: dict[str, ResumableLink] = {}
@@ -202,7 +205,7 @@ class WebSocketEndpoint:
             await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect, client))
             return
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
-        giving_up = GivingUp(self.registry, lease, scope)
+        giving_up = GivingUp(self.registry, lease, scope.cancel)
         lease.on_long_step = session.watch_client
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
@@ -217,6 +220,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
                         on_session=giving_up.hosted,
                     ),
@@ -267,7 +271,7 @@ class WebSocketEndpoint:
             return
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
-        giving_up = GivingUp(registry, lease, scope)
+        giving_up = GivingUp(registry, lease, scope.cancel)
         beside: list[TaskGroup] = []  # where the watch runs (the session's own task group)
         watching: anyio.Event | None = None  # set once the watch's read is done
         kept: dict[str, Any] | ConnectionClosed | None = None  # what it got
@@ -350,6 +354,7 @@ class WebSocketEndpoint:
                         dialect=dialect,
                         error_details=self.error_details,
                         on_end=lease.vacate,
+                        metrics=self.metrics,
                         serve_on_thread=serve_on_thread if first.lend is not None else None,
                         on_session=giving_up.hosted,
                     ),
@@ -416,12 +421,9 @@ async def _admit(
         the client is at its quota); ``receive`` gives the messages kept first.
         ``None`` if the client went.
     """
-    lease = registry.open(transport="websocket", on_close=on_close, client=client)
-    if lease is not None:
-        return lease, asgi_receive
-    ticket = registry.enqueue(transport="websocket", on_close=on_close, client=client)
-    if ticket is None:
-        return None, asgi_receive
+    ticket = registry.open_or_enqueue(transport="websocket", on_close=on_close, client=client)
+    if not isinstance(ticket, QueueTicket):
+        return ticket, asgi_receive
     kept: list[dict[str, Any]] = []
     gone = False
     try:
