@@ -9,6 +9,7 @@ import logging as _logging
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient
 from ._clock import EVENT_LOOP_CLOCK, Clock
+from ._config import ServerConfig
 from ._environment import Environment, EnvironmentMetadata
 from ._exceptions import (
     AuthenticationError,
@@ -92,6 +93,7 @@ __all__ = [
     "ProtocolError",
     "ReplacedStepResult",
     "ReplyValidationError",
+    "ServerConfig",
     "ServerError",
     "SessionError",
     "State",

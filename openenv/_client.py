@@ -39,7 +39,7 @@ from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync import SyncEnvClient
 
@@ -353,7 +353,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
         The server is told with a ``close`` frame, best effort (given up after a
         second on a slow connection); then the transport closes, within its own
-        bound (``close_timeout``, ``close_grace``). Never raises for a connection that is already broken;
+        bound (its ``close_timeout``). Never raises for a connection that is already broken;
         it is safe on a client never connected. Afterwards every request raises
         `ClientStateError`.
         """

@@ -1,9 +1,8 @@
-"""Every bound and timeout's default, server and client side, in one place (``docs/reliability.md`` lists them).
+"""The client side's bounds and timeouts, each default in one place (``docs/reliability.md`` lists them).
 
-Constants only: the ASGI app, the runner, the command line and `openenv.serve`
-take the server's defaults from here (through `openenv.server`), the client
-and its transports theirs, so that no two places can disagree on a default,
-and none of them needs the server to read them.
+Constants only, read by `EnvClient`, `EnvPool` and the transports' clients, so
+that no two places can disagree on a default. A server's defaults are the
+fields of `openenv.ServerConfig`.
 """
 
 from __future__ import annotations
@@ -11,15 +10,6 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
-    "DEFAULT_BODY_TIMEOUT",
-    "DEFAULT_HEADER_TIMEOUT",
-    "DEFAULT_HTTP_IDLE_TIMEOUT",
-    "DEFAULT_MAX_CONNECTIONS",
-    "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_MAX_SESSIONS",
-    "DEFAULT_SESSION_IDLE_TIMEOUT",
-    "DEFAULT_SHUTDOWN_TIMEOUT",
-    "DEFAULT_STARTUP_TIMEOUT",
     "DEFAULT_CLIENT_CLOSE_TIMEOUT",
     "DEFAULT_CLIENT_MAX_MESSAGE_SIZE",
     "DEFAULT_CONNECT_TIMEOUT",
@@ -33,42 +23,6 @@ __all__ = [
     "PARTING_FRAME_WAIT",
     "SEND_GRACE",
 ]
-
-DEFAULT_MAX_SESSIONS: Final = 256
-"""The most sessions a server holds at once by default, over all transports."""
-
-DEFAULT_SESSION_IDLE_TIMEOUT: Final = 600.0
-"""Seconds a session may wait for its client by default before the server ends it."""
-
-DEFAULT_HTTP_IDLE_TIMEOUT: Final = 300.0
-"""Seconds an HTTP long-polling session may wait for its client by default.
-
-Its client cannot be seen leaving, so a session nobody deletes must end some time.
-"""
-
-DEFAULT_MAX_MESSAGE_SIZE: Final = 16 * 1024 * 1024
-"""The largest request a server accepts by default, in bytes: a WebSocket message or an HTTP body.
-
-A larger one is refused as it arrives, before it is buffered whole.
-"""
-
-DEFAULT_HEADER_TIMEOUT: Final = 10.0
-"""Seconds a connection may take to send a request's headers (a WebSocket handshake's too)."""
-
-DEFAULT_BODY_TIMEOUT: Final = 10.0
-"""Seconds a request's body may take by default, plus one for every 64 KiB of it received."""
-
-DEFAULT_MAX_CONNECTIONS: Final = 1000
-"""The most connections a server holds at once by default (fewer if the open-file limit is lower); beyond, 503."""
-
-DEFAULT_STARTUP_TIMEOUT: Final = 30.0
-"""Seconds `openenv.serve` waits for its server to listen by default."""
-
-DEFAULT_SHUTDOWN_TIMEOUT: Final = 5.0
-"""Seconds a stopping server gives open connections and sessions to finish by default."""
-
-
-# -- the client side ------------------------------------------------------------------
 
 DEFAULT_REPLY_TIMEOUT: Final = 60.0
 """Seconds an `EnvClient` call waits for its reply by default (``timeout=``)."""

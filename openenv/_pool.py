@@ -39,7 +39,7 @@ from ._limits import DEFAULT_PLACEMENT_TIMEOUT
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
     from ._sync_pool import SyncEnvPool
 

@@ -12,6 +12,11 @@ grpc = "my_package.transport:GRPCTransport"
 ```
 
 `register_transport` adds one at run time (tests, applications).
+
+A factory's keyword parameters are its options, and their annotations their
+types: `check_transport_options` makes them the fields of a msgspec Struct and
+checks the options a client is given with ``msgspec.convert``, when the client
+is built rather than when it connects.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import types
-import typing
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from importlib.metadata import entry_points
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+import msgspec
+
+from ._config import check_options
 from ._exceptions import UnsupportedSchemeError
 from ._transport import Transport
 
@@ -185,13 +191,13 @@ class _Options(NamedTuple):
 
     names: frozenset[str] | None
     """The options it takes, or ``None`` if it takes any (``**options``)."""
-    types: dict[str, Any]
-    """The declared type of each option that has one."""
+    checked: type[msgspec.Struct]
+    """Its options as a Struct (every field optional), whose types msgspec checks values against."""
 
 
 @functools.cache
 def _options_of(factory: TransportFactory) -> _Options | None:
-    """The keyword options a transport factory takes after the URL, and their types; ``None`` if unreadable."""
+    """The keyword options a transport factory takes after the URL, as a Struct; ``None`` if unreadable."""
     try:
         signature = inspect.signature(factory, eval_str=True)
     except (NameError, TypeError, ValueError, SyntaxError):  # a name only a type checker sees, or no signature
@@ -203,64 +209,22 @@ def _options_of(factory: TransportFactory) -> _Options | None:
     keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
     named = [parameter for parameter in parameters if parameter.kind in keywords]
+    fields = [(parameter.name, _checkable(parameter.annotation), None) for parameter in named]
     return _Options(
         None if takes_any else frozenset(parameter.name for parameter in named),
-        {
-            parameter.name: parameter.annotation
-            for parameter in named
-            if parameter.annotation is not inspect.Parameter.empty and not isinstance(parameter.annotation, str)
-        },
+        msgspec.defstruct(f"{getattr(factory, '__name__', 'Transport')}Options", fields, kw_only=True),
     )
 
 
-def _is_instance(value: object, hint: Any) -> bool:
-    """Whether ``value`` is of the declared type ``hint``; a construct it cannot judge passes.
-
-    Containers are looked into one level (a mapping's keys and values, a
-    sequence's items); a string is not taken for a sequence of strings.
-    """
-    if hint is Any or hint is object:
-        return True
-    if hint is None or hint is type(None):
-        return value is None
-    origin = typing.get_origin(hint)
-    arguments = typing.get_args(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_is_instance(value, argument) for argument in arguments)
-    if origin is Literal:
-        return value in arguments
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is None:
-        return not isinstance(hint, type) or isinstance(value, hint)
-    if origin is tuple:  # a pair may come as a list too: anything that unpacks alike
-        if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-            return False
-        if len(arguments) == 2 and arguments[1] is Ellipsis:
-            return all(_is_instance(item, arguments[0]) for item in value)
-        return len(value) == len(arguments) and all(map(_is_instance, value, arguments))
-    if not isinstance(origin, type) or not isinstance(value, origin):
-        return not isinstance(origin, type)
-    if isinstance(value, Mapping):
-        if len(arguments) != 2:
-            return True
-        return all(_is_instance(k, arguments[0]) and _is_instance(v, arguments[1]) for k, v in value.items())
-    if isinstance(value, (str, bytes)):
-        return origin in (str, bytes)
-    if len(arguments) == 1 and isinstance(value, Collection):
-        return all(_is_instance(item, arguments[0]) for item in value)
-    return True
-
-
-def _type_text(hint: Any) -> str:
-    """A declared type as a reader writes it (``float | None``, ``SSLContext``)."""
-    if hint is type(None):
-        return "None"
-    if isinstance(hint, type) and not typing.get_args(hint):
-        return hint.__name__
-    return str(hint).replace("typing.", "").replace("collections.abc.", "")
+def _checkable(annotation: Any) -> Any:
+    """The declared type, for msgspec to check; `Any` for none, a name it cannot resolve, or a type it cannot check."""
+    if annotation is inspect.Parameter.empty or isinstance(annotation, str):
+        return Any
+    try:
+        msgspec.inspect.type_info(annotation)
+    except TypeError:  # say, a union of two classes of another library: the factory judges those
+        return Any
+    return annotation
 
 
 def takes_option(url: str, name: str) -> bool:
@@ -275,8 +239,11 @@ def takes_option(url: str, name: str) -> bool:
 def check_transport_options(url: str, options: Mapping[str, Any], *, also: Collection[str] = ()) -> None:
     """Refuse now, not at connect, an option the URL's transport does not take, or one of the wrong type.
 
-    The transport factory's signature is the reference: the names of its
-    keyword parameters, and their annotations.
+    The transport factory's signature is the declaration: its keyword
+    parameters are the options, their annotations the types. They become the
+    fields of a msgspec Struct, and ``msgspec.convert`` checks the values given
+    (a type msgspec cannot check, or no annotation, lets any value through, for
+    the factory to judge).
 
     Args:
         url: The server's URL; its scheme picks the transport.
@@ -288,6 +255,8 @@ def check_transport_options(url: str, options: Mapping[str, Any], *, also: Colle
             the options it does take, and openenv's name for an OpenEnv
             option), or a value not of the option's declared type. An unknown
             scheme is left for `create_transport` to report.
+        ValueError: A value not one of the choices its type declares (a
+            ``Literal``), or outside its bounds.
     """
     if not options:
         return
@@ -311,10 +280,4 @@ def check_transport_options(url: str, options: Mapping[str, Any], *, also: Colle
             + (f" (OpenEnv's {'; '.join(renamed)})" if renamed else "")
             + f"; the options are: {valid}"
         )
-    for name, value in options.items():
-        hint = declared.types.get(name)
-        if hint is not None and not _is_instance(value, hint):
-            raise TypeError(
-                f"the {name}= option of {scheme}:// URLs takes {_type_text(hint)}, not {type(value).__name__}"
-                f" ({value!r:.60})"
-            )
+    check_options(declared.checked, options, of=f"{scheme}:// URLs")

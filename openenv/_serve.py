@@ -10,20 +10,12 @@ entry must have; mypy checks the built-in one against it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol, Unpack, cast
 
-from ._limits import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_STARTUP_TIMEOUT,
-)
+from ._config import ServerConfig, ServerOptions, server_config
 
 __all__ = ["SERVER_ENTRY_POINT_GROUP", "RunningServer", "ServeFunction", "serve"]
 
@@ -67,21 +59,9 @@ class ServeFunction(Protocol):
         app_or_factory: Callable[..., Any] | str,
         /,
         *,
-        host: str = ...,
-        port: int = ...,
-        server: Literal["uvicorn", "hypercorn", "hypercorn+websockets"] | None = ...,
-        max_sessions: int | None = ...,
-        session_idle_timeout: float | None = ...,
-        log_level: str = ...,
-        shutdown_timeout: float = ...,
-        startup_timeout: float = ...,
-        max_message_size: int = ...,
-        auth_token: str | Sequence[str] | None = ...,
-        allow_origins: Sequence[str] = ...,
-        error_details: bool = ...,
-        header_timeout: float = ...,
-        max_connections: int | None = ...,
-        queue_timeout: float | None = ...,
+        config: ServerConfig,
+        host: str,
+        port: int,
     ) -> AbstractAsyncContextManager[RunningServer]:
         """Start serving on entering; stop gracefully on leaving."""
 
@@ -102,21 +82,10 @@ def serve(
     app_or_factory: Callable[..., Any] | str,
     /,
     *,
+    config: ServerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    server: Literal["uvicorn", "hypercorn", "hypercorn+websockets"] | None = None,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    log_level: str = "warning",
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    queue_timeout: float | None = None,
+    **options: Unpack[ServerOptions],
 ) -> AbstractAsyncContextManager[RunningServer]:
     """Serve an environment on a local port for the duration of an ``async with`` block.
 
@@ -141,43 +110,14 @@ def serve(
         app_or_factory: Builds one environment per session: an `Environment`
             subclass, a function, or its ``"package.module:Factory"`` name; or an
             ASGI app made by ``transports.app.create_app``.
+        config: The server's options (`ServerConfig`); the defaults when ``None``.
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as
             `RunningServer.port`.
-        server: ``"uvicorn"`` (asyncio only), ``"hypercorn"``, or
-            ``"hypercorn+websockets"`` (trio only: hypercorn, with WebSocket
-            connections served by ``websockets``' protocol); by default uvicorn
-            on asyncio and hypercorn+websockets on trio.
-        max_sessions: The most sessions open at once over all transports;
-            ``None`` for no limit (only with a factory).
-        session_idle_timeout: Seconds a session may wait for its client's next
-            request before the server ends it; ``None`` for never (only with a
-            factory).
-        log_level: The level of the server's own loggers (``"warning"``,
-            ``"info"``, ...); the process's logging configuration is not replaced.
-        shutdown_timeout: Seconds open sessions get, on exit, to finish the
-            request in hand before they are cut.
-        startup_timeout: Seconds the server may take to start.
-        max_message_size: The largest WebSocket message accepted, in bytes; a
-            larger one ends its connection (close code 1009), never another's.
-        auth_token: The bearer token every request but ``GET /health`` must
-            carry (``Authorization: Bearer <token>``), or several (any one is
-            accepted); ``None`` takes it from ``OPENENV_AUTH_TOKEN`` if that is
-            set; ``()`` accepts requests without one (only with a factory).
-        allow_origins: The browser origins (``"https://app.example"``; ``"*"``
-            for any) whose requests are accepted, with CORS headers; requests
-            without an ``Origin`` (every client but a browser) are not affected
-            (only with a factory).
-        error_details: Whether error replies say what failed on the server
-            (``False``: generic messages; the log keeps the details; only with
-            a factory).
-        header_timeout: Seconds a connection may take to send a request's
-            headers (the WebSocket handshake's included); then it is closed.
-        max_connections: The most connections at once (uvicorn only: beyond,
-            requests get 503); ``None`` for no limit.
-        queue_timeout: Seconds a new session may wait for a slot when
-            ``max_sessions`` are open, in arrival order; ``None`` refuses it at
-            once with ``CAPACITY_REACHED`` (only with a factory).
+        **options: Fields of `ServerConfig` by name (``max_sessions=4``),
+            replacing ``config``'s. The app's options (``max_sessions``,
+            ``auth_token``, ...) are refused with an app made by ``create_app``:
+            they are set there.
 
     Returns:
         An async context manager; entering it starts the server and gives its
@@ -188,32 +128,18 @@ def serve(
         ImportError: The server extra is not installed (``pip install
             'openenv[server]'``), or, on entering, a named factory cannot be
             imported.
-        TypeError: On entering, a factory that cannot build environments: not
-            callable, or a client or message class (see
+        TypeError: An unknown option, or one of the wrong type (the message
+            names it); on entering, a factory that cannot build environments:
+            not callable, or a client or message class (see
             `openenv.server.check_factory`).
-        ValueError: On entering: an unknown ``server``, a bad factory name,
-            session options with a ready app, or an option out of range.
+        ValueError: An option out of its range or choices (an unknown
+            ``server``); on entering, a bad factory name, or the app's options
+            with a ready app.
         RuntimeError: On entering: no event loop runs, uvicorn was asked for on
             trio (or hypercorn+websockets on asyncio), or the app failed to start; on leaving: the server failed
             while the block ran.
         OSError: On entering: the address cannot be bound.
         TimeoutError: On entering: the server did not start within ``startup_timeout``.
     """
-    return _server_entry()(
-        app_or_factory,
-        host=host,
-        port=port,
-        server=server,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        log_level=log_level,
-        shutdown_timeout=shutdown_timeout,
-        startup_timeout=startup_timeout,
-        max_message_size=max_message_size,
-        auth_token=auth_token,
-        allow_origins=allow_origins,
-        error_details=error_details,
-        header_timeout=header_timeout,
-        max_connections=max_connections,
-        queue_timeout=queue_timeout,
-    )
+    checked = server_config(config, options)
+    return _server_entry()(app_or_factory, config=checked, host=host, port=port)

@@ -172,6 +172,24 @@ class ServerSession:
         # A plain close is queued behind a call given up on (`abandon`), not waited for.
         self._plain_close = close if self._close is not None and not inspect.iscoroutinefunction(close) else None
         self._closed = False
+        # One dispatch, two ways of answering: a request's call on the event loop (`handle`) or on
+        # the session's thread (`handle_on_thread`, plain environments), and its reply's encoder.
+        codec = self.codec
+        self._encoders: dict[str, Callable[[Any, int | None], bytes]] = {
+            "step": codec.observation,
+            "reset": codec.observation,
+            "state": codec.state,
+        }
+        self._loop_calls: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "step": self._step,
+            "reset": self._reset_on_loop,
+            "state": self._state_on_loop,
+        }
+        self._thread_calls: dict[str, Callable[[Any], Any]] = {
+            "step": env.step,
+            "reset": self._reset_on_thread,
+            "state": self._state_on_thread,
+        }
 
     @property
     def closed(self) -> bool:
@@ -195,6 +213,22 @@ class ServerSession:
         return run_on_session_thread
 
     def _read_state(self) -> Any:
+        return self.env.state
+
+    def _reset_arguments(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The reset request's keywords the environment's ``reset`` takes (all, if it takes ``**kwargs``)."""
+        return data if self._reset_keywords is None else self._reset_data(data)
+
+    async def _reset_on_loop(self, data: dict[str, Any]) -> Any:
+        return await self._reset(**self._reset_arguments(data))
+
+    async def _state_on_loop(self, data: object) -> Any:
+        return await self._state()
+
+    def _reset_on_thread(self, data: dict[str, Any]) -> Any:
+        return self.env.reset(**self._reset_arguments(data))
+
+    def _state_on_thread(self, data: object) -> Any:
         return self.env.state
 
     async def _read_state_inline(self) -> Any:
@@ -222,16 +256,9 @@ class ServerSession:
         reply: bytes | None
         try:
             kind, data, request_id = self.codec.decode_request(frame)
-            if kind == "step":
-                observation = await self._step(data)
-                reply = self.codec.observation(observation, request_id)
-            elif kind == "reset":
-                if self._reset_keywords is not None:
-                    data = self._reset_data(data)
-                observation = await self._reset(**data)
-                reply = self.codec.observation(observation, request_id)
-            elif kind == "state":
-                reply = self.codec.state(await self._state(), request_id)
+            call = self._loop_calls.get(kind)
+            if call is not None:
+                reply = self._encoders[kind](await call(data), request_id)
             elif kind == "mcp":
                 response = await self._mcp(data) if self._mcp is not None else mcp_unsupported(data)
                 reply = self.codec.mcp(response, request_id)
@@ -327,21 +354,14 @@ class ServerSession:
             kind, data, request_id = self.codec.decode_request(frame)
         except RequestError:
             return None
-        if kind not in _ON_THREAD or (admit is not None and not admit(request_id)):
+        call = self._thread_calls.get(kind)
+        if call is None or (admit is not None and not admit(request_id)):
             return None
-        env = self.env
         metrics = self._metrics
         started = _clock() if metrics is not None else 0.0
         error = None
         try:
-            if kind == "step":
-                reply = self.codec.observation(self._resolved(env.step(data)), request_id)
-            elif kind == "reset":
-                if self._reset_keywords is not None:
-                    data = self._reset_data(data)
-                reply = self.codec.observation(self._resolved(env.reset(**data)), request_id)
-            else:
-                reply = self.codec.state(self._resolved(env.state), request_id)
+            reply = self._encoders[kind](self._resolved(call(data)), request_id)
         except Exception as exc:
             error = "EXECUTION_ERROR"
             reply = self._execution_error(exc, request_id)
@@ -414,8 +434,6 @@ def _note_dropped(env_type: type, dropped: list[str], keywords: frozenset[str]) 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
-
-_ON_THREAD = frozenset({"reset", "step", "state"})
 
 ServeOnThread = Callable[[ServerSession], Awaitable[bytes | None]]
 """A transport's way to serve requests on a session's thread (see `serve_frames`)."""

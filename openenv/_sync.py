@@ -28,7 +28,7 @@ from ._mcp_types import Tool
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ["SyncEnvClient"]
 

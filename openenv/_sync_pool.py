@@ -12,7 +12,7 @@ from ._sync import _call, _Holder
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing import Self
 
 __all__ = ["SyncEnvPool"]
 

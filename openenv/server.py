@@ -5,18 +5,8 @@ with two callables (receive a frame, send a frame); everything OpenEnv-specific
 happens in `ServerSession`.
 """
 
+from ._config import SERVER_DEFAULTS, LogLevel, ServerConfig, ServerName, ServerOptions, server_config
 from ._environment import Environment, EnvironmentMetadata
-from ._limits import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_HTTP_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_STARTUP_TIMEOUT,
-)
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
 from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
@@ -26,21 +16,17 @@ from ._unions import StructUnionDecoder, struct_union_members
 from ._worker import abandoned_calls
 
 __all__ = [
-    "DEFAULT_BODY_TIMEOUT",
-    "DEFAULT_HEADER_TIMEOUT",
-    "DEFAULT_HTTP_IDLE_TIMEOUT",
-    "DEFAULT_MAX_CONNECTIONS",
-    "DEFAULT_MAX_MESSAGE_SIZE",
-    "DEFAULT_MAX_SESSIONS",
-    "DEFAULT_SESSION_IDLE_TIMEOUT",
-    "DEFAULT_SHUTDOWN_TIMEOUT",
-    "DEFAULT_STARTUP_TIMEOUT",
+    "SERVER_DEFAULTS",
     "SERVER_ENTRY_POINT_GROUP",
     "Environment",
     "EnvironmentMetadata",
+    "LogLevel",
     "MCPEnvironment",
     "RunningServer",
     "ServeFunction",
+    "ServerConfig",
+    "ServerName",
+    "ServerOptions",
     "ServerSession",
     "SessionMetrics",
     "StructUnionDecoder",
@@ -55,6 +41,7 @@ __all__ = [
     "load_factory",
     "mcp_unsupported",
     "serve_frames",
+    "server_config",
     "struct_union_members",
     "tool",
 ]

@@ -10,6 +10,7 @@ import pytest
 from tests import loopback
 from tests.envs import AsyncCounterEnv, SyncCounterEnv
 from tests.interop.reference_venv import MARKER_NAME, REFERENCE_VERSION, venv_dir
+from transports._public_io import PUBLIC_IO_ENV, public_io_only
 
 # Measured: the reference environment (openenv-core and its dependencies) on disk.
 _REFERENCE_ENV_SIZE = "~474 MB"
@@ -42,6 +43,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    if public_io_only():
+        _skip_speed_paths(items)
+
+
+def _skip_speed_paths(items: list[pytest.Item]) -> None:
+    """With the speed paths off, skip the tests of the speed paths themselves, and hypercorn+websockets twice over.
+
+    (hypercorn+websockets is plain hypercorn then, whose own runs stay.)
+    """
+    off = pytest.mark.skip(reason=f"{PUBLIC_IO_ENV} is set: the speed paths are off")
+    same = pytest.mark.skip(reason=f"{PUBLIC_IO_ENV} is set: hypercorn+websockets is plain hypercorn, run already")
+    for item in items:
+        if item.get_closest_marker("speed_path") is not None:
+            item.add_marker(off)
+        elif "hypercorn+websockets" in item.name:
+            item.add_marker(same)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl as ssl_module
 import subprocess
 import sys
 from collections import deque
@@ -27,8 +28,8 @@ from openenv.examples.echo import (
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from tests.helpers import CounterClient, ManualClock, cancel_when_blocked
+from transports._server_logs import configure_console_logging
 from transports.inprocess import InProcessTransport
-from transports.runner import _configure_console_logging
 
 pytestmark = pytest.mark.anyio
 
@@ -470,7 +471,7 @@ def test_openenv_serve_still_logs_environment_errors_to_its_console() -> None:
     openenv_logger = logging.getLogger("openenv")
     before = list(openenv_logger.handlers)
     try:
-        _configure_console_logging("info")
+        configure_console_logging("info")
         assert any(type(handler) is logging.StreamHandler for handler in openenv_logger.handlers)
     finally:
         openenv_logger.handlers[:] = before
@@ -502,11 +503,6 @@ def test_an_unknown_transport_option_fails_at_construction(url: str, options: di
             {"connect_timeout": "10"},
             "the connect_timeout= option of ws:// URLs takes float | None, not str ('10')",
         ),
-        (
-            "wss://h",
-            {"encoding": "xml"},
-            "the encoding= option of wss:// URLs takes Literal['json', 'msgpack'], not str",
-        ),
         ("ws://h", {"headers": [("X-Trace", 1)]}, "the headers= option of ws:// URLs takes Mapping[str, str] |"),
         ("ws://h", {"subprotocols": "openenv.v1.json"}, "takes Sequence[str] | None, not str"),
         ("ws://h", {"resume": 1}, "the resume= option of ws:// URLs takes bool, not int (1)"),
@@ -516,7 +512,11 @@ def test_an_unknown_transport_option_fails_at_construction(url: str, options: di
             {"client": "httpx"},
             "the client= option of http+poll:// URLs takes httpx.AsyncClient | None",
         ),
-        ("inproc://tests.envs:DictEnv", {"close_grace": None}, "the close_grace= option of inproc:// URLs takes float"),
+        (
+            "inproc://tests.envs:DictEnv",
+            {"close_timeout": None},
+            "the close_timeout= option of inproc:// URLs takes float",
+        ),
     ],
 )
 def test_an_option_of_the_wrong_type_fails_at_construction(url: str, options: dict[str, Any], expected: str) -> None:
@@ -524,6 +524,26 @@ def test_an_option_of_the_wrong_type_fails_at_construction(url: str, options: di
         EnvClient(url, **options)
     with pytest.raises(TypeError, match=re.escape(expected)):
         openenv.create_transport(url, **options)
+
+
+def test_an_option_not_one_of_its_choices_fails_at_construction() -> None:
+    expected = "unknown encoding 'xml' for wss:// URLs; use one of 'json', 'msgpack'"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        EnvClient("wss://h", encoding="xml")
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        openenv.create_transport("wss://h", encoding="xml")
+
+
+def test_an_option_of_a_type_msgspec_cannot_check_is_left_to_the_transport() -> None:
+    def factory(url: str, *, ssl: ssl_module.SSLContext | bool = True, dialect: openenv.Dialect | None = None) -> Any:
+        return (ssl, dialect)
+
+    openenv.register_transport("test-unchecked", factory)
+    assert openenv.create_transport("test-unchecked://x", ssl=False) == (False, None)  # type: ignore[comparison-overlap]
+    with pytest.raises(
+        TypeError, match=r"the dialect= option of test-unchecked:// URLs takes openenv\.Dialect \| None"
+    ):
+        openenv.create_transport("test-unchecked://x", dialect="json")
 
 
 def test_options_of_the_declared_types_pass_construction() -> None:

@@ -28,6 +28,7 @@ from websockets.uri import parse_uri
 import openenv
 from openenv import EnvClient, State
 from openenv.server import Environment
+from tests.helpers import ManualClock
 from tests.test_server_app import (
     MessageAction,
     MessageObservation,
@@ -36,6 +37,7 @@ from tests.test_server_app import (
     registry_of,
     wait_until,
 )
+from transports._public_io import public_io_only
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingTransport
@@ -359,9 +361,11 @@ async def test_a_too_deep_action_is_an_encoding_error_in_the_client(server_name:
         deep = [deep]
     with anyio.fail_after(LIMIT):
         async with serving(server_name) as server, EnvClient(server.url) as client:
-            with pytest.raises(openenv.EncodingError, match="nested too deeply"):
+            # Where msgspec's encoder runs out of stack (Python 3.12 and older), the client
+            # refuses it; where it does not (3.13), the server's limit of 128 levels does.
+            with pytest.raises((openenv.EncodingError, openenv.InvalidJSONError), match="nested"):
                 await client.step({"message": deep})
-            assert (await client.step({"message": "fine"})).reward == 4.0  # nothing was sent
+            assert (await client.step({"message": "fine"})).reward == 4.0  # the session goes on
 
 
 async def test_an_absurd_sequence_number_is_a_bad_request(server_name: ServerName) -> None:
@@ -540,6 +544,8 @@ async def test_a_session_id_without_its_key_cannot_inject_frames(
 
 async def test_a_ping_flood_from_a_client_that_never_reads_is_held_back(server_name: ServerName) -> None:
     """The server stops reading once its pongs back up: the flooder's sends stall, its memory stays bounded."""
+    if server_name == "uvicorn" and public_io_only():
+        pytest.skip("uvicorn's stock WebSocket protocol has no backpressure on pongs (docs/reliability.md)")
     limit = 64 * 1024 * 1024  # far beyond what the socket buffers on the way hold
     with anyio.fail_after(LIMIT):
         async with serving(server_name) as server, MessageEnv(server.url) as bystander:
@@ -685,10 +691,21 @@ async def test_the_admission_queue_admits_in_arrival_order() -> None:
 
 
 async def test_the_admission_queue_is_bounded_in_time() -> None:
-    registry = SessionRegistry(max_sessions=1, queue_timeout=0.05)
+    clock = ManualClock()
+    registry = SessionRegistry(max_sessions=1, queue_timeout=30.0, clock=clock)
     assert registry.open() is not None
+    admitted: list[object] = []
+
+    async def queue_up() -> None:
+        admitted.append(await registry.admit())
+
     with anyio.fail_after(LIMIT):
-        assert await registry.admit() is None
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(queue_up)
+            await clock.advance_when_blocked(29.0)
+            assert (admitted, registry.queued) == ([], 1)  # still waiting
+            await clock.advance_when_blocked(1.0)
+    assert admitted == [None]
     assert registry.queued == 0
 
 

@@ -348,25 +348,6 @@ async def test_no_server_negotiates_compression(server_name: ServerName) -> None
             assert (await bystander.step(MessageAction(message="ok"))).reward == 2.0
 
 
-def test_the_hypercorn_internals_the_runner_relies_on_are_there() -> None:
-    """A fence: what `transports._hypercorn_limits` reaches into (hypercorn is capped in pyproject.toml)."""
-    import hypercorn.asyncio.run
-    import hypercorn.protocol.ws_stream
-    import hypercorn.trio.run
-
-    from transports._hypercorn_limits import refuse_compression
-
-    refuse_compression()  # what every hypercorn server the runner starts does first
-    handshake = hypercorn.protocol.ws_stream.Handshake([(b"sec-websocket-extensions", b"permessage-deflate")], "1.1")
-    assert handshake.extensions is None
-    for module in (hypercorn.asyncio.run, hypercorn.trio.run):
-        server_class = module.TCPServer
-        assert callable(server_class.run)
-        assert callable(server_class.protocol_send)
-    assert "writer" in hypercorn.asyncio.tcp_server.TCPServer.__init__.__code__.co_varnames
-    assert "stream" in hypercorn.trio.tcp_server.TCPServer.__init__.__code__.co_varnames
-
-
 # -- finding 3: hypercorn had no connection cap ---------------------------------------------
 
 
@@ -936,7 +917,12 @@ def test_the_registry_watches_long_requests_without_any_idle_timeout() -> None:
     from transports._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, SessionRegistry
 
     now = [0.0]
-    registry = SessionRegistry(step_timeout=10.0, clock=lambda: now[0])  # no idle timeout at all
+
+    class HandClock(openenv.Clock):
+        def now(self) -> float:
+            return now[0]
+
+    registry = SessionRegistry(step_timeout=10.0, clock=HandClock())  # no idle timeout at all
     assert registry.reap_interval is None  # the reaper still runs: every LONG_STEP, for the requests
     lease = registry.open()
     assert lease is not None
@@ -956,7 +942,7 @@ def test_the_registry_watches_long_requests_without_any_idle_timeout() -> None:
     assert (noticed, lease.close_reason) == (["long", "given up"], STEP_TIMEOUT_REASON)
     assert registry.watch_steps() == []  # once
     # A client that notes its asking (HTTP) and stops while its request runs has gone.
-    registry = SessionRegistry(transport_idle_timeouts={"http": 3.0}, clock=lambda: now[0])
+    registry = SessionRegistry(transport_idle_timeouts={"http": 3.0}, clock=HandClock())
     lease = registry.open(transport="http")
     assert lease is not None
     lease.on_give_up = lambda: None

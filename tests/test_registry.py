@@ -52,7 +52,7 @@ async def test_registered_at_run_time() -> None:
     register_transport("test-mem", factory)
     assert "test-mem" in registered_schemes()
     with anyio.fail_after(5):
-        async with EnvClient("test-mem://anything", close_grace=1.0) as env:
+        async with EnvClient("test-mem://anything", close_timeout=1.0) as env:
             result = await env.step({"by": 4})
     assert result.observation["count"] == 4
     assert made == ["test-mem://anything"]

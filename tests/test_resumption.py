@@ -290,6 +290,7 @@ async def test_a_session_the_server_ends_is_not_resumed() -> None:
             assert transport_of(env).resumes == 0
 
 
+@pytest.mark.speed_path
 async def test_a_connection_the_client_closes_ends_the_session_at_once(anyio_backend: str) -> None:
     # Not under plain hypercorn, which tells the app of every close as of a drop (1006).
     record = Record()

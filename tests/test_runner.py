@@ -44,6 +44,7 @@ def test_current_backend_outside_a_loop() -> None:
         current_backend()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_serve_starts_on_a_free_port_and_stops(anyio_backend: str) -> None:
     with anyio.fail_after(LIMIT):

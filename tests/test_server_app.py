@@ -28,7 +28,7 @@ import openenv
 from openenv import Action, EnvironmentMetadata, Observation, State
 from openenv.examples.echo import EchoEnvironment
 from openenv.server import Environment
-from tests.helpers import wait_until
+from tests.helpers import ManualClock, wait_until
 from transports._sessions import IDLE_TIMEOUT_REASON, SHUTDOWN_REASON, SessionRegistry
 from transports.app import create_app, environment_schemas
 from transports.runner import RunningServer, serve
@@ -394,14 +394,6 @@ def test_create_app_checks_its_arguments() -> None:
 # -- the session registry ----------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_registry_capacity_and_release() -> None:
     registry = SessionRegistry(max_sessions=2)
     first = registry.open()
@@ -447,7 +439,7 @@ async def test_a_vacated_slot_is_free_while_its_lease_is_still_held() -> None:
 
             group.start_soon(queue_up)
             await wait_until(lambda: registry.queued == 1, "the third session waits for a slot")
-            assert registry.expire_idle(registry.clock() + 3600) == []  # no idle timeout: nothing to reap
+            assert registry.expire_idle(registry.clock.now() + 3600) == []  # no idle timeout: nothing to reap
             registry.close_all()  # asks the newcomer to end, not the session already over
             assert (newcomer.close_reason, ending.close_reason) == (SHUTDOWN_REASON, None)
         assert admitted == [None]  # turned away: the server is stopping
@@ -460,12 +452,12 @@ async def test_a_vacated_slot_is_free_while_its_lease_is_still_held() -> None:
 
 
 def test_a_vacated_lease_is_not_reaped() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     registry = SessionRegistry(max_sessions=1, session_idle_timeout=1.0, clock=clock)
     lease = registry.open()
     assert lease is not None
     lease.vacate()
-    clock.now += 10.0
+    clock.advance(10.0)
     assert registry.expire_idle() == []
     assert lease.close_reason is None
 
@@ -503,7 +495,7 @@ def test_registry_without_limit() -> None:
 
 
 def test_registry_expires_only_idle_sessions() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     expired: list[str] = []
     registry = SessionRegistry(session_idle_timeout=10.0, clock=clock)
     idle = registry.open(on_close=lambda: expired.append("idle"))
@@ -513,10 +505,10 @@ def test_registry_expires_only_idle_sessions() -> None:
     assert busy is not None
     assert touched is not None
     busy.mark_busy()
-    clock.now += 9.0
+    clock.advance(9.0)
     touched.touch()
     assert registry.expire_idle() == []
-    clock.now += 2.0  # idle: 11 s; touched: 2 s; busy: never idle
+    clock.advance(2.0)  # idle: 11 s; touched: 2 s; busy: never idle
     assert idle.idle_for() == pytest.approx(11.0)
     assert busy.idle_for() == 0.0
     assert registry.expire_idle() == [idle]
@@ -524,7 +516,7 @@ def test_registry_expires_only_idle_sessions() -> None:
     assert idle.close_reason == IDLE_TIMEOUT_REASON
     assert not idle.released  # the endpoint releases it, once the session has ended
     assert registry.active == 3
-    clock.now += 100.0
+    clock.advance(100.0)
     assert registry.expire_idle() == [touched]  # expired once only
     assert expired == ["idle", "touched"]
     idle.release()
@@ -534,7 +526,7 @@ def test_registry_expires_only_idle_sessions() -> None:
 
 
 def test_registry_survives_a_failing_expire_callback(caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     registry = SessionRegistry(session_idle_timeout=1.0, clock=clock)
 
     def fail() -> None:
@@ -542,20 +534,25 @@ def test_registry_survives_a_failing_expire_callback(caplog: pytest.LogCaptureFi
 
     lease = registry.open(on_close=fail)
     assert lease is not None
-    clock.now += 5
+    clock.advance(5)
     assert registry.expire_idle() == [lease]
     assert "boom" in caplog.text
 
 
 async def test_reaper_task_expires_idle_sessions() -> None:
-    registry = SessionRegistry(session_idle_timeout=0.1)
-    assert registry.reap_interval == pytest.approx(0.05)
+    clock = ManualClock()
+    registry = SessionRegistry(session_idle_timeout=600.0, clock=clock)
+    assert registry.reap_interval == 5.0
     expired = anyio.Event()
     lease = registry.open(on_close=expired.set)
     assert lease is not None
     with anyio.fail_after(LIMIT):
         async with anyio.create_task_group() as task_group:
             task_group.start_soon(registry.run_reaper)
+            await clock.advance_when_blocked(595.0)  # a look, at 595 s of 600: not yet
+            await clock.advance_when_blocked(5.0)
+            assert not expired.is_set()
+            await clock.advance_when_blocked(5.0)  # the first look past 600 s ends it
             await expired.wait()
             task_group.cancel_scope.cancel()
     assert lease.close_reason == IDLE_TIMEOUT_REASON
@@ -762,9 +759,13 @@ async def test_disconnect_mid_step_closes_the_env_and_frees_the_slot(factory: An
 
 
 async def test_idle_session_is_reaped() -> None:
+    clock = ManualClock()
     with anyio.fail_after(LIMIT):
-        async with ws_server(session_idle_timeout=0.2) as (server, url), RawWebSocket.connect(url) as ws:
+        async with serve(create_app(WireEchoEnv, clock=clock)) as server, RawWebSocket.connect(server.ws_url) as ws:
             await ws.request('{"type":"reset"}')
+            await clock.advance_when_blocked(599.0)  # the reaper looks: idle for 599 s of 600
+            assert registry_of(server).active == 1
+            await clock.advance_when_blocked(5.0)  # its next look
             closed = await ws.expect_close()
             assert closed.code == 1001
             assert "idle" in closed.reason
@@ -773,10 +774,18 @@ async def test_idle_session_is_reaped() -> None:
 
 
 async def test_a_long_step_is_not_idleness() -> None:
+    clock = ManualClock()
     with anyio.fail_after(LIMIT):
-        async with ws_server(session_idle_timeout=0.2) as (_, url), RawWebSocket.connect(url) as ws:
+        async with (
+            serve(create_app(WireEchoEnv, clock=clock)) as server,
+            RawWebSocket.connect(server.ws_url) as ws,
+            anyio.create_task_group() as task_group,
+        ):
+            # An hour passes while the step runs: the reaper looks, and leaves a busy session be.
+            task_group.start_soon(clock.advance_when_blocked, 3600.0)
             reply = await ws.request('{"type":"step","data":{"message":"slow","delay":0.6}}')
             assert reply["data"]["observation"] == {"echoed_message": "slow"}
+            assert registry_of(server).leases()[0].close_reason is None
             await ws.close()
 
 

@@ -181,9 +181,9 @@ def _count_from_zero() -> None:
 
 
 async def test_a_soak_of_faults_leaves_the_server_as_it_was(server_name: ServerName) -> None:
-    app = create_app(TrackedEnv, max_sessions=64, http_idle_timeout=0.5, body_timeout=0.5)
+    app = create_app(TrackedEnv, max_sessions=64, max_message_size=256 * 1024, http_idle_timeout=0.5, body_timeout=0.5)
     with anyio.fail_after(LIMIT):
-        async with serving(server_name, app, max_message_size=256 * 1024, header_timeout=0.5) as server:
+        async with serving(server_name, app, header_timeout=0.5) as server:
             server.app.state.http_polling.linger = 0.5  # ended sessions' unfetched replies go soon
             url = server.ws_url
 
@@ -255,10 +255,11 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
 
 _UNMENDED_TRIO_SERVER = """
 import sys
+import transports._hypercorn_driver as driver
 import transports.runner as runner
 from tests.test_server_app import WireEchoEnv
 
-runner._mend_hypercorn_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
+driver.mend_trio_closing = lambda: None  # hypercorn as it is: it dies on these refusals
 runner.run(WireEchoEnv, port=int(sys.argv[1]), backend="trio", server="hypercorn", max_sessions=1, log_level="critical")
 """
 

@@ -24,7 +24,7 @@ import anyio.abc
 import pytest
 from websockets.frames import Frame, Opcode
 
-import transports.runner
+import transports._uvicorn_driver
 from openenv import Action, Observation, State
 from openenv.server import Environment
 from tests.helpers import wait_until
@@ -585,6 +585,7 @@ async def next_frame(ws: RawWebSocket) -> Frame:
     return frame
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_plain_session_is_answered_on_the_lent_socket(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -604,6 +605,7 @@ async def test_a_plain_session_is_answered_on_the_lent_socket(loans: list[Socket
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_ping_mid_session_gets_its_pong_and_the_session_goes_on(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -621,6 +623,7 @@ async def test_a_ping_mid_session_gets_its_pong_and_the_session_goes_on(loans: l
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_close_request_ends_the_session_normally(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -634,6 +637,7 @@ async def test_a_close_request_ends_the_session_normally(loans: list[SocketLoan]
             check_lent(loans)
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_bad_requests_get_their_error_replies_and_the_session_goes_on(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -671,6 +675,7 @@ async def test_bad_requests_get_their_error_replies_and_the_session_goes_on(loan
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_an_oversized_message_closes_only_its_own_session(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -691,6 +696,7 @@ async def test_an_oversized_message_closes_only_its_own_session(loans: list[Sock
             await bystander.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_message_split_across_two_writes_is_answered(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -711,6 +717,7 @@ async def test_a_message_split_across_two_writes_is_answered(loans: list[SocketL
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_pipelined_requests_are_all_answered_in_order(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -732,12 +739,13 @@ async def test_pipelined_requests_are_all_answered_in_order(loans: list[SocketLo
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_requests_after_a_ping_in_the_same_write_are_all_answered(
     loans: list[SocketLoan], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No keepalive within the test's bound: a request left waiting behind a loan would stall the test.
-    monkeypatch.setattr(transports.runner, "_WS_PING_INTERVAL", 10 * WAIT)
+    monkeypatch.setattr(transports._uvicorn_driver, "_WS_PING_INTERVAL", 10 * WAIT)
     with anyio.fail_after(WAIT):
         async with plain_server() as server, RawWebSocket.connect(server.ws_url) as ws:
             await ws.request('{"type":"reset"}')
@@ -760,6 +768,7 @@ async def test_requests_after_a_ping_in_the_same_write_are_all_answered(
             await ws.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_slow_step_in_one_session_does_not_stall_another(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -790,6 +799,7 @@ async def test_a_slow_step_in_one_session_does_not_stall_another(loans: list[Soc
             await quick.close()
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_an_idle_session_is_reaped_while_its_socket_is_lent(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -803,6 +813,7 @@ async def test_an_idle_session_is_reaped_while_its_socket_is_lent(loans: list[So
             check_lent(loans)
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_server_shutting_down_ends_a_lent_session_at_once(loans: list[SocketLoan]) -> None:
     codes: list[tuple[int | None, str]] = []
@@ -824,6 +835,7 @@ async def test_a_server_shutting_down_ends_a_lent_session_at_once(loans: list[So
     check_lent(loans)
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_a_client_gone_while_its_socket_is_lent_frees_its_slot(loans: list[SocketLoan]) -> None:
     with anyio.fail_after(WAIT):
@@ -840,6 +852,7 @@ async def test_a_client_gone_while_its_socket_is_lent_frees_its_slot(loans: list
             check_lent(loans)
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 @pytest.mark.parametrize("pending", [None, "sent", "running"], ids=["nothing-pending", "a-step-sent", "a-step-running"])
 async def test_a_resumable_session_taken_over_while_lent_loses_nothing(
@@ -897,6 +910,7 @@ def session_threads() -> set[threading.Thread]:
     return {thread for thread in threading.enumerate() if thread.name == "openenv-session"}
 
 
+@pytest.mark.speed_path
 @pytest.mark.anyio
 async def test_sessions_served_on_lent_sockets_leave_no_threads_behind(loans: list[SocketLoan]) -> None:
     before = session_threads()

@@ -70,6 +70,7 @@ def test_only_a_complete_get_asking_for_websocket_is_an_upgrade() -> None:
     assert not is_websocket_upgrade(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
 
 
+@pytest.mark.speed_path
 async def test_a_session_and_the_http_routes_share_the_port() -> None:
     with anyio.fail_after(LIMIT):
         async with serving() as server:
@@ -107,6 +108,7 @@ async def test_a_fragmented_message_is_one_request() -> None:
             await ws.close()
 
 
+@pytest.mark.speed_path
 async def test_a_bad_handshake_gets_an_http_error_and_the_server_serves_on() -> None:
     with anyio.fail_after(LIMIT):
         async with serving() as server:
@@ -142,6 +144,7 @@ class _CloseCodes:
         self.codes.append((await receive())["code"])
 
 
+@pytest.mark.speed_path
 async def test_the_close_code_of_the_client_reaches_the_app() -> None:
     endpoint = _CloseCodes()
     app = Starlette(routes=[WebSocketRoute("/ws", endpoint)])
@@ -266,6 +269,7 @@ async def _away(endpoint: _AwayThenEcho, **options: Any) -> AsyncIterator[RawWeb
             endpoint.back.set()  # however the test ends, the app comes back and the server can stop
 
 
+@pytest.mark.speed_path
 async def test_the_app_away_has_its_pings_answered_and_gets_every_message_after(soon_away: None) -> None:
     endpoint = _AwayThenEcho()
     with anyio.fail_after(LIMIT):
@@ -284,6 +288,7 @@ async def test_the_app_away_has_its_pings_answered_and_gets_every_message_after(
     assert endpoint.codes == [4000]
 
 
+@pytest.mark.speed_path
 async def test_a_close_while_the_app_is_away_is_answered_and_reaches_the_app(soon_away: None) -> None:
     endpoint = _AwayThenEcho()
     with anyio.fail_after(LIMIT):
@@ -307,6 +312,7 @@ async def test_a_message_too_large_while_the_app_is_away_ends_the_connection_wit
             assert (await ws.expect_close()).code == 1009
 
 
+@pytest.mark.speed_path
 async def test_the_app_returning_while_read_for_ends_the_read_and_the_connection(soon_away: None) -> None:
     endpoint = _AwayThenEcho(leave=True)
     with anyio.fail_after(LIMIT):

@@ -40,9 +40,8 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-import msgspec
-
 from ._asgi import Receive, Scope, Send
+from ._error_body import encode_error
 
 __all__ = [
     "AUTH_TOKEN_ENV",
@@ -166,18 +165,6 @@ def auth_tokens_from(auth_token: str | Sequence[str] | None) -> tuple[str, ...]:
     return tokens
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str
-    message: str
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
-_encode = msgspec.json.Encoder().encode
-
-
 class RequestGuard:
     """An ASGI middleware that refuses requests from disallowed origins and without a valid token.
 
@@ -292,7 +279,7 @@ class RequestGuard:
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, code: str, message: str) -> None:
     """Answer ``status`` with a JSON error body; a WebSocket handshake is refused with it."""
-    body = _encode(_Error(_ErrorBody(code, message)))
+    body = encode_error(code, message)
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

@@ -19,7 +19,8 @@
 Each reaches into hypercorn's modules (``hypercorn.protocol.ws_stream.Handshake``
 and its ``extensions``, ``hypercorn.asyncio.run.TCPServer``,
 ``hypercorn.trio.run.TCPServer``): hypercorn is capped in ``pyproject.toml``,
-and ``tests/test_hostile_networks.py`` names each attribute.
+and ``tests/test_fences.py`` names each attribute. They apply with
+``OPENENV_PUBLIC_IO=1`` too: they are bounds, not speed paths.
 """
 
 from __future__ import annotations
@@ -145,17 +146,21 @@ def _install_trio() -> None:
     import hypercorn.trio.run
 
     run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
-    if getattr(run_module.TCPServer, "_openenv_capped", False):
-        return
+    if "_openenv_capped" in vars(run_module.TCPServer):
+        return  # the outermost class is ours already
 
-    class CappedTCPServer(run_module.TCPServer):  # type: ignore[misc]  # the classes the runner installed, if any
+    # On top of the classes installed before (the closing fix, the WebSocket front), so
+    # that it counts every connection; installed again on top of one installed after it
+    # (a connection counted by an outer one is not counted again).
+    class CappedTCPServer(run_module.TCPServer):  # type: ignore[misc]
         _openenv_capped = True
 
         async def run(self) -> None:
             cap = _cap_of(self)
-            if cap is None:
+            if cap is None or getattr(self, "_openenv_counted", False):
                 await super().run()
                 return
+            self._openenv_counted = True
             if not cap.take():
                 with contextlib.suppress(Exception):
                     await self.stream.send_all(BUSY_RESPONSE)
@@ -175,7 +180,7 @@ def _install_asyncio() -> None:
     from hypercorn.events import Closed, RawData
 
     run_module: Any = hypercorn.asyncio.run
-    if getattr(run_module.TCPServer, "_openenv_capped", False):
+    if "_openenv_capped" in vars(run_module.TCPServer):
         return
 
     class CappedTCPServer(run_module.TCPServer):  # type: ignore[misc]
@@ -183,9 +188,10 @@ def _install_asyncio() -> None:
 
         async def run(self) -> None:
             cap = _cap_of(self)
-            if cap is None:
+            if cap is None or getattr(self, "_openenv_counted", False):
                 await super().run()
                 return
+            self._openenv_counted = True
             if not cap.take():
                 with contextlib.suppress(Exception):
                     self.writer.write(BUSY_RESPONSE)

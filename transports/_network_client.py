@@ -22,6 +22,7 @@ import msgspec
 
 from openenv import AuthenticationError, ClientStateError, ConnectionClosed, ProtocolError, __version__
 
+from ._error_body import decode_error
 from ._guard import AUTH_TOKEN_ENV
 
 __all__ = [
@@ -198,18 +199,6 @@ def client_headers(
     return pairs
 
 
-class _ErrorBody(msgspec.Struct):
-    code: str = ""
-    message: str = ""
-
-
-class _Error(msgspec.Struct):
-    error: _ErrorBody
-
-
-_decode_error = msgspec.json.Decoder(_Error).decode
-
-
 def error_message(body: bytes) -> tuple[str, str] | None:
     """The code and message of our servers' JSON error body (``{"error": {"code", "message"}}``), if it is one.
 
@@ -217,7 +206,7 @@ def error_message(body: bytes) -> tuple[str, str] | None:
         body: An error response's body.
     """
     try:
-        error = _decode_error(body).error
+        error = decode_error(body).error
     except msgspec.DecodeError:
         return None
     return error.code, error.message

@@ -78,20 +78,23 @@ their slots until their steps return).
 
 The registry does no I/O: `SessionRegistry.expire_idle` and
 `SessionRegistry.watch_steps` are plain functions of the clock, and
-`SessionRegistry.run_reaper` only sleeps between calls to them.
+`SessionRegistry.run_reaper` only sleeps between calls to them. Every time it
+reads or waits is its `openenv.Clock`'s, so a test gives it a clock it
+advances by hand.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import anyio
 
-from openenv import Dialect
+from openenv import Clock, Dialect
 from openenv.server import ServerSession, abandoned_calls, encode_fatal_error
 
 __all__ = [
@@ -99,6 +102,7 @@ __all__ = [
     "IDLE_TIMEOUT_REASON",
     "GivingUp",
     "LONG_STEP",
+    "MONOTONIC_CLOCK",
     "SHUTDOWN_REASON",
     "STEP_TIMEOUT_REASON",
     "QueueTicket",
@@ -132,6 +136,24 @@ def session_failed_frame(dialect: Dialect) -> bytes:
         The encoded frame, saying no more than that (the log has the traceback).
     """
     return encode_fatal_error(dialect, "SESSION_ERROR", "the session failed on the server")
+
+
+class _MonotonicClock(Clock):
+    """The event loop's waits, with a `now` any thread may read (a lent socket's thread touches its lease)."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def cancel_scope(self, *, deadline: float = math.inf, shield: bool = False) -> anyio.CancelScope:
+        if deadline != math.inf:  # from this clock's time to the event loop's
+            deadline = anyio.current_time() + (deadline - time.monotonic())
+        return anyio.CancelScope(deadline=deadline, shield=shield)
+
+
+MONOTONIC_CLOCK = _MonotonicClock()
+"""A registry's clock by default: the monotonic time, which any thread may read; waits on the event loop."""
 
 
 # How often the reaper looks, as a fraction of the idle timeout, and its bounds (s).
@@ -224,7 +246,7 @@ class SessionLease:
         """Record activity now: the session is idle from this moment (it waits for its client)."""
         registry = self._registry
         if registry is not None:
-            self.idle_since = registry.clock()
+            self.idle_since = registry.clock.now()
         self.busy_since = None
         self.long_step_noticed = False
 
@@ -233,13 +255,13 @@ class SessionLease:
         self.idle_since = None
         registry = self._registry
         if self.busy_since is None and registry is not None:
-            self.busy_since = registry.clock()
+            self.busy_since = registry.clock.now()
 
     def seen(self) -> None:
         """Note that the client asked for something now (for a transport that cannot see it leave: HTTP)."""
         registry = self._registry
         if registry is not None:
-            self.seen_at = registry.clock()
+            self.seen_at = registry.clock.now()
 
     def give_up(self, reason: str) -> bool:
         """End the session now, request in hand or not: call `on_give_up` once (an exception is logged).
@@ -274,7 +296,7 @@ class SessionLease:
         registry, idle_since = self._registry, self.idle_since
         if registry is None or idle_since is None:
             return 0.0
-        return (registry.clock() if now is None else now) - idle_since
+        return (registry.clock.now() if now is None else now) - idle_since
 
     def request_close(self, reason: str) -> None:
         """Ask the session to end; the first reason given sticks.
@@ -393,7 +415,10 @@ class SessionRegistry:
         transport_idle_timeouts: A shorter idle timeout for the sessions of some
             transports, by transport name (``{"http": 300.0}``); the shorter of
             it and ``session_idle_timeout`` applies.
-        clock: The clock leases are timed with (seconds, monotonic).
+        clock: Where idleness and the queue's wait are timed, and the reaper
+            sleeps; by default the monotonic time, read from any thread (a
+            test gives a clock of its own). Its `now` must be safe to call from
+            a session's thread.
         queue_timeout: Seconds `admit` lets a new session wait for a slot when
             all are taken (in arrival order); ``None`` refuses it at once.
         max_sessions_per_client: The most sessions one client may hold at
@@ -417,7 +442,7 @@ class SessionRegistry:
         max_sessions: int | None = None,
         session_idle_timeout: float | None = None,
         transport_idle_timeouts: Mapping[str, float] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = MONOTONIC_CLOCK,
         queue_timeout: float | None = None,
         max_sessions_per_client: int | None = None,
         step_timeout: float | None = None,
@@ -614,7 +639,7 @@ class SessionRegistry:
             next(self._ids),
             transport,
             on_close,
-            self.clock(),
+            self.clock.now(),
             idle_timeout=self.idle_timeout_of(transport),
             client=client,
         )
@@ -740,7 +765,7 @@ class SessionRegistry:
             The lease, now the caller's; ``None`` if none came in time (the ticket is given back).
         """
         try:
-            with anyio.move_on_after(self.queue_timeout if timeout is None else timeout):
+            with self.clock.move_on_after(self.queue_timeout if timeout is None else timeout):
                 await ticket.admitted.wait()
         except BaseException:
             self.leave(ticket)
@@ -763,7 +788,7 @@ class SessionRegistry:
         if self.session_idle_timeout is None and not self.transport_idle_timeouts:
             return []
         if now is None:
-            now = self.clock()
+            now = self.clock.now()
         expired = []
         for lease in list(self._leases.values()):
             idle_since, timeout = lease.idle_since, lease.idle_timeout
@@ -806,7 +831,7 @@ class SessionRegistry:
             The leases given up on by this call.
         """
         if now is None:
-            now = self.clock()
+            now = self.clock.now()
         given_up = []
         step_timeout = self.step_timeout
         for lease in list(self._leases.values()):
@@ -889,7 +914,7 @@ class SessionRegistry:
         """
         interval = min(self.reap_interval or LONG_STEP, LONG_STEP)
         while True:
-            await anyio.sleep(interval)
+            await self.clock.sleep(interval)
             self.expire_idle()
             self.watch_steps()
 

@@ -32,8 +32,8 @@ def _limit_read_size(transport: Any) -> None:
         transport.max_size = _READ_SIZE
 
 
-def uvicorn_http_protocol(header_timeout: float) -> Any:
-    """Uvicorn's HTTP protocol (httptools or h11, as it picks), reading at most `_READ_SIZE`.
+def uvicorn_http_protocol(header_timeout: float, *, limit_reads: bool = True) -> Any:
+    """Uvicorn's HTTP protocol (httptools or h11, as it picks), reading at most `_READ_SIZE` (if ``limit_reads``).
 
     It also closes a connection whose request headers are not complete within
     ``header_timeout`` seconds of their first byte (or of the connection), which
@@ -46,7 +46,8 @@ def uvicorn_http_protocol(header_timeout: float) -> Any:
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            _limit_read_size(transport)
+            if limit_reads:
+                _limit_read_size(transport)
             self._watch_headers()
 
         watched_cycle: Any = None

@@ -416,7 +416,10 @@ class _Connection:
         headers["Content-Length"] = str(len(self.response_body))
         if "Connection" not in headers:
             headers["Connection"] = "close"
-        phrase = http.HTTPStatus(status).phrase if status in http.HTTPStatus._value2member_map_ else ""
+        try:
+            phrase = http.HTTPStatus(status).phrase
+        except ValueError:  # a status of the app's own
+            phrase = ""
         self._send_response(Response(status, phrase, headers, bytes(self.response_body)))
 
     def _send_response(self, response: Response) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import msgspec
@@ -39,24 +39,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from openenv import EnvironmentMetadata
+from openenv import Clock, EnvironmentMetadata
 from openenv.server import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
+    ServerConfig,
+    ServerOptions,
     check_factory,
     environment_metadata,
     environment_schemas,
     factory_name,
     load_factory,
+    server_config,
 )
 
 from ._body_deadline import BodyDeadline
+from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from, normalized_origins
-from ._sessions import SessionRegistry
+from ._sessions import MONOTONIC_CLOCK, SessionRegistry
 from .http._protocol import (
     ACK_HEADER,
-    DEFAULT_MAX_BODY_SIZE,
     ERROR_HEADER,
     IDEMPOTENCY_KEY_HEADER,
     RECEIVED_HEADER,
@@ -64,13 +64,11 @@ from .http._protocol import (
     SESSION_KEY_HEADER,
     WAIT_HEADER,
 )
-from .http._server import DEFAULT_IDLE_TIMEOUT, HTTPPollingEndpoint
+from .http._server import HTTPPollingEndpoint
 from .openenv_http import openenv_http_routes
 from .websocket._server import WebSocketEndpoint
 
 __all__ = [
-    "DEFAULT_MAX_SESSIONS",
-    "DEFAULT_SESSION_IDLE_TIMEOUT",
     "create_app",
     "environment_metadata",
     "environment_schemas",
@@ -134,27 +132,19 @@ def mount_routes(
 def create_app(
     factory: Callable[[], Any] | str,
     *,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
+    config: ServerConfig | None = None,
     metadata: EnvironmentMetadata | None = None,
-    http_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
-    http_max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    queue_timeout: float | None = None,
-    allowed_hosts: Sequence[str] = (),
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    max_sessions_per_client: int | None = None,
-    step_timeout: float | None = None,
-    metrics: bool = False,
+    clock: Clock | None = None,
+    http_max_body_size: int | None = None,
+    **options: Unpack[ServerOptions],
 ) -> Starlette:
     """Build the ASGI app that serves an environment.
 
     One app speaks every server-side transport: WebSocket at ``/ws``, HTTP
     long-polling under ``/poll/sessions``; plus ``/health``, ``/schema`` and
     ``/metadata``. Serve it with `transports.runner.serve` or
-    `transports.runner.run`, or with any ASGI server (``uvicorn module:app``).
+    `transports.runner.run` (which serve it with its options), or with any ASGI
+    server (``uvicorn module:app``).
 
     Examples:
         ```python
@@ -172,96 +162,61 @@ def create_app(
     Args:
         factory: Builds one environment per session: an `openenv.Environment`
             subclass, a function, or its ``"package.module:Factory"`` name.
-        max_sessions: The most sessions open at once over all transports
-            (256 by default); a client beyond it gets ``CAPACITY_REACHED``.
-            ``None`` for no limit.
-        session_idle_timeout: Seconds a session may wait for its client's next
-            request before the server ends it (600 by default); ``None`` for never.
+        config: The server's options (`openenv.ServerConfig`); the app reads
+            its own (``max_sessions``, ``session_idle_timeout``,
+            ``http_idle_timeout``, ``queue_timeout``, ``max_message_size``,
+            ``auth_token``, ``allow_origins``, ``error_details``, ``metrics``,
+            ``max_sessions_per_client``, ``step_timeout``, ``body_timeout``,
+            ``allowed_hosts``) and keeps the whole as ``app.state.config``, for
+            the server that runs it.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
-        http_idle_timeout: The same for HTTP long-polling sessions, whose
-            clients cannot be seen leaving: a session nobody deletes ends after
-            it (or after ``session_idle_timeout``, if shorter). ``None`` leaves
-            only ``session_idle_timeout``.
-        http_max_body_size: The largest request frame the HTTP long-polling
-            endpoint accepts, in bytes (16 MiB, as over WebSocket).
-        auth_token: The bearer token every request but ``GET /health`` must
-            carry (``Authorization: Bearer <token>``), or several (any one is
-            accepted); ``None`` takes it from ``OPENENV_AUTH_TOKEN`` if that is
-            set; ``()`` accepts requests without one. A missing or wrong token
-            gets ``401`` before any environment is built.
-        allow_origins: The browser origins (``"https://app.example"``; ``"*"``
-            for any) whose requests are accepted, with CORS headers. A request
-            with any other ``Origin`` gets ``403``; requests without one (every
-            client but a browser) are not affected.
-        error_details: Whether error replies say what failed on the server:
-            the exception an environment or its factory raised, and the
-            factory's name (OpenEnv's behaviour). ``False`` sends generic
-            messages, so no path or module name leaves the server; the log
-            keeps the details.
-        queue_timeout: Seconds a new session may wait for a slot when
-            ``max_sessions`` are open, admitted in arrival order as slots free
-            up, before it gets ``CAPACITY_REACHED``; ``None`` (the default)
-            refuses it at once, as OpenEnv does.
-        allowed_hosts: Host names (``"env.internal"``; ``"*"`` for any) a
-            server without a token answers, beside IP addresses and
-            ``localhost``: a request for any other ``Host`` gets ``403``, so
-            a web page cannot reach the server by a name of its own (DNS
-            rebinding). With a token, every ``Host`` is answered.
-        body_timeout: Seconds a request's body may take to arrive once the
-            app reads it, plus one for every 64 KiB received (10 by default);
-            a slower body gets ``408`` and its connection is closed.
-        max_sessions_per_client: The most sessions one client may hold at
-            once, over all transports, queued ones included; a client is the
-            token it presents, or else its address. Past it the client gets
-            ``CAPACITY_REACHED`` saying so, and other clients are unaffected.
-            ``None`` (the default) for no quota: a trainer often runs all its
-            sessions from one process with one token.
-        step_timeout: Seconds one request (a reset, a step, a tool call) may
-            run before the server gives up on it: the session ends (WebSocket
-            close 1001 "step timeout"; an HTTP session ends with that reason)
-            and frees its slot. A plain (``def``) step cannot be stopped: it
-            runs on in its thread until it returns. ``None`` (the default)
-            lets a step run as long as its client stays: a step may take
-            minutes (an evaluation, a long tool call). A step whose client
-            has gone is given up on in any case.
-        metrics: Serve ``GET /metrics`` for Prometheus: sessions, steps and
-            resets with their latency, errors by code, bytes, per environment
-            (see `transports._metrics`). Behind the same token as every route
-            but ``/health``. Off by default: counting costs each request a
-            few hundred nanoseconds.
+        clock: Where the app times its sessions' idleness, the wait for a slot
+            and HTTP long-polling's waits (`openenv.Clock`): by default the
+            monotonic time; a test's clock, advanced by hand, makes minutes
+            pass at once.
+        http_max_body_size: Deprecated: ``max_message_size`` is the one limit
+            of a request's size, over WebSocket and HTTP alike.
+        **options: Fields of `openenv.ServerConfig` by name, replacing
+            ``config``'s.
 
     Returns:
         A Starlette app; run it with `transports.runner.serve` (embedded) or
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
-        ``sessions`` (the `SessionRegistry`), ``http_polling`` (the
+        ``config`` (the checked `openenv.ServerConfig`), ``sessions`` (the
+        `SessionRegistry`), ``http_polling`` (the
         `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``factory``, ``schemas``,
         ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
         ``lifespan_tasks``.
 
     Raises:
-        ValueError: A bad ``factory`` name, ``max_sessions``, an idle timeout,
-            ``http_max_body_size``, ``body_timeout`` or auth token.
+        TypeError: An unknown option, or one of the wrong type; or the factory
+            cannot build environments: not callable, or a client or message
+            class (see `openenv.server.check_factory`).
+        ValueError: A bad ``factory`` name, an option out of its range, or a
+            bad auth token.
         ImportError: The named factory cannot be imported.
-        TypeError: The factory cannot build environments: not callable, or a
-            client or message class (see `openenv.server.check_factory`).
     """
-    tokens = auth_tokens_from(auth_token)
-    if not body_timeout > 0:
-        raise ValueError(f"body_timeout must be positive, not {body_timeout}")
+    if http_max_body_size is not None:
+        options["max_message_size"] = renamed_option(
+            "create_app", "http_max_body_size", "max_message_size", http_max_body_size
+        )
+    config = server_config(config, options)
+    tokens = auth_tokens_from(config.auth_token)
     env_factory = load_factory(factory) if isinstance(factory, str) else factory
     check_factory(env_factory)
     registry = SessionRegistry(
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        transport_idle_timeouts={"http": http_idle_timeout} if http_idle_timeout is not None else None,
-        queue_timeout=queue_timeout,
-        max_sessions_per_client=max_sessions_per_client,
-        step_timeout=step_timeout,
+        max_sessions=config.max_sessions,
+        session_idle_timeout=config.session_idle_timeout,
+        transport_idle_timeouts={"http": config.http_idle_timeout} if config.http_idle_timeout is not None else None,
+        queue_timeout=config.queue_timeout,
+        clock=clock if clock is not None else MONOTONIC_CLOCK,
+        max_sessions_per_client=config.max_sessions_per_client,
+        step_timeout=config.step_timeout,
     )
     counted = None
-    if metrics:
+    if config.metrics:
         from ._metrics import ServerMetrics
 
         counted = ServerMetrics()
@@ -269,8 +224,8 @@ def create_app(
     polling = HTTPPollingEndpoint(
         env_factory,
         registry=registry,
-        max_body_size=http_max_body_size,
-        error_details=error_details,
+        max_message_size=config.max_message_size,
+        error_details=config.error_details,
         metrics=counted,
     )
     schemas = environment_schemas(env_factory)
@@ -298,7 +253,7 @@ def create_app(
             finally:
                 task_group.cancel_scope.cancel()
 
-    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=error_details, metrics=counted)
+    websocket = WebSocketEndpoint(env_factory, registry=registry, error_details=config.error_details, metrics=counted)
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
@@ -311,23 +266,25 @@ def create_app(
             schemas=schemas,
             metadata=meta,
             registry=registry,
-            max_body_size=http_max_body_size,
-            error_details=error_details,
+            max_message_size=config.max_message_size,
+            error_details=config.error_details,
             metrics=counted,
         ),
     ]
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
     middleware = [
-        Middleware(BodyDeadline, timeout=body_timeout),
-        Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=allow_origins, allowed_hosts=allowed_hosts),
+        Middleware(BodyDeadline, timeout=config.body_timeout),
+        Middleware(
+            RequestGuard, auth_tokens=tokens, allowed_origins=config.allow_origins, allowed_hosts=config.allowed_hosts
+        ),
     ]
-    if allow_origins:
+    if config.allow_origins:
         middleware.append(
             Middleware(
                 CORSMiddleware,
                 # As browsers send them, or the CORS layer would not recognise an origin written with a "/".
-                allow_origins=normalized_origins(allow_origins),
+                allow_origins=normalized_origins(config.allow_origins),
                 allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=[
                     "Authorization",
@@ -342,6 +299,7 @@ def create_app(
         )
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    app.state.config = config
     app.state.lifespan_tasks = [registry.run_reaper, polling.run]
     app.state.sessions = registry
     app.state.http_polling = polling

@@ -11,43 +11,32 @@ openenv bench URL [URL ...] [--steps N | --seconds T] [--sessions C] [--action J
 openenv --version
 ```
 
-A failure the user can cause prints one line saying what to do (see
-`transports._cli_errors`); ``--debug`` adds its traceback.
+The demo itself lives in `transports._demo`. A failure the user can cause
+prints one line saying what to do (see `transports._cli_errors`); ``--debug``
+adds its traceback.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from functools import partial
+import typing
 from pathlib import Path
 from typing import Any, cast
 
 import click
 
 import openenv
-from openenv.server import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_HTTP_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-)
+from openenv.server import SERVER_DEFAULTS, LogLevel, ServerConfig
 
 from ._cli_errors import CLIGroup, listen_error, require_installed
 
 __all__ = ["main"]
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-DEMO_FACTORY = "openenv.examples.echo:EchoEnvironment"
+LOG_LEVELS = typing.get_args(LogLevel)
 
 
 @click.group(cls=CLIGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,42 +68,42 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--max-sessions",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_SESSIONS,
+    default=SERVER_DEFAULTS.max_sessions,
     show_default=True,
     help="The most sessions open at once.",
 )
 @click.option(
     "--session-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_SESSION_IDLE_TIMEOUT,
+    default=SERVER_DEFAULTS.session_idle_timeout,
     show_default=True,
     help="Seconds a session may wait for its client before it is closed.",
 )
 @click.option(
     "--http-idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_HTTP_IDLE_TIMEOUT,
+    default=SERVER_DEFAULTS.http_idle_timeout,
     show_default=True,
     help="The same for HTTP long-polling sessions, whose clients cannot be seen leaving.",
 )
 @click.option(
     "--max-message-size",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_MESSAGE_SIZE,
+    default=SERVER_DEFAULTS.max_message_size,
     show_default=True,
     help="The largest message accepted, in bytes: a WebSocket message, or an HTTP request body.",
 )
 @click.option(
     "--header-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_HEADER_TIMEOUT,
+    default=SERVER_DEFAULTS.header_timeout,
     show_default=True,
     help="Seconds a connection may take to send a request's headers (or WebSocket handshake).",
 )
 @click.option(
     "--body-timeout",
     type=click.FloatRange(min=0, min_open=True),
-    default=DEFAULT_BODY_TIMEOUT,
+    default=SERVER_DEFAULTS.body_timeout,
     show_default=True,
     help="Seconds a request's body may take, plus one for every 64 KiB received; then 408 and the "
     "connection is closed.",
@@ -122,7 +111,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--max-connections",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_CONNECTIONS,
+    default=SERVER_DEFAULTS.max_connections,
     show_default=True,
     help="The most connections at once (uvicorn; beyond, requests get 503).",
 )
@@ -269,38 +258,31 @@ def serve(
             err=True,
         )
 
+    config = ServerConfig(
+        server=cast(Any, server),
+        max_sessions=max_sessions,
+        session_idle_timeout=session_idle_timeout,
+        http_idle_timeout=http_idle_timeout,
+        max_message_size=max_message_size,
+        header_timeout=header_timeout,
+        max_connections=max_connections,
+        queue_timeout=queue_timeout,
+        error_details=not hide_error_details,
+        auth_token=tuple(tokens),
+        allow_origins=allow_origins,
+        metrics=metrics,
+        allowed_hosts=allowed_hosts,
+        body_timeout=body_timeout,
+        max_sessions_per_client=max_sessions_per_client,
+        step_timeout=step_timeout,
+        log_level=cast(Any, log_level),
+    )
     try:
-        app = create_app(
-            env_factory,
-            max_sessions=max_sessions,
-            session_idle_timeout=session_idle_timeout,
-            http_idle_timeout=http_idle_timeout,
-            http_max_body_size=max_message_size,
-            auth_token=tokens,
-            allow_origins=allow_origins,
-            error_details=not hide_error_details,
-            queue_timeout=queue_timeout,
-            allowed_hosts=allowed_hosts,
-            body_timeout=body_timeout,
-            max_sessions_per_client=max_sessions_per_client,
-            step_timeout=step_timeout,
-            metrics=metrics,
-        )
+        app = create_app(env_factory, config=config)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
     try:
-        run(
-            app,
-            host=host,
-            port=port,
-            backend=backend,  # type: ignore[arg-type]
-            server=server,  # type: ignore[arg-type]
-            log_level=log_level,
-            max_message_size=max_message_size,
-            header_timeout=header_timeout,
-            max_connections=max_connections,
-            on_ready=announce,
-        )
+        run(app, config=config, host=host, port=port, backend=cast(Any, backend), on_ready=announce)
     except OSError as exc:
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:
@@ -336,149 +318,6 @@ def _missing_module(exc: ModuleNotFoundError, factory: str, app_dir: str) -> str
 # -- demo ------------------------------------------------------------------------
 
 
-class _DemoFailure(Exception):
-    """One check of the demo did not hold."""
-
-
-def _transport_unavailable(scheme: str, module: str, name: str) -> str | None:
-    """Why a transport cannot be demonstrated, or ``None`` if it can."""
-    if scheme not in openenv.registered_schemes():
-        return f"the {scheme}:// scheme is not registered"
-    try:
-        getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        return f"{module} has no {name} ({exc})"
-    return None
-
-
-def _websocket_unavailable() -> str | None:
-    """Why the WebSocket transport cannot be demonstrated, or ``None`` if it can."""
-    return _transport_unavailable("ws", "transports.websocket", "WebSocketTransport")
-
-
-def _polling_unavailable() -> str | None:
-    """Why the HTTP long-polling transport cannot be demonstrated, or ``None`` if it can."""
-    return _transport_unavailable("http+poll", "transports.http", "HTTPPollingTransport")
-
-
-def _server_unavailable() -> str | None:
-    """Why no server can run for the demo (its extra is not installed), or ``None`` if one can."""
-    for module in ("starlette", "uvicorn", "hypercorn"):
-        if importlib.util.find_spec(module) is None:
-            return f"no server: {module} is not installed (pip install 'openenv[server]')"
-    return None
-
-
-def _describe(result: Any) -> str:
-    observation = result.observation
-    reward = "None" if result.reward is None else f"{result.reward:g}"
-    return (
-        f"echoed_message={observation.echoed_message!r} result={observation.result!r} "
-        f"reward={reward} done={result.done!r}"
-    )
-
-
-def _observed(result: Any, name: str) -> Any:
-    """A field of a result's observation (the echo client's type is a union: not every member has it)."""
-    return getattr(result.observation, name, None)
-
-
-def _check(condition: bool, what: str) -> None:
-    if not condition:
-        raise _DemoFailure(what)
-
-
-async def _exercise_async(url: str) -> list[str]:
-    """Run the demo's calls through the async client; returns the lines to print."""
-    from openenv.examples.echo import CallToolAction, EchoEnv
-
-    lines = []
-    async with EchoEnv(url, timeout=10.0) as env:
-        result = await env.reset()
-        lines.append(f"reset()                  -> {_describe(result)}")
-        _check(_observed(result, "echoed_message") == "" and not result.done, "reset() gave a fresh episode")
-        action = CallToolAction(tool_name="echo_message", arguments={"message": "Hello, openenv!"})
-        result = await env.step(action)
-        lines.append(f"step(echo_message)       -> {_describe(result)}")
-        _check(_observed(result, "echoed_message") == "Hello, openenv!", "step() echoed the message")
-        result = await env.reset_async(episode_id="demo-episode")
-        lines.append(f"reset_async(episode_id)  -> {_describe(result)}")
-        action = CallToolAction(tool_name="echo_with_length", arguments={"message": "async"})
-        result = await env.step_async(action)
-        lines.append(f"step_async(with_length)  -> {_describe(result)}")
-        _check(_observed(result, "result") == {"message": "async", "length": 5}, "step_async() measured the message")
-        state = await env.state()
-        lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
-        _check(state.episode_id == "demo-episode" and state.step_count == 1, "state() followed the episode")
-        tools = [tool.name for tool in await env.list_tools()]
-        lines.append(f"list_tools()             -> {tools}")
-        echoed = await env.call_tool("echo_message", message="tool")
-        lines.append(f"call_tool(echo_message)  -> {echoed!r}")
-        _check(tools == ["echo_message", "echo_with_length"] and echoed == "tool", "the MCP tools answered")
-    return lines
-
-
-def _exercise_sync(url: str, backend: str) -> list[str]:
-    """Run the demo's calls through the blocking facade (``.sync()``)."""
-    from openenv.examples.echo import CallToolAction, EchoEnv
-
-    lines = []
-    with EchoEnv(url, timeout=10.0).sync(backend=backend) as env:
-        result = env.reset(episode_id="sync-episode")
-        lines.append(f"reset(episode_id)        -> {_describe(result)}")
-        result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": "Hello, sync!"}))
-        lines.append(f"step(echo_message)       -> {_describe(result)}")
-        _check(_observed(result, "echoed_message") == "Hello, sync!", "step() echoed the message")
-        state = env.state()
-        lines.append(f"state()                  -> episode_id={state.episode_id!r} step_count={state.step_count}")
-        _check(state.episode_id == "sync-episode" and state.step_count == 1, "state() followed the episode")
-    return lines
-
-
-def _report(label: str, run_demo: Callable[[], list[str]]) -> bool:
-    """Run one demo part and print what it got; returns whether it passed."""
-    click.echo(f"  {label}")
-    try:
-        lines = run_demo()
-    except _DemoFailure as exc:
-        click.secho(f"    FAILED: expected that {exc}", fg="red")
-        return False
-    except Exception as exc:
-        click.secho(f"    FAILED: {type(exc).__name__}: {exc}", fg="red")
-        return False
-    for line in lines:
-        click.echo(f"    {line}")
-    click.secho("    ok", fg="green")
-    return True
-
-
-@contextmanager
-def _demo_urls(portal: Any) -> Iterator[list[tuple[str, str | None, str]]]:
-    """Yield ``(label, url or None, why skipped)`` for each transport, serving what needs a server."""
-    with ExitStack() as stack:
-        urls: list[tuple[str, str | None, str]] = [("in-process", f"inproc://{DEMO_FACTORY}", "")]
-        # One server serves both: /ws, and /poll/sessions for HTTP long-polling.
-        no_server = _server_unavailable()
-        networked = [
-            ("WebSocket", "ws", no_server or _websocket_unavailable()),
-            ("HTTP long-polling", "http+poll", no_server or _polling_unavailable()),
-        ]
-        base_url = None
-        if any(reason is None for _, _, reason in networked):
-            from openenv.examples.echo import EchoEnvironment
-
-            from .runner import serve
-
-            running = stack.enter_context(portal.wrap_async_context_manager(serve(EchoEnvironment, port=0)))
-            base_url = running.url
-        for label, scheme, reason in networked:
-            if reason is None and base_url is not None:
-                urls.append((label, base_url.replace("http://", f"{scheme}://", 1), ""))
-            else:
-                urls.append((label, None, reason or "no server"))
-        yield urls
-
-
 @main.command()
 @click.option(
     "--backend",
@@ -494,7 +333,7 @@ def demo(backend: str) -> None:
     step_async) and reads the state through the async client, then once more
     through the blocking .sync() facade. Exits non-zero if anything fails.
     """
-    from anyio.from_thread import start_blocking_portal
+    from ._demo import run_demo
 
     backends = ["asyncio", "trio"] if backend == "both" else [backend]
     if "trio" in backends and importlib.util.find_spec("trio") is None:
@@ -502,19 +341,7 @@ def demo(backend: str) -> None:
             require_installed("trio")
         click.echo("(trio is not installed: the demo runs on asyncio only)")
         backends.remove("trio")
-
-    passed = True
-    for index, name in enumerate(backends):
-        click.secho(f"== {name} ==", bold=True)
-        with start_blocking_portal(name) as portal, _demo_urls(portal) as urls:
-            for label, url, reason in urls:
-                if url is None:
-                    click.echo(f"  {label}: skipped ({reason})")
-                    continue
-                passed &= _report(f"{label} {url}", partial(portal.call, _exercise_async, url))
-                if index == 0:
-                    passed &= _report(f"{label} {url}, blocking (.sync())", partial(_exercise_sync, url, name))
-    if not passed:
+    if not run_demo(backends):
         raise click.ClickException("the demo failed")
     click.secho("all good", fg="green")
 

@@ -23,6 +23,8 @@ from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import host_session, load_factory
 
+from ._deprecated import renamed_option
+
 __all__ = ["InProcessTransport"]
 
 SCHEME = "inproc://"
@@ -58,13 +60,14 @@ class InProcessTransport(Transport):
         factory: Builds the environment (usually its class); overrides the URL.
         dialect: The dialect to speak. The default, JSON with request ids, is what
             our WebSocket server negotiates; ``Dialect()`` speaks plain OpenEnv.
-        close_grace: Seconds to let the session finish its current request and
+        close_timeout: Seconds to let the session finish its current request and
             close its environment before it is cancelled (5 by default).
+        close_grace: Deprecated: ``close_timeout``, the name every transport uses.
 
     Attributes:
         url: The URL given, or ``None``.
         dialect: The dialect the session speaks.
-        close_grace: Seconds the session gets to finish when the transport closes.
+        close_timeout: Seconds the session gets to finish when the transport closes.
 
     Raises:
         ValueError: Neither ``url`` nor ``factory`` was given.
@@ -76,13 +79,16 @@ class InProcessTransport(Transport):
         *,
         factory: Callable[[], Any] | None = None,
         dialect: Dialect = Dialect(request_ids=True),
-        close_grace: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
+        close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
+        close_grace: float | None = None,
     ) -> None:
         if url is None and factory is None:
             raise ValueError("InProcessTransport needs an inproc:// URL or a factory")
+        if close_grace is not None:
+            close_timeout = renamed_option("InProcessTransport", "close_grace", "close_timeout", close_grace)
         self.url = url
         self.dialect = dialect
-        self.close_grace = close_grace
+        self.close_timeout = close_timeout
         self._factory = factory
         self._session: BackgroundTask | None = None
         # Unbounded queues are safe here: the client sends one request at a time
@@ -178,7 +184,7 @@ class InProcessTransport(Transport):
                 queue.close()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close, give the session `close_grace` seconds to finish, then cancel it.
+        """Close, give the session `close_timeout` seconds to finish, then cancel it.
 
         Args:
             *exc_info: The exception that ended the block, if any (unused).
@@ -187,6 +193,6 @@ class InProcessTransport(Transport):
         session, self._session = self._session, None
         if session is None:
             return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_grace):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
             await session.done.wait()
         await session.stop()

@@ -36,8 +36,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE, ServerSession, SessionMetrics, factory_name, jsonrpc_error
+from openenv._codec import MAX_NESTING, _nested_deeper_than
+from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
+from ._deprecated import renamed_option
 from ._guard import client_of
 from ._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, GivingUp, SessionLease, SessionRegistry
 
@@ -117,13 +119,13 @@ class _Limits:
     def __init__(
         self,
         registry: SessionRegistry | None,
-        max_body_size: int,
+        max_message_size: int,
         error_details: bool,
         metrics: SessionMetrics | None,
         name: str,
     ) -> None:
         self.registry = registry
-        self.max_body_size = max_body_size
+        self.max_message_size = max_message_size
         self.error_details = error_details
         self.metrics = metrics
         self.name = name
@@ -222,9 +224,21 @@ def _too_large(limit: int) -> Response:
 async def _json_body(request: Request, limit: int) -> Any:
     body = await _body(request, limit)
     try:
-        return msgspec.json.decode(body) if body.strip() else None
+        decoded = msgspec.json.decode(body) if body.strip() else None
     except RecursionError as exc:  # msgspec's guard: nested too deeply to be a request
         raise msgspec.DecodeError("JSON is nested too deeply") from exc
+    _check_depth(body)
+    return decoded
+
+
+def _check_depth(body: bytes) -> None:
+    """Refuse (`msgspec.DecodeError`) a decoded body nested deeper than a session's frames may be.
+
+    msgspec's own guard is the stack, whose depth depends on the Python (3.13
+    decodes 5,000 levels): the bound is the codec's, on every Python.
+    """
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nested_deeper_than(body, MAX_NESTING):
+        raise msgspec.DecodeError(f"JSON is nested deeper than {MAX_NESTING} levels")
 
 
 def _body_error(exc: msgspec.DecodeError) -> Response:
@@ -320,8 +334,9 @@ def openenv_http_routes(
     schemas: dict[str, dict[str, Any]],
     metadata: openenv.EnvironmentMetadata,
     registry: SessionRegistry | None = None,
-    max_body_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    max_message_size: int = SERVER_DEFAULTS.max_message_size,
     error_details: bool = True,
+    max_body_size: int | None = None,
     metrics: SessionMetrics | None = None,
 ) -> list[BaseRoute]:
     """OpenEnv's stateless HTTP routes for an environment factory (see the module's docs).
@@ -332,22 +347,25 @@ def openenv_http_routes(
         metadata: What ``GET /metadata`` answers, for ``/openapi.json``.
         registry: The app's session registry: each request's environment holds
             a slot while it lives (``503`` at capacity); ``None`` for no limit.
-        max_body_size: The largest request body, in bytes (``413`` beyond).
+        max_message_size: The largest request body, in bytes (``413`` beyond).
         error_details: Whether errors name the server's exceptions (see
             `openenv.server.ServerSession`).
+        max_body_size: Deprecated: ``max_message_size``.
         metrics: Where the requests are counted (as a session's), or ``None``.
 
     Returns:
         The routes: ``POST /reset``, ``POST /step``, ``GET /state``, ``POST /mcp``, ``GET /openapi.json``.
     """
+    if max_body_size is not None:
+        max_message_size = renamed_option("openenv_http_routes", "max_body_size", "max_message_size", max_body_size)
     document = msgspec.json.encode(openapi_document(schemas, metadata))
-    limits = _Limits(registry, max_body_size, error_details, metrics, factory_name(factory))
+    limits = _Limits(registry, max_message_size, error_details, metrics, factory_name(factory))
 
     async def reset(request: Request) -> Response:
         try:
-            kwargs = await _json_body(request, max_body_size)
+            kwargs = await _json_body(request, max_message_size)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.DecodeError as exc:
             return _body_error(exc)
         if kwargs is None:
@@ -359,9 +377,11 @@ def openenv_http_routes(
 
     async def step(request: Request) -> Response:
         try:
-            body = msgspec.json.decode(await _body(request, max_body_size), type=StepRequest)
+            raw = await _body(request, max_message_size)
+            body = msgspec.json.decode(raw, type=StepRequest)
+            _check_depth(raw)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.ValidationError as exc:
             errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
             return _JSONResponse({"detail": errors}, status_code=422)
@@ -379,9 +399,9 @@ def openenv_http_routes(
 
     async def mcp(request: Request) -> Response:
         try:
-            message = await _json_body(request, max_body_size)
+            message = await _json_body(request, max_message_size)
         except _TooLarge:
-            return _too_large(max_body_size)
+            return _too_large(max_message_size)
         except msgspec.DecodeError:
             return _JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
         if not isinstance(message, dict):

@@ -14,66 +14,46 @@ WebSocket connections served beside it through ``websockets``' sans-I/O
 protocol (``hypercorn+websockets``: about half hypercorn's CPU per message;
 see `transports._websocket_front`). Plain hypercorn can be asked for on
 either backend.
+
+This module binds the socket, runs a server on it for as long as asked, and
+ends the sessions before the server stops. Each server has a driver of its own
+(`transports._uvicorn_driver`, `transports._hypercorn_driver`); what openenv
+changes in hypercorn on trio is in `transports._hypercorn_patches`, and the
+servers' logging in `transports._server_logs`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
-import re
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 
-from openenv.server import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_MESSAGE_SIZE,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_SESSION_IDLE_TIMEOUT,
-    DEFAULT_SHUTDOWN_TIMEOUT,
-    DEFAULT_STARTUP_TIMEOUT,
-    ServeFunction,
-)
+from openenv._config import explicit_fields
+from openenv.server import ServeFunction, ServerConfig, ServerName, ServerOptions, server_config
 
-from ._hypercorn_limits import cap_connections, fit_to_open_files, refuse_compression
+from ._hypercorn_driver import run_hypercorn
+from ._public_io import PUBLIC_IO_ENV, public_io_only
+from ._server_logs import configure_console_logging, redact_access_logs
 from ._sessions import SHUTDOWN_REASON, SessionRegistry
-from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
-from ._websocket_front import ReplayedStream, is_websocket_upgrade, read_head, serve_websocket
+from ._uvicorn_driver import run_uvicorn
 from .app import create_app
 
-__all__ = ["DEFAULT_WS_MAX_SIZE", "RunningServer", "ServerName", "current_backend", "run", "serve"]
+__all__ = ["RunningServer", "ServerName", "current_backend", "run", "serve"]
 
 logger = logging.getLogger("openenv.server")
 
-ServerName = Literal["uvicorn", "hypercorn", "hypercorn+websockets"]
-"""The servers that can run the app: uvicorn (asyncio only), hypercorn (asyncio or trio), or
-hypercorn+websockets (trio only: hypercorn, with WebSocket connections served through
-``websockets``' sans-I/O protocol instead of hypercorn's own; see `transports._websocket_front`)."""
-
-_SERVER_NAMES = ("uvicorn", "hypercorn", "hypercorn+websockets")
-
-DEFAULT_WS_MAX_SIZE = DEFAULT_MAX_MESSAGE_SIZE
-"""The largest WebSocket message the server accepts by default: 16 MiB (the HTTP body limit too).
-
-A message is refused as its frames arrive, before it is buffered whole; a larger
-one ends its own connection (close code 1009).
-"""
-
-# Seconds between uvicorn's keepalive pings, and to wait for the pong (its defaults).
-_WS_PING_INTERVAL = 20.0
-_WS_PING_TIMEOUT = 20.0
 _LISTEN_BACKLOG = 2048
 # Seconds the sessions cut at the end of the shutdown's grace get to answer their clients.
 _CUT_WAIT = 1.0
-_PROBE_INTERVAL = 0.01
 
 
 class RunningServer:
@@ -130,8 +110,23 @@ def current_backend() -> str:
     return cancelled.__module__.partition(".")[0]
 
 
-def _default_server(backend: str) -> ServerName:
-    return "uvicorn" if backend == "asyncio" else "hypercorn+websockets"
+def _server_for(config: ServerConfig, backend: str) -> ServerName:
+    """The server asked for, or the backend's default.
+
+    With public I/O only, the default is hypercorn on both backends (its own
+    bounds hold without openenv's code inside it), and hypercorn+websockets is
+    served as plain hypercorn.
+    """
+    name = config.server
+    if name == "uvicorn" and backend != "asyncio":
+        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
+    if name == "hypercorn+websockets" and backend != "trio":
+        raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
+    if config.public_io or public_io_only():
+        if name == "hypercorn+websockets":
+            logger.warning("public I/O only (%s): serving on plain hypercorn, not hypercorn+websockets", PUBLIC_IO_ENV)
+        return "uvicorn" if name == "uvicorn" else "hypercorn"
+    return name or ("uvicorn" if backend == "asyncio" else "hypercorn+websockets")
 
 
 # TCP keepalive on every connection (accepted sockets inherit it from the
@@ -174,292 +169,40 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _Options:
-    """What the server runners need besides the app and the socket."""
-
-    def __init__(
-        self,
-        *,
-        log_level: str,
-        shutdown_timeout: float,
-        embedded: bool,
-        max_message_size: int = DEFAULT_WS_MAX_SIZE,
-        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-        max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    ) -> None:
-        if not header_timeout > 0:
-            raise ValueError(f"header_timeout must be positive, not {header_timeout}")
-        if max_connections is not None and max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1 (or None), not {max_connections}")
-        self.log_level = log_level
-        self.shutdown_timeout = shutdown_timeout
-        self.embedded = embedded
-        self.max_message_size = max_message_size
-        self.header_timeout = header_timeout
-        self.max_connections = fit_to_open_files(max_connections)
-
-
-async def _run_uvicorn(
-    app: Starlette,
-    sock: socket.socket,
-    options: _Options,
-    stop: anyio.Event,
-    *,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
-
-    class EmbeddedServer(uvicorn.Server):
-        """Uvicorn that reports readiness, and leaves signals to its caller."""
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            yield  # never install signal handlers: `serve` is a library call, `run` handles them
-
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started:
-                task_status.started()
-
-    config = uvicorn.Config(
-        app,
-        http=uvicorn_http_protocol(options.header_timeout),
-        limit_concurrency=options.max_connections,
-        ws=uvicorn_websocket_protocol(),
-        lifespan="on",
-        interface="asgi3",
-        log_config=None if options.embedded else LOGGING_CONFIG,
-        log_level=options.log_level,
-        access_log=options.log_level in ("debug", "trace"),
-        ws_max_size=options.max_message_size,
-        ws_ping_interval=_WS_PING_INTERVAL,
-        ws_ping_timeout=_WS_PING_TIMEOUT,
-        # Compressing small frames costs more CPU than it saves on a fast link.
-        ws_per_message_deflate=False,
-        timeout_graceful_shutdown=max(1, round(options.shutdown_timeout)),
-    )
-    server = EmbeddedServer(config)
-
-    async def exit_when_stopped() -> None:
-        await stop.wait()
-        server.should_exit = True
-
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(exit_when_stopped)
-        try:
-            await server.serve(sockets=[sock])
-        except SystemExit as exc:  # uvicorn exits the process when the app's startup fails
-            raise RuntimeError(f"uvicorn stopped (exit status {exc.code}); see its log") from None
-        task_group.cancel_scope.cancel()
-
-
-class _StartedAdapter:
-    """Hands hypercorn's ``task_status.started(binds)`` on to anyio's ``started()``."""
-
-    def __init__(self, task_status: TaskStatus[None]) -> None:
-        self._task_status = task_status
-
-    def started(self, value: object = None) -> None:
-        self._task_status.started()
-
-
-async def _run_hypercorn(
-    app: Starlette,
-    sock: socket.socket,
-    options: _Options,
-    stop: anyio.Event,
-    *,
-    websocket_front: bool = False,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    from hypercorn.config import Config, Sockets
-    from hypercorn.utils import wrap_app
-
-    config = Config()
-    config.loglevel = "DEBUG" if options.log_level == "trace" else options.log_level.upper()  # no TRACE level
-    error_logger = logging.getLogger("hypercorn.error")
-    error_logger.setLevel(config.loglevel)
-    if not options.embedded:
-        # A console handler as hypercorn's own, and its lines printed once: not again
-        # by the root logger's handler, which an environment may have set up.
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s"))
-        error_logger.handlers = [handler]
-        error_logger.propagate = False
-    config.errorlog = error_logger  # embedded: the process's own logging setup, untouched
-    config.accesslog = "-" if options.log_level in ("debug", "trace") else None
-    config.websocket_max_message_size = options.max_message_size
-    # Hypercorn closes a connection idle (no request in hand) this long: it also
-    # bounds how long a client may take to send a request's headers.
-    config.keep_alive_timeout = options.header_timeout
-    # No keepalive pings (hypercorn's default): its ping task outlives a closed
-    # connection by up to one interval, holding the socket and delaying shutdown.
-    config.graceful_timeout = options.shutdown_timeout
-    sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
-    wrapped = wrap_app(cast(Any, app), config.wsgi_max_body_size, "asgi")
-    refuse_compression()
-
-    if current_backend() == "trio":
-        from hypercorn.trio.run import worker_serve as trio_worker_serve
-
-        _mend_hypercorn_trio_closing()
-        _add_hypercorn_trio_websocket_front()
-        cap_connections(config, options.max_connections, "trio")  # outermost: counts the front's connections too
-        config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
-        started: Any = _StartedAdapter(task_status)
-        await trio_worker_serve(wrapped, config, sockets=sockets, shutdown_trigger=stop.wait, task_status=started)
-        return
-
-    from hypercorn.asyncio.run import worker_serve as asyncio_worker_serve
-
-    cap_connections(config, options.max_connections, "asyncio")
-    # Hypercorn on asyncio tells nobody when it is ready: ask it over HTTP.
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(
-            functools.partial(asyncio_worker_serve, wrapped, config, sockets=sockets, shutdown_trigger=stop.wait)
-        )
-        host, port = sock.getsockname()[:2]
-        await _wait_until_serving(host, port)
-        task_status.started()
-
-
-def _mend_hypercorn_trio_closing() -> None:
-    """Keep a client closing its WebSocket from killing hypercorn's whole trio server.
-
-    Hypercorn's trio connection half-closes its socket (``send_eof``) outside the
-    lock its other writes take. A write that lands meanwhile (the closing
-    handshake's answer, or the app's last frame when both ends close at once)
-    raises `trio.BusyResourceError`, which nothing catches: it ends the server's
-    task group, listener and every session with it, while the process lives on.
-    The write is moot (the socket is being closed), so this treats it as the
-    peer having gone, as hypercorn treats a broken socket. Idempotent.
-    """
-    import hypercorn.trio.run
-    import hypercorn.trio.tcp_server
-    from hypercorn.events import Closed
-    from hypercorn.trio.tcp_server import TCPServer
-
-    # Trio's own exception, taken from the hypercorn module that meets it (the
-    # rest of openenv reaches trio only through anyio).
-    tcp_server_module: Any = hypercorn.trio.tcp_server
-    busy_error: type[Exception] = tcp_server_module.trio.BusyResourceError
-
-    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
-    if getattr(run_module.TCPServer, "_openenv_mended", False):
-        return
-
-    class MendedTCPServer(TCPServer):
-        _openenv_mended = True
-
-        async def protocol_send(self, event: Any) -> None:
-            try:
-                await super().protocol_send(event)
-            except busy_error:  # send_eof is closing the socket: the write is moot
-                await self.protocol.handle(Closed())
-
-    run_module.TCPServer = MendedTCPServer
-
-
-def _add_hypercorn_trio_websocket_front() -> None:
-    """Serve the WebSocket connections of hypercorn+websockets beside hypercorn on trio.
-
-    Hypercorn's trio worker builds a ``TCPServer`` per connection; this one,
-    for a server whose config has ``_openenv_websocket_front`` set, reads the
-    request head first, serves a WebSocket upgrade itself (see
-    `transports._websocket_front`), and hands anything else to hypercorn with
-    the bytes already read. Other servers' connections go to hypercorn
-    untouched. Idempotent.
-    """
-    import hypercorn.trio.run
-
-    run_module: Any = hypercorn.trio.run  # the module whose TCPServer its worker_serve builds
-    if getattr(run_module.TCPServer, "_openenv_fronted", False):
-        return
-
-    class FrontedTCPServer(run_module.TCPServer):  # type: ignore[misc]  # the mended class, if installed
-        _openenv_fronted = True
-        stream: Any  # trio's SocketStream, or the one that replays the head
-
-        async def run(self) -> None:
-            if not getattr(self.config, "_openenv_websocket_front", False):
-                await super().run()
-                return
-            head = await self._read_head()
-            if head is None:
-                with contextlib.suppress(Exception):
-                    await self.stream.aclose()
-                return
-            if not is_websocket_upgrade(head):
-                self.stream = ReplayedStream(self.stream, head)
-                await super().run()
-                return
-            sock = self.stream.socket
-            try:
-                client, server = sock.getpeername()[:2], sock.getsockname()[:2]
-            except OSError:  # gone already
-                with contextlib.suppress(Exception):
-                    await self.stream.aclose()
-                return
-            watched = cast(Any, self.app).app  # hypercorn's wrapper around the ASGI app
-            await serve_websocket(
-                watched,
-                self.stream,
-                head,
-                client=client,
-                server=server,
-                max_message_size=self.config.websocket_max_message_size,
-                state=dict(self.state),
-            )
-
-        async def _read_head(self) -> bytes | None:
-            """The request head, within the keep-alive timeout; ``None`` if it does not come, or the server stops."""
-            head: bytes | None = None
-            with anyio.move_on_after(self.config.keep_alive_timeout):
-                async with anyio.create_task_group() as task_group:
-
-                    async def cancel_when_terminated() -> None:
-                        await self.context.terminated.wait()
-                        task_group.cancel_scope.cancel()
-
-                    task_group.start_soon(cancel_when_terminated)
-                    head = await read_head(self.stream)
-                    task_group.cancel_scope.cancel()
-            return head
-
-    run_module.TCPServer = FrontedTCPServer
-
-
-async def _wait_until_serving(host: str, port: int) -> None:
-    """Return once an HTTP request to the server gets a response (any status)."""
-    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
-    while True:
-        try:
-            async with await anyio.connect_tcp(host, port) as stream:
-                await stream.send(request)
-                if (await stream.receive()).startswith(b"HTTP/"):
-                    return
-        except (OSError, anyio.EndOfStream, anyio.BrokenResourceError):
-            pass
-        await anyio.sleep(_PROBE_INTERVAL)
-
-
-_RUNNERS: dict[str, Callable[..., Awaitable[None]]] = {
-    "uvicorn": _run_uvicorn,
-    "hypercorn": _run_hypercorn,
-    "hypercorn+websockets": functools.partial(_run_hypercorn, websocket_front=True),
+# Each called as (app, sock, config, stop, embedded=, task_status=).
+_DRIVERS: dict[ServerName, Callable[..., Awaitable[None]]] = {
+    "uvicorn": run_uvicorn,
+    "hypercorn": run_hypercorn,
+    "hypercorn+websockets": functools.partial(run_hypercorn, websocket_front=True),
 }
 
 
-def _app_for(app_or_factory: Starlette | Callable[[], Any] | str, **app_options: Any) -> Starlette:
-    """The app to serve: ``app_or_factory`` itself, or `create_app` of it with the options given."""
-    if isinstance(app_or_factory, Starlette):
-        defaults = inspect.signature(create_app).parameters
-        changed = sorted(name for name, value in app_options.items() if value != defaults[name].default)
-        if changed:
-            raise ValueError(f"{', '.join(changed)} are set in create_app(), not for a ready app")
-        return app_or_factory
-    return create_app(app_or_factory, **app_options)
+def _resolved(config: ServerConfig, *, embedded: bool) -> ServerConfig:
+    """``config`` with its log level decided: warnings in a program, what it does on a command line."""
+    return msgspec.structs.replace(config, log_level=config.log_level or ("warning" if embedded else "info"))
+
+
+def _app_for(
+    app_or_factory: Starlette | Callable[[], Any] | str, config: ServerConfig, given: set[str]
+) -> tuple[Starlette, ServerConfig]:
+    """The app to serve, and the config to serve it with.
+
+    A factory gets `create_app` with ``config``. An app made by `create_app`
+    keeps the options it was made with, and is served with them: one of them
+    ``given`` here with another value is a mistake. Another app has no such
+    options but the one the server enforces too (``max_message_size``).
+    """
+    if not isinstance(app_or_factory, Starlette):
+        return create_app(app_or_factory, config=config), config
+    own = getattr(app_or_factory.state, "config", None)
+    if isinstance(own, ServerConfig):
+        differing = {name for name in given & ServerConfig.APP_FIELDS if getattr(config, name) != getattr(own, name)}
+        config = msgspec.structs.replace(config, **{name: getattr(own, name) for name in ServerConfig.APP_FIELDS})
+    else:
+        differing = given & ServerConfig.APP_FIELDS - {"max_message_size"}
+    if differing:
+        raise ValueError(f"{', '.join(sorted(differing))} are set in create_app(), not for a ready app")
+    return app_or_factory, config
 
 
 async def _end_sessions(app: Starlette, timeout: float) -> None:
@@ -539,9 +282,8 @@ async def _serving(
     *,
     host: str,
     port: int,
-    server: ServerName | None,
-    options: _Options,
-    startup_timeout: float,
+    config: ServerConfig,
+    embedded: bool,
 ) -> AsyncIterator[RunningServer]:
     """Run ``app`` on a server for the block; the block's own exception comes out as itself.
 
@@ -550,14 +292,9 @@ async def _serving(
     when the block ends (the block is not interrupted).
     """
     backend = current_backend()
-    _redact_access_logs()
-    name: ServerName = server if server is not None else _default_server(backend)
-    if name not in _RUNNERS:
-        raise ValueError(f"unknown server {name!r}; use one of {', '.join(map(repr, _SERVER_NAMES))}")
-    if name == "uvicorn" and backend != "asyncio":
-        raise RuntimeError(f"uvicorn runs on asyncio only, not {backend}; use server='hypercorn+websockets'")
-    if name == "hypercorn+websockets" and backend != "trio":
-        raise RuntimeError(f"hypercorn+websockets runs on trio only, not {backend}; use server='uvicorn'")
+    redact_access_logs()
+    config = _resolved(config, embedded=embedded)
+    name = _server_for(config, backend)
     watched = _StartupWatch(app)
     sock = _bind(host, port)
     server_errors: list[Exception] = []
@@ -568,7 +305,7 @@ async def _serving(
 
     async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
-            await _RUNNERS[name](watched, sock, options, stop, task_status=task_status)
+            await _DRIVERS[name](watched, sock, config, stop, embedded=embedded, task_status=task_status)
         except Exception as exc:  # kept for the host: a task group would cancel the caller's block
             server_errors.append(exc)
         finally:
@@ -578,6 +315,7 @@ async def _serving(
         bound_host, bound_port = sock.getsockname()[:2]
         async with anyio.create_task_group() as task_group:
             try:
+                startup_timeout = config.startup_timeout
                 with anyio.fail_after(startup_timeout):
                     await task_group.start(run_server)
                 started = watched.failure is None
@@ -587,7 +325,7 @@ async def _serving(
                 server_errors.append(TimeoutError(f"{name} did not start within {startup_timeout} s"))
             if not started:
                 stop.set()
-                with anyio.move_on_after(options.shutdown_timeout):
+                with anyio.move_on_after(config.shutdown_timeout):
                     await stopped.wait()
                 task_group.cancel_scope.cancel()
             else:
@@ -599,12 +337,12 @@ async def _serving(
                     body_error = exc
                 finally:
                     try:
-                        await _end_sessions(app, options.shutdown_timeout)
+                        await _end_sessions(app, config.shutdown_timeout)
                     finally:
                         watched.stopping = True
                         stop.set()
                         # Graceful first; the server bounds its own grace, this bounds the server.
-                        with anyio.move_on_after(options.shutdown_timeout + 2.0):
+                        with anyio.move_on_after(config.shutdown_timeout + 2.0):
                             await stopped.wait()
                         task_group.cancel_scope.cancel()
     finally:
@@ -633,21 +371,10 @@ async def _set_when_set(event: anyio.Event, follower: anyio.Event) -> None:
 async def serve(
     app_or_factory: Starlette | Callable[[], Any] | str,
     *,
+    config: ServerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    server: ServerName | None = None,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    log_level: str = "warning",
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-    max_message_size: int = DEFAULT_WS_MAX_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    queue_timeout: float | None = None,
+    **options: Unpack[ServerOptions],
 ) -> AsyncIterator[RunningServer]:
     """Serve an environment from inside a running event loop, for the ``async with`` block.
 
@@ -666,31 +393,15 @@ async def serve(
 
     Args:
         app_or_factory: The environment factory (a class, a function, or its
-            ``"package.module:Factory"`` name), or an app made by `create_app`.
+            ``"package.module:Factory"`` name), or an app made by `create_app`
+            (served with the app's own options).
+        config: The server's options (`openenv.ServerConfig`); the defaults
+            when ``None``.
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as
             `RunningServer.port`.
-        server: ``"uvicorn"`` (asyncio only), ``"hypercorn"``, or
-            ``"hypercorn+websockets"`` (trio only); by default uvicorn on
-            asyncio and hypercorn+websockets on trio.
-        max_sessions: See `create_app` (only with a factory).
-        session_idle_timeout: See `create_app` (only with a factory).
-        log_level: The level of the server's own loggers (``"warning"``,
-            ``"info"``, ...); the process's logging configuration is not replaced.
-        shutdown_timeout: Seconds open sessions get, on exit, to finish the
-            request in hand before they are cut.
-        startup_timeout: Seconds the server may take to start.
-        max_message_size: The largest WebSocket message accepted, in bytes; a
-            larger one ends its connection (close code 1009), never another's.
-        auth_token: See `create_app` (only with a factory).
-        allow_origins: See `create_app` (only with a factory).
-        error_details: See `create_app` (only with a factory).
-        header_timeout: Seconds a connection may take to send a request's
-            headers (the WebSocket handshake's included), from its first byte
-            or the connection's start; then it is closed.
-        max_connections: The most connections at once (uvicorn only: beyond,
-            requests get 503); ``None`` for no limit.
-        queue_timeout: See `create_app` (only with a factory).
+        **options: Fields of `openenv.ServerConfig` by name, replacing
+            ``config``'s.
 
     Yields:
         The `RunningServer`, already serving. The block's own exception comes
@@ -702,34 +413,19 @@ async def serve(
             failed to start (its lifespan raised); or the server failed while the
             block ran (raised when the block ends: the block is not interrupted,
             its requests fail).
-        ValueError: An unknown ``server``, or session options with a ready app.
+        TypeError: An unknown option, or one of the wrong type.
+        ValueError: An option out of its range or choices (an unknown
+            ``server``), or the app's options differing from a ready app's.
         OSError: The address cannot be bound.
         TimeoutError: The server did not start within ``startup_timeout``.
     """
-    app = _app_for(
-        app_or_factory,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        auth_token=auth_token,
-        allow_origins=allow_origins,
-        error_details=error_details,
-        queue_timeout=queue_timeout,
-    )
-    options = _Options(
-        log_level=log_level,
-        shutdown_timeout=shutdown_timeout,
-        embedded=True,
-        max_message_size=max_message_size,
-        header_timeout=header_timeout,
-        max_connections=max_connections,
-    )
-    async with _serving(
-        app, host=host, port=port, server=server, options=options, startup_timeout=startup_timeout
-    ) as running:
+    checked = server_config(config, options)
+    app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
+    async with _serving(app, host=host, port=port, config=checked, embedded=True) as running:
         yield running
 
 
-if TYPE_CHECKING:  # openenv.serve forwards its typed options here: mypy checks both signatures agree
+if TYPE_CHECKING:  # openenv.serve hands its checked config here: mypy checks the signatures agree
     _serves_openenv: ServeFunction = serve
 
 
@@ -738,8 +434,7 @@ async def _serve_until_signalled(
     *,
     host: str,
     port: int,
-    server: ServerName | None,
-    options: _Options,
+    config: ServerConfig,
     on_ready: Callable[[RunningServer], object] | None,
 ) -> None:
     failure: Exception | None = None
@@ -758,9 +453,7 @@ async def _serve_until_signalled(
 
             task_group.start_soon(watch_signals)
             try:
-                async with _serving(
-                    app, host=host, port=port, server=server, options=options, startup_timeout=60.0
-                ) as running:
+                async with _serving(app, host=host, port=port, config=config, embedded=False) as running:
                     if on_ready is not None:
                         on_ready(running)
                     # A server that stops on its own (it failed) ends the process: a
@@ -779,22 +472,12 @@ async def _serve_until_signalled(
 def run(
     app_or_factory: Starlette | Callable[[], Any] | str,
     *,
+    config: ServerConfig | None = None,
     host: str = "127.0.0.1",
     port: int = 8000,
     backend: Literal["asyncio", "trio"] = "asyncio",
-    server: ServerName | None = None,
-    max_sessions: int | None = DEFAULT_MAX_SESSIONS,
-    session_idle_timeout: float | None = DEFAULT_SESSION_IDLE_TIMEOUT,
-    log_level: str = "info",
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-    max_message_size: int = DEFAULT_WS_MAX_SIZE,
-    auth_token: str | Sequence[str] | None = None,
-    allow_origins: Sequence[str] = (),
-    error_details: bool = True,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
-    queue_timeout: float | None = None,
     on_ready: Callable[[RunningServer], object] | None = None,
+    **options: Unpack[ServerOptions],
 ) -> None:
     """Serve an environment until SIGINT (Ctrl-C) or SIGTERM; blocks. For the CLI and scripts.
 
@@ -803,99 +486,31 @@ def run(
     main thread, with no event loop running. It is what ``openenv serve
     package.module:Factory --port 8000`` runs; in a script, write
     ``run(MyEnvironment, port=8000)`` under ``if __name__ == "__main__":``.
+    Its server logs at ``"info"`` unless ``log_level`` says otherwise, with the
+    server's usual console logging set up.
 
     Args:
         app_or_factory: As for `serve`.
+        config: As for `serve`.
         host: The address to listen on.
         port: The port (0 picks a free one; ``on_ready`` learns which).
         backend: The event loop: ``"asyncio"`` or ``"trio"``.
-        server: As for `serve`: by default uvicorn on asyncio, hypercorn+websockets on trio.
-        max_sessions: See `create_app` (only with a factory).
-        session_idle_timeout: See `create_app` (only with a factory).
-        log_level: The log level; the server's usual console logging is set up.
-        shutdown_timeout: Seconds open connections get to finish after a signal.
-        max_message_size: As for `serve`.
-        auth_token: See `create_app` (only with a factory).
-        allow_origins: See `create_app` (only with a factory).
-        error_details: See `create_app` (only with a factory).
-        header_timeout: As for `serve`.
-        max_connections: As for `serve`.
-        queue_timeout: See `create_app` (only with a factory).
         on_ready: Called with the `RunningServer` once it accepts connections.
+        **options: As for `serve`.
 
     Raises:
         RuntimeError: uvicorn was asked for on trio, hypercorn+websockets on
             asyncio, or the app failed to start.
-        ValueError: An unknown ``server``, or session options with a ready app.
+        TypeError: An unknown option, or one of the wrong type.
+        ValueError: An option out of its range or choices (an unknown
+            ``server``), or the app's options differing from a ready app's.
         OSError: The address cannot be bound.
     """
-    app = _app_for(
-        app_or_factory,
-        max_sessions=max_sessions,
-        session_idle_timeout=session_idle_timeout,
-        auth_token=auth_token,
-        allow_origins=allow_origins,
-        error_details=error_details,
-        queue_timeout=queue_timeout,
-    )
-    _configure_console_logging(log_level)
-    options = _Options(
-        log_level=log_level,
-        shutdown_timeout=shutdown_timeout,
-        embedded=False,
-        max_message_size=max_message_size,
-        header_timeout=header_timeout,
-        max_connections=max_connections,
-    )
+    checked = server_config(config, options)
+    app, checked = _app_for(app_or_factory, checked, explicit_fields(config, options))
+    checked = _resolved(checked, embedded=False)
+    configure_console_logging(checked.log_level or "info")
     anyio.run(
-        functools.partial(
-            _serve_until_signalled, app, host=host, port=port, server=server, options=options, on_ready=on_ready
-        ),
+        functools.partial(_serve_until_signalled, app, host=host, port=port, config=checked, on_ready=on_ready),
         backend=backend,
     )
-
-
-# A session id in a logged path: the id, not its key, but ids stay out of logs anyway.
-_SESSION_IN_PATH = re.compile(r"(/poll/sessions/)[^/\s?\"]+")
-
-
-class _RedactSessionIds(logging.Filter):
-    """Replaces HTTP session ids in the servers' access-log lines with ``...``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple):
-            record.args = tuple(_redact(arg) for arg in args)
-        elif isinstance(args, dict):  # hypercorn's atoms: updated in place, keeping its class
-            for key, value in list(args.items()):
-                args[key] = _redact(value)
-        record.msg = _redact(record.msg)
-        return True
-
-
-def _redact(value: Any) -> Any:
-    return _SESSION_IN_PATH.sub(r"\1...", value) if isinstance(value, str) else value
-
-
-def _redact_access_logs() -> None:
-    """Keep session ids out of the access logs of both servers (idempotent)."""
-    for name in ("uvicorn.access", "hypercorn.access"):
-        access_logger = logging.getLogger(name)
-        if not any(isinstance(existing, _RedactSessionIds) for existing in access_logger.filters):
-            access_logger.addFilter(_RedactSessionIds())
-
-
-def _configure_console_logging(log_level: str) -> None:
-    """Log openenv's server messages to stderr, for a command line (the servers log their own).
-
-    Each server line is printed once, by its own handler: not again by the root
-    logger's, which an environment may set up (``logging.basicConfig()`` on
-    import). uvicorn's configuration does the same for its loggers.
-    """
-    openenv_logger = logging.getLogger("openenv")
-    if all(isinstance(handler, logging.NullHandler) for handler in openenv_logger.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        openenv_logger.addHandler(handler)
-        openenv_logger.propagate = False
-    openenv_logger.setLevel("DEBUG" if log_level == "trace" else log_level.upper())

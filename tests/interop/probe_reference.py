@@ -54,7 +54,7 @@ async def drain(ws, n_max: int = 5, timeout: float = RECV_TIMEOUT) -> tuple[list
     for _ in range(n_max):
         try:
             msg = await asyncio.wait_for(ws.recv(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return frames, None
         except ConnectionClosed as exc:
             rcvd = exc.rcvd

@@ -72,6 +72,9 @@ from ._protocol import (
     SESSION_KEY_HEADER,
     SESSIONS_PATH,
     WAIT_HEADER,
+    Created,
+    Queued,
+    QueuePlace,
     dialect_for,
 )
 
@@ -117,24 +120,8 @@ _RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
 _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
-class _Created(msgspec.Struct):
-    session_id: str
-    session_key: str | None = None
-    max_body_size: int | None = None
-    max_wait: float | None = None
-
-
-class _QueuePlace(msgspec.Struct):
-    position: int = 0
-    queue_timeout: float = 0.0
-
-
-class _Queued(msgspec.Struct):
-    queued: _QueuePlace
-
-
-_decode_created = msgspec.json.Decoder(_Created).decode
-_decode_queued = msgspec.json.Decoder(_Queued).decode
+_decode_created = msgspec.json.Decoder(Created).decode
+_decode_queued = msgspec.json.Decoder(Queued).decode
 
 
 class _RequestFailed(Exception):
@@ -387,11 +374,11 @@ class HTTPPollingTransport(Transport):
             # A new session's key: a creation retried (its response lost) or asked
             # again while it waits in the server's queue is the same creation.
             creation = secrets.token_urlsafe(32)
-            queued: _QueuePlace | None = None
+            queued: QueuePlace | None = None
             while True:
                 # Each answer within the connect timeout; a 202 says the server keeps
                 # our place in its queue for a slot: ask again, at once.
-                answer: httpx.Response | _QueuePlace | None = None
+                answer: httpx.Response | QueuePlace | None = None
                 with self._clock.move_on_after(self.connect_timeout):
                     answer = await self._create_session(client, creation)
                 if answer is None:
@@ -411,7 +398,7 @@ class HTTPPollingTransport(Transport):
             raise
         return self
 
-    async def _create_session(self, client: httpx.AsyncClient, creation: str) -> httpx.Response | _QueuePlace:
+    async def _create_session(self, client: httpx.AsyncClient, creation: str) -> httpx.Response | QueuePlace:
         """Ask for the session once (retrying network failures): the answer, or where it waits in the queue."""
         url = f"{self.url}{SESSIONS_PATH}{self._query}"
         headers = [*self._headers, ("Content-Type", "application/json")]

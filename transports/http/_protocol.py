@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from typing import Final
 
+import msgspec
+
 from openenv import Dialect
-from openenv.server import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = [
     "ACK_HEADER",
-    "DEFAULT_MAX_BODY_SIZE",
+    "Created",
+    "QueuePlace",
+    "Queued",
     "DEFAULT_MAX_WAIT",
     "ERROR_HEADER",
     "FRAMES_PATH",
@@ -76,8 +79,35 @@ IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 MEDIA_TYPES: Final = {"json": "application/json", "msgpack": "application/msgpack"}
 """The media type of the frames of each encoding."""
 
-DEFAULT_MAX_BODY_SIZE: Final = DEFAULT_MAX_MESSAGE_SIZE
-"""The largest body the server accepts by default: 16 MiB, as over WebSocket."""
+
+class Created(msgspec.Struct):
+    """The body of the ``201`` that creates a session (the server fills every field; a client needs only the id)."""
+
+    session_id: str
+    session_key: str | None = None
+    encoding: str = "json"
+    max_body_size: int | None = None
+    max_wait: float | None = None
+
+
+class QueuePlace(msgspec.Struct):
+    """Where a creation waits in the server's queue for a slot.
+
+    Attributes:
+        position: Its place (1: the next admitted).
+        queue_timeout: Seconds the server lets a session wait in its queue.
+    """
+
+    position: int = 0
+    queue_timeout: float = 0.0
+
+
+class Queued(msgspec.Struct):
+    """The body of the ``202`` that says a creation waits in the queue for a slot: ask again, with the same key."""
+
+    queued: QueuePlace
+
+
 DEFAULT_MAX_WAIT: Final = 60.0
 """The longest the server holds a frame request by default, in seconds."""
 

@@ -39,16 +39,17 @@ import msgspec
 from anyio.abc import TaskGroup
 from starlette.routing import BaseRoute, Route
 
-from openenv import ConnectionClosed, Dialect
+from openenv import Clock, ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import DEFAULT_HTTP_IDLE_TIMEOUT, SessionMetrics, host_session
+from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
 
 from .._asgi import Receive, Scope, Send
+from .._deprecated import renamed_option
+from .._error_body import encode_error
 from .._guard import client_of
 from .._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
-    DEFAULT_MAX_BODY_SIZE,
     DEFAULT_MAX_WAIT,
     ERROR_HEADER,
     FRAMES_PATH,
@@ -60,11 +61,13 @@ from ._protocol import (
     SESSION_PATH,
     SESSIONS_PATH,
     WAIT_HEADER,
+    Created,
+    Queued,
+    QueuePlace,
     dialect_for,
 )
 
 __all__ = [
-    "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_UNACKNOWLEDGED_BYTES",
     "DEFAULT_MAX_UNACKNOWLEDGED_TOTAL",
     "DEFAULT_UNUSED_TIMEOUT",
@@ -75,12 +78,6 @@ logger = logging.getLogger("openenv.server")
 
 # How much of a session's id the log shows.
 _LOGGED_ID_LENGTH = 8
-
-DEFAULT_IDLE_TIMEOUT: Final = DEFAULT_HTTP_IDLE_TIMEOUT
-"""The idle timeout of HTTP sessions, in seconds, unless the app sets another.
-
-Their clients cannot be seen leaving, so a session nobody deletes must end some time.
-"""
 
 # Seconds an ended session's record stays, so its client can still fetch the
 # replies it has not acknowledged and learn why it ended (410, then 404).
@@ -156,38 +153,6 @@ class _CreateRequest(msgspec.Struct):
     encoding: str = "json"
 
 
-class _QueuePlace(msgspec.Struct):
-    position: int
-    queue_timeout: float
-
-
-class _Queued(msgspec.Struct):
-    """The body of the ``202`` that says a creation waits in the queue for a slot: ask again, at once."""
-
-    queued: _QueuePlace
-
-
-class _Created(msgspec.Struct):
-    """The body of the ``201`` that creates a session."""
-
-    session_id: str
-    session_key: str
-    encoding: str
-    max_body_size: int
-    max_wait: float
-
-
-class _ErrorBody(msgspec.Struct):
-    code: str
-    message: str
-
-
-class _Error(msgspec.Struct):
-    """The JSON body of every error response of the protocol's own (4xx, 503 ``not_running``)."""
-
-    error: _ErrorBody
-
-
 _json_encode = msgspec.json.Encoder().encode
 _decode_create = msgspec.json.Decoder(_CreateRequest).decode
 
@@ -219,6 +184,7 @@ class _Session:
     __slots__ = (
         "acked",
         "answered",
+        "clock",
         "current",
         "deleted",
         "dialect",
@@ -243,9 +209,15 @@ class _Session:
     )
 
     def __init__(
-        self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event], held: _Held | None = None
+        self,
+        session_id: str,
+        dialect: Dialect,
+        new_event: Callable[[], anyio.Event],
+        clock: Clock,
+        held: _Held | None = None,
     ) -> None:
         self.id = session_id
+        self.clock = clock
         self.held = held if held is not None else _Held()  # the endpoint's count, shared by its sessions
         self.inbox_bytes = 0  # the requests queued and not yet taken by the environment
         self.key = secrets.token_urlsafe(32).encode()
@@ -370,7 +342,7 @@ class _Session:
 
     async def first_request(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the first frame; whether one came (or the session ended)."""
-        with anyio.move_on_after(timeout):
+        with self.clock.move_on_after(timeout):
             while not self.inbox and self.end_reason is None:
                 waiter = self.waiter
                 if waiter is None:  # shared with long polls waiting for a reply
@@ -408,7 +380,7 @@ class _Session:
             if outbox:
                 reply = outbox[0]
                 return reply[0], reply[2]
-        with anyio.move_on_after(wait):
+        with self.clock.move_on_after(wait):
             while not outbox and self.end_reason is None:
                 waiter = self.waiter
                 if waiter is None:
@@ -529,7 +501,7 @@ async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]], 
 
 
 async def _respond_error(send: Send, error: _HTTPError) -> None:
-    body = _json_encode(_Error(_ErrorBody(error.code, error.message)))
+    body = encode_error(error.code, error.message)
     await _respond(send, error.status, [_JSON_TYPE, _NO_STORE, *error.headers], body)
 
 
@@ -566,10 +538,13 @@ class HTTPPollingEndpoint:
     Args:
         factory: Builds one environment per session.
         registry: The app's session registry (capacity and idle reaping); idle
-            HTTP sessions are reaped after its ``idle_timeout_of("http")``.
+            HTTP sessions are reaped after its ``idle_timeout_of("http")``. Its
+            clock times the endpoint's waits too: a long poll, a new session's
+            wait for its first frame, an ended session's record lingering.
         max_wait: The longest the server holds a frame request waiting for a
             reply, in seconds; a client asking for longer gets this.
-        max_body_size: The largest request frame accepted, in bytes (``413`` beyond).
+        max_message_size: The largest request frame accepted, in bytes (``413``
+            beyond); told to each client as its session's ``max_body_size``.
         linger: Seconds an ended session's record stays before its id is forgotten.
         unused_timeout: Seconds a new session may wait for its first frame; its
             environment is built only when that frame comes.
@@ -589,7 +564,7 @@ class HTTPPollingEndpoint:
         metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
-        ValueError: ``max_wait``, ``max_body_size``, ``unused_timeout`` or
+        ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout``,
             ``max_unacknowledged_bytes`` or ``max_unacknowledged_total`` is not
             positive, or ``linger`` is negative.
     """
@@ -600,16 +575,19 @@ class HTTPPollingEndpoint:
         *,
         registry: SessionRegistry,
         max_wait: float = DEFAULT_MAX_WAIT,
-        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        max_message_size: int = SERVER_DEFAULTS.max_message_size,
         linger: float = _LINGER,
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
         max_unacknowledged_total: int = DEFAULT_MAX_UNACKNOWLEDGED_TOTAL,
+        max_body_size: int | None = None,
         metrics: SessionMetrics | None = None,
     ) -> None:
-        if not max_wait > 0 or not max_body_size > 0 or not linger >= 0:
-            raise ValueError("max_wait and max_body_size must be positive, linger 0 or more")
+        if max_body_size is not None:
+            max_message_size = renamed_option("HTTPPollingEndpoint", "max_body_size", "max_message_size", max_body_size)
+        if not max_wait > 0 or not max_message_size > 0 or not linger >= 0:
+            raise ValueError("max_wait and max_message_size must be positive, linger 0 or more")
         if not unused_timeout > 0 or not max_unacknowledged_bytes > 0 or not max_unacknowledged_total > 0:
             raise ValueError("unused_timeout, max_unacknowledged_bytes and max_unacknowledged_total must be positive")
         self.unused_timeout = unused_timeout
@@ -621,7 +599,7 @@ class HTTPPollingEndpoint:
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
-        self.max_body_size = max_body_size
+        self.max_message_size = max_message_size
         self.linger = linger
         self._sessions: dict[str, _Session] = {}
         # By client and idempotency key, until the first frame: only the client that
@@ -728,7 +706,7 @@ class HTTPPollingEndpoint:
             raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
         client = client_of(scope)
-        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self._held)
+        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self.registry.clock, self._held)
         taken = self.registry.open_or_enqueue(transport="http", on_close=session.stop, client=client)
         if taken is None:
             await self._refuse_at_capacity(send, dialect, client)
@@ -770,12 +748,12 @@ class HTTPPollingEndpoint:
         ticket = queued.ticket
         come_back = _COME_BACK if queued.key is not None else 0.0  # without a key it cannot come back
         try:
-            with anyio.move_on_after(self.registry.queue_timeout or 0.0):
+            with self.registry.clock.move_on_after(self.registry.queue_timeout or 0.0):
                 while not ticket.admitted.is_set():
                     if queued.waiting:
                         await _either(ticket.admitted, queued.changed())
                         continue
-                    with anyio.move_on_after(come_back) as grace:
+                    with self.registry.clock.move_on_after(come_back) as grace:
                         await _either(ticket.admitted, queued.changed())
                     if grace.cancelled_caught:  # the client gave up: its place goes to the next
                         logger.info("a queued HTTP long-polling session's client went: its place is given up")
@@ -784,7 +762,8 @@ class HTTPPollingEndpoint:
             queued.settled.set()
             if queued.lease is None:
                 return  # the wait ran out (or the server stops): the requests waiting answer 503
-            with anyio.move_on_after(come_back):  # a request waiting takes it; or one that comes back soon
+            # A request waiting takes it; or one that comes back soon.
+            with self.registry.clock.move_on_after(come_back):
                 while not queued.claimed:
                     await queued.changed().wait()
         finally:
@@ -819,7 +798,7 @@ class HTTPPollingEndpoint:
                     task_group.cancel_scope.cancel()
 
                 task_group.start_soon(notice_the_client_going)
-                with anyio.move_on_after(math.inf if hold is None else hold):
+                with self.registry.clock.move_on_after(hold):
                     await queued.settled.wait()
                 task_group.cancel_scope.cancel()
         finally:
@@ -829,7 +808,7 @@ class HTTPPollingEndpoint:
             return
         if not queued.settled.is_set():
             position = self.registry.position(queued.ticket)
-            body = _json_encode(_Queued(_QueuePlace(position, self.registry.queue_timeout or 0.0)))
+            body = _json_encode(Queued(QueuePlace(position, self.registry.queue_timeout or 0.0)))
             await _respond(send, 202, [_JSON_TYPE, _NO_STORE, (b"retry-after", b"0")], body)
             return
         if queued.claimed:  # another request for the same creation took it
@@ -847,7 +826,7 @@ class HTTPPollingEndpoint:
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(
-            _Created(session.id, session.key.decode(), session.dialect.encoding, self.max_body_size, self.max_wait)
+            Created(session.id, session.key.decode(), session.dialect.encoding, self.max_message_size, self.max_wait)
         )
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
@@ -908,7 +887,7 @@ class HTTPPollingEndpoint:
                     "HTTP long-polling session %s… ended: %s", session.id[:_LOGGED_ID_LENGTH], session.end_reason
                 )
                 self._forget_key(session)
-            with anyio.move_on_after(self.linger):
+            with self.registry.clock.move_on_after(self.linger):
                 await session.forgotten.wait()
         finally:
             lease.release()
@@ -981,7 +960,7 @@ class HTTPPollingEndpoint:
                     f"this session's frames are {MEDIA_TYPES[encoding]}, not "
                     f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
                 )
-            frame = await _read_body(receive, self.max_body_size, content_length)
+            frame = await _read_body(receive, self.max_message_size, content_length)
             session.acknowledge(ack)
             self._accept(session, seq, frame)
         else:

@@ -22,7 +22,7 @@ class EnvHost:
     Args:
         factory: The environment factory's ``"package.module:Factory"`` name.
         host: The address to listen on; the node's IP address when ``None``.
-        server_options: Passed to `transports.runner.serve` (``max_sessions``, ...).
+        server_options: Fields of `openenv.ServerConfig`, passed to `transports.runner.serve`.
 
     Raises:
         ImportError: The factory cannot be imported on this node.

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from openenv import ConnectError, ConnectionClosed, Transport
+from openenv.server import server_config
 from transports.websocket import WebSocketTransport
 
 from .._network_client import connect_once
@@ -127,8 +128,9 @@ class RayTransport(Transport):
         actor_options: Any other options of Ray's ``.options()`` for the actors.
         host: The address the actors' servers listen on; their node's IP address
             when ``None``.
-        server_options: Passed to each actor's server (`transports.runner.serve`:
-            ``session_idle_timeout``, ``max_message_size``, ...).
+        server_options: Fields of `openenv.ServerConfig` for each actor's server
+            (``session_idle_timeout``, ``max_message_size``, ...); its
+            ``max_sessions`` is ``sessions_per_actor`` unless given here.
         idle_timeout: Seconds an actor without sessions is kept for new ones (60
             by default; 0: it is stopped as soon as its last session closes).
         start_timeout: Seconds to wait for a new actor to serve (120 by default;
@@ -145,6 +147,7 @@ class RayTransport(Transport):
     Raises:
         ValueError: The URL does not name a factory, its query is wrong, an
             option is given twice, or is out of range.
+        TypeError: A server option unknown or of the wrong type.
     """
 
     def __init__(
@@ -214,6 +217,7 @@ class RayTransport(Transport):
             "start_timeout": given.get("start_timeout", start_timeout),
         }
         # Checked now, so a wrong option fails before any actor starts.
+        server_config(None, server_options)
         WebSocketTransport("ws://127.0.0.1", **websocket_options)
         self._websocket_options = websocket_options
         self.actor: HostActor | None = None

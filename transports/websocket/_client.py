@@ -66,6 +66,7 @@ from .._network_client import (
     split_url,
     user_agent,
 )
+from .._public_io import public_io_only
 from ._asyncio_connection import AsyncioConnection, HandshakeFailed
 from ._connection import READ_SIZE, Connection, OpenConnection, close_quietly
 from ._resumption import FirstFrameThen, ResumableConnection, SessionRefused, read_session
@@ -411,7 +412,7 @@ class WebSocketTransport(Transport):
         """
         uri = self._uri
         assert uri is not None
-        if sniffio.current_async_library() == "asyncio":
+        if sniffio.current_async_library() == "asyncio" and not public_io_only():
             return await self._open_on_asyncio(uri, offer, extra_headers)
         handshaken: tuple[ByteStream, ClientProtocol, list[Event]] | None = None
         with self._clock.move_on_after(self.connect_timeout):
