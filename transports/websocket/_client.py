@@ -70,7 +70,15 @@ from .._public_io import public_io_only
 from ._asyncio_connection import AsyncioConnection, HandshakeFailed
 from ._connection import READ_SIZE, Connection, OpenConnection, close_quietly
 from ._resumption import FirstFrameThen, ResumableConnection, SessionRefused, read_session
-from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, RESUME_HEADER, SUBPROTOCOLS, offered_subprotocols
+from ._subprotocols import (
+    PLAIN,
+    RESUMABLE_SUBPROTOCOLS,
+    RESUME_HEADER,
+    SUBPROTOCOLS,
+    QueuedData,
+    SessionData,
+    offered_subprotocols,
+)
 
 __all__ = ["ENDPOINT_PATH", "WebSocketTransport", "websocket_url"]
 
@@ -354,11 +362,23 @@ class WebSocketTransport(Transport):
             return self
         binary = self.dialect.encoding == "msgpack"
         try:
-            session = None
-            with self._clock.move_on_after(self.connect_timeout):
-                session = await read_session(connection, binary=binary)
-            if session is None:
-                raise ConnectError(f"timed out after {self.connect_timeout} s waiting for {self.url}'s session frame")
+            queued: QueuedData | None = None
+            while True:
+                # A server at capacity that queues the session says so: then the
+                # session frame may take as long as its queue keeps a session waiting.
+                wait = self.connect_timeout
+                if queued is not None and wait is not None:
+                    wait += queued.queue_timeout
+                first: SessionData | QueuedData | None = None
+                with self._clock.move_on_after(wait):
+                    first = await read_session(connection, binary=binary)
+                if first is None:
+                    waited = f", queued at place {queued.position} for a slot," if queued is not None else ""
+                    raise ConnectError(f"timed out after {wait} s{waited} waiting for {self.url}'s session frame")
+                if isinstance(first, SessionData):
+                    session = first
+                    break
+                queued = first
         except SessionRefused as exc:
             # Turned away (CAPACITY_REACHED, say): the caller reads it as a reply, as on any subprotocol.
             self.resumable = False

@@ -16,7 +16,11 @@ last reply the server sent (it may have been lost with the connection; a client
 drops a reply it already has, by its id). The client then sends again only the
 requests with a higher id: a request the server has received is never run twice
 (one sent again anyway is answered with the last reply if it is that reply's
-request, and otherwise ignored). A token that is unknown or expired gets a
+request, ignored if it is the request still being handled, whose reply is to
+come, and otherwise answered with a ``VALIDATION_ERROR``). Request ids are
+positive and below 2**63 (`MAX_REQUEST_ID`): another id gets a
+``VALIDATION_ERROR`` too, and is not noted, so a huge one cannot leave the
+session no id above it. A token that is unknown or expired gets a
 ``SESSION_ERROR`` frame and the connection closes.
 
 Plain OpenEnv clients, and ours offering the other subprotocols, never see any
@@ -37,10 +41,13 @@ from .._asgi import Receive, Send
 from ._socket_loan import LendSocket, SocketLoan
 from ._subprotocols import RESUME_HEADER, SessionData, SessionFrame
 
-__all__ = ["DEFAULT_RESUME_TIMEOUT", "RESUME_HEADER", "Connection", "ResumableLink"]
+__all__ = ["DEFAULT_RESUME_TIMEOUT", "MAX_REQUEST_ID", "RESUME_HEADER", "Connection", "ResumableLink"]
 
 DEFAULT_RESUME_TIMEOUT: Final = 30.0
 """Seconds a resumable session waits for its client to come back after its connection drops."""
+
+MAX_REQUEST_ID: Final = 2**63 - 1
+"""The highest request id a resumable session takes (a signed 64-bit integer, as MessagePack and most clients hold)."""
 
 
 # The close codes ASGI servers report for a connection that dropped without a
@@ -190,14 +197,37 @@ class ResumableLink:
         if self.is_new(request_id):
             self.note(request_id)
             return True
+        assert request_id is not None
         connection = self.current
-        if request_id == self._last_reply_id and self.last_reply is not None and connection is not None:
+        if connection is None:
+            return False
+        if request_id == self._last_reply_id and self.last_reply is not None:
             await self.send_raw(connection, self.last_reply)
+        elif not 0 < request_id <= MAX_REQUEST_ID:
+            await self.send_raw(connection, self._id_error(request_id, f"a request id is from 1 to {MAX_REQUEST_ID}"))
+        elif request_id != self.last_request_id:  # else it is being handled: its reply is to come
+            reason = (
+                f"request {request_id} was received before (the last received is {self.last_request_id}), "
+                "and its reply is no longer kept"
+            )
+            await self.send_raw(connection, self._id_error(request_id, reason))
         return False
 
+    def _id_error(self, request_id: int, reason: str) -> bytes:
+        """The ``VALIDATION_ERROR`` reply to a request whose id the session cannot take (with that id, if it fits)."""
+        error = {"type": "value_error", "loc": ["id"], "msg": reason}
+        reply: dict[str, Any] = {
+            "type": "error",
+            "data": {"message": "Invalid message", "code": "VALIDATION_ERROR", "errors": [error]},
+        }
+        if -MAX_REQUEST_ID - 1 <= request_id <= MAX_REQUEST_ID:
+            reply["id"] = request_id
+        frame: bytes = self._encode(reply)
+        return frame
+
     def is_new(self, request_id: int | None) -> bool:
-        """Whether the session has not received this request before (one without an id always is new)."""
-        return request_id is None or request_id > self.last_request_id
+        """Whether the session should take this request: not received before, its id in range (or no id)."""
+        return request_id is None or self.last_request_id < request_id <= MAX_REQUEST_ID
 
     def note(self, request_id: int | None) -> None:
         """Note that the session handles this request: it is never handled again."""

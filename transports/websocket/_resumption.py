@@ -37,7 +37,7 @@ from openenv.channel import BackgroundTask, start_background
 
 from .._network_client import ConnectionEnd
 from ._connection import OpenConnection
-from ._subprotocols import SessionData
+from ._subprotocols import QueuedData, SessionData
 
 __all__ = ["FirstFrameThen", "ResumableConnection", "SessionRefused", "read_session"]
 
@@ -87,15 +87,17 @@ class SessionRefused(ConnectionClosed):
         self.frame = frame
 
 
-async def read_session(connection: OpenConnection, *, binary: bool) -> SessionData:
-    """Read the server's first frame on a resumable subprotocol: the ``session`` frame.
+async def read_session(connection: OpenConnection, *, binary: bool) -> SessionData | QueuedData:
+    """Read the server's first frame on a resumable subprotocol: the ``session`` frame (or ``queued``).
 
     Args:
         connection: A connection that selected a resumable subprotocol.
         binary: The dialect is msgpack.
 
     Returns:
-        The session's token, timeout and last request id.
+        The session's token, timeout and last request id; or, from a server
+        at capacity that queues the session, its place in the queue (the
+        ``session`` frame comes next, once a slot frees: read again).
 
     Raises:
         SessionRefused: The first frame is another one (an error: no such
@@ -109,6 +111,9 @@ async def read_session(connection: OpenConnection, *, binary: bool) -> SessionDa
         if envelope.type == "session":
             data: SessionData = module.decode(envelope.data, type=SessionData)
             return data
+        if envelope.type == "queued":
+            place: QueuedData = module.decode(envelope.data, type=QueuedData)
+            return place
         if envelope.type == "error":
             error = module.decode(envelope.data, type=_ErrorData)
             raise SessionRefused(f"{error.code}: {error.message}" if error.code else error.message, frame)
@@ -381,6 +386,8 @@ class ResumableConnection:
         connection = await self._reconnect(self._token)
         try:
             session = await read_session(connection, binary=self._binary)
+            if not isinstance(session, SessionData):  # a resumed session takes no new slot: never queued
+                raise SessionRefused("the server queued a session it was asked to resume", b"")
             # Sent again in order; a request noted meanwhile (the caller's send met the
             # drop) is taken too: the loop ends only when none is left to send, and no
             # await comes between that check and the new connection taking over.

@@ -24,15 +24,24 @@ from urllib.parse import parse_qs
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
-from .._sessions import SessionLease, SessionRegistry, session_failed_frame
+from .._guard import client_of
+from .._sessions import (
+    CLIENT_GONE_REASON,
+    GivingUp,
+    QueueTicket,
+    SessionLease,
+    SessionRegistry,
+    session_failed_frame,
+)
 from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS
+from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS, QueuedData, QueuedFrame
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -46,6 +55,10 @@ INTERNAL_ERROR = 1011
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
 _CLOSE_GRACE = 1.0
+
+# Messages a client may send while its session waits in the queue (a plain
+# client's first request, say); past them the connection is not read until then.
+_QUEUED_MESSAGES = 4
 
 
 _RESUME = RESUME_HEADER.lower().encode()
@@ -191,26 +204,32 @@ class WebSocketEndpoint:
         except OSError:
             return
         lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
+        client = client_of(scope)
         if not resumable:
-            await self._serve_connection(receive, send, dialect, lend)
+            await self._serve_connection(receive, send, dialect, lend, client)
             return
         connection = Connection(receive, send, lend)
         token = _header(scope, _RESUME)
         if token is None:
-            await self._serve_resumable(connection, dialect)
+            await self._serve_resumable(connection, dialect, client)
         else:
             await self._resume(connection, token.decode("latin-1"), dialect)
 
     async def _serve_connection(
-        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None
+        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None, client: str
     ) -> None:
         scope = anyio.CancelScope()
-        lease = await self.registry.admit(transport="websocket", on_close=scope.cancel)
+        admitted = await _admit(self.registry, asgi_receive, client=client, on_close=scope.cancel)
+        if admitted is None:
+            return  # the client went while it waited for a slot
+        lease, asgi_receive = admitted
         if lease is None:
-            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
+            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect, client))
             return
         lease.connected = True  # never reaped as idle while its connection lasts
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
+        giving_up = GivingUp(self.registry, lease, scope.cancel)
+        lease.on_long_step = session.watch_client
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
         try:
@@ -226,7 +245,9 @@ class WebSocketEndpoint:
                         on_end=lease.vacate,
                         metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
-                    )
+                        on_session=giving_up.hosted,
+                    ),
+                    on_task_group=session.watch_from,
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -251,25 +272,74 @@ class WebSocketEndpoint:
                 return  # FACTORY_ERROR sent: see _turn_away
         await _close(asgi_send, close_code, reason)
 
-    async def _serve_resumable(self, first: Connection, dialect: Dialect) -> None:
+    async def _serve_resumable(self, first: Connection, dialect: Dialect, client: str) -> None:
         """Host a resumable session: it lives on until its client closes it or fails to come back in time."""
         registry = self.registry
         scope = anyio.CancelScope()
-        lease = await registry.admit(transport="websocket", on_close=scope.cancel)
+        binary = dialect.encoding == "msgpack"
+
+        async def tell_queued(ticket: QueueTicket) -> None:
+            # The client waits for the session frame: told it is queued, it waits as long as the queue may.
+            place = QueuedData(registry.position(ticket), registry.queue_timeout or 0.0)
+            frame = (msgspec.msgpack if binary else msgspec.json).encode(QueuedFrame("queued", place))
+            with contextlib.suppress(OSError):
+                await _send(first.send, binary, frame)
+
+        admitted = await _admit(registry, first.receive, client=client, on_close=scope.cancel, on_queued=tell_queued)
+        if admitted is None:
+            return  # the client went while it waited for a slot
+        lease, first.receive = admitted
         if lease is None:
-            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect))
+            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect, client))
             return
         lease.connected = True  # its client away, resume_timeout bounds the wait instead
         link = ResumableLink(first, dialect, self.resume_timeout)
         self._resumable[link.token] = link
-        binary = dialect.encoding == "msgpack"
+        giving_up = GivingUp(registry, lease, scope.cancel)
+        beside: list[TaskGroup] = []  # where the watch runs (the session's own task group)
+        watching: anyio.Event | None = None  # set once the watch's read is done
+        kept: dict[str, Any] | ConnectionClosed | None = None  # what it got
+
+        async def read_while_busy(done: anyio.Event) -> None:
+            # The client's connection may drop and come back meanwhile (link.receive waits for it);
+            # if it closes on purpose, or does not come back in time, the client has gone.
+            nonlocal kept
+            try:
+                while True:
+                    message = await link.receive()
+                    if message is not None and message["type"] == "websocket.receive":
+                        kept = message
+                        return
+            except ConnectionClosed as exc:
+                kept = exc
+                lease.give_up(CLIENT_GONE_REASON)
+            finally:
+                done.set()
+
+        def watch_client() -> None:  # the lease's on_long_step
+            nonlocal watching
+            if watching is None and beside:
+                watching = anyio.Event()
+                beside[0].start_soon(read_while_busy, watching)
+
+        lease.on_long_step = watch_client
+
+        async def next_message() -> dict[str, Any] | None:
+            nonlocal watching, kept
+            if watching is None:
+                return await link.receive()
+            await watching.wait()  # the watch's read is under way, or done: its outcome is the next
+            outcome, kept, watching = kept, None, None
+            if isinstance(outcome, ConnectionClosed):
+                raise outcome
+            return outcome
 
         async def receive_frame() -> bytes:
             while True:
                 if lease.close_reason is not None:
                     raise ConnectionClosed(lease.close_reason)
                 lease.touch()  # waiting for the client: the idle clock runs
-                message = await link.receive()
+                message = await next_message()
                 lease.mark_busy()
                 if message is None or message["type"] != "websocket.receive":
                     continue  # replaced, or gone: wait for the next connection
@@ -310,7 +380,9 @@ class WebSocketEndpoint:
                         on_end=lease.vacate,
                         metrics=self.metrics,
                         serve_on_thread=serve_on_thread if first.lend is not None else None,
-                    )
+                        on_session=giving_up.hosted,
+                    ),
+                    on_task_group=beside.append,
                 )
             if lease.close_reason is not None:
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -354,16 +426,89 @@ class WebSocketEndpoint:
             await _close(connection.send, GOING_AWAY, "the session moved to another connection")
 
 
-async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _admit(
+    registry: SessionRegistry,
+    asgi_receive: Receive,
+    *,
+    client: str,
+    on_close: Callable[[], object],
+    on_queued: Callable[[QueueTicket], Awaitable[None]] | None = None,
+) -> tuple[SessionLease | None, Receive] | None:
+    """Take a slot for a connection's session, waiting in the registry's queue while the client stays.
+
+    While it waits, the connection is read: a client that goes gives its place
+    up at once (else it would be admitted, and hold the slot, with nobody
+    there); what it sends meanwhile (at most `_QUEUED_MESSAGES`) is kept.
+
+    Returns:
+        ``(lease, receive)``: the lease, or ``None`` if no slot came in time (or
+        the client is at its quota); ``receive`` gives the messages kept first.
+        ``None`` if the client went.
+    """
+    ticket = registry.open_or_enqueue(transport="websocket", on_close=on_close, client=client)
+    if not isinstance(ticket, QueueTicket):
+        return ticket, asgi_receive
+    kept: list[dict[str, Any]] = []
+    gone = False
+    try:
+        if on_queued is not None:
+            await on_queued(ticket)
+        async with anyio.create_task_group() as task_group:
+
+            async def notice_the_client_going() -> None:
+                nonlocal gone
+                while len(kept) < _QUEUED_MESSAGES:
+                    message = await asgi_receive()
+                    if message["type"] == "websocket.disconnect":
+                        gone = True
+                        task_group.cancel_scope.cancel()
+                        return
+                    kept.append(message)
+
+            task_group.start_soon(notice_the_client_going)
+            lease = await registry.wait_admitted(ticket)
+            task_group.cancel_scope.cancel()
+    except BaseException:
+        registry.leave(ticket)
+        raise
+    if gone:
+        registry.leave(ticket)
+        if lease is not None:
+            lease.release()
+        return None
+    if not kept:
+        return lease, asgi_receive
+
+    async def receive_kept_first() -> dict[str, Any]:
+        return kept.pop(0) if kept else await asgi_receive()
+
+    return lease, receive_kept_first
+
+
+async def _in_own_task(
+    session: Callable[[], Coroutine[Any, Any, None]], on_task_group: Callable[[TaskGroup], object] | None = None
+) -> None:
     """Run a session in a task of its own, and wait for it.
 
     Each time a task resumes (a session's, once per request), Python passes
     through every frame of its await chain. In the connection's task, the
     server's, the app's middleware's and the router's dozen frames sit above
-    the endpoint; a task of its own starts at the session.
+    the endpoint; a task of its own starts at the session. ``on_task_group``
+    gets the task group, for tasks beside the session (they end with it).
     """
     async with anyio.create_task_group() as own_task:
-        own_task.start_soon(session)
+
+        async def then_the_rest() -> None:
+            try:
+                await session()
+            finally:
+                own_task.cancel_scope.cancel()  # what runs beside it ends with it
+
+        if on_task_group is None:
+            own_task.start_soon(session)
+            return
+        on_task_group(own_task)
+        own_task.start_soon(then_the_rest)
 
 
 async def _serve_on_thread(
@@ -452,7 +597,18 @@ class _WebSocketSession:
         served: Whether a request reached the session (else its factory failed).
     """
 
-    __slots__ = ("_binary", "_dialect", "_receive", "_send", "disconnected", "lease", "served")
+    __slots__ = (
+        "_binary",
+        "_dialect",
+        "_kept",
+        "_receive",
+        "_send",
+        "_task_group",
+        "_watch",
+        "disconnected",
+        "lease",
+        "served",
+    )
 
     def __init__(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lease: SessionLease) -> None:
         self._receive = asgi_receive
@@ -462,6 +618,36 @@ class _WebSocketSession:
         self.lease = lease
         self.disconnected = False
         self.served = False
+        self._task_group: TaskGroup | None = None
+        self._watch: anyio.Event | None = None  # set once the read that watches the client while busy is done
+        self._kept: dict[str, Any] | None = None  # what that read got
+
+    def watch_from(self, task_group: TaskGroup) -> None:
+        """Where to start the read that watches the client while a request runs long (`watch_client`)."""
+        self._task_group = task_group
+
+    def watch_client(self) -> None:
+        """While a request runs long, read the connection: a client that has gone ends the session now.
+
+        The lease's `SessionLease.on_long_step`. A message that comes instead
+        is kept for the next `receive_frame`: the client is there.
+        """
+        if self._watch is not None or self._task_group is None or self.disconnected:
+            return
+        self._watch = anyio.Event()
+        self._task_group.start_soon(self._read_while_busy, self._watch)
+
+    async def _read_while_busy(self, done: anyio.Event) -> None:
+        try:
+            message = await self._receive()
+        except OSError:  # the connection broke
+            message = {"type": "websocket.disconnect", "code": 1006}
+        finally:
+            done.set()
+        self._kept = message
+        if message["type"] == "websocket.disconnect":
+            self.disconnected = True
+            self.lease.give_up(CLIENT_GONE_REASON)
 
     async def send_frame(self, frame: bytes) -> None:
         """Send one reply frame; `ConnectionClosed` once the client has gone."""
@@ -484,7 +670,13 @@ class _WebSocketSession:
             if lease.close_reason is not None:  # asked to end while it was busy
                 raise ConnectionClosed(lease.close_reason)
             lease.touch()  # waiting for the client: the idle clock runs
-            message = await self._receive()
+            if self._watch is None:
+                message = await self._receive()
+            else:  # the watch's read is under way, or done: its message is the next
+                await self._watch.wait()
+                message, self._kept, self._watch = self._kept, None, None
+                if message is None:  # cut off before it read anything
+                    continue
             lease.mark_busy()
             kind = message["type"]
             if kind == "websocket.receive":

@@ -16,7 +16,9 @@ a dropped connection. The server's first frame is then a ``session`` frame
 (`SessionFrame`) with the token a new connection presents in the
 ``OpenEnv-Resume`` handshake header to take the session over; the server's
 side is `transports.websocket._resume`, the client's
-`transports.websocket._resumption`.
+`transports.websocket._resumption`. A server at capacity that queues the
+session sends a ``queued`` frame (`QueuedFrame`) first, so that the client
+waits for the ``session`` frame as long as the server's queue may keep it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = [
     "MSGPACK_SUBPROTOCOL",
     "PLAIN",
     "RESUMABLE_SUBPROTOCOLS",
+    "QueuedData",
+    "QueuedFrame",
     "RESUME_HEADER",
     "SUBPROTOCOLS",
     "SessionData",
@@ -82,6 +86,31 @@ class SessionFrame(msgspec.Struct):
 
     type: str
     data: SessionData
+
+
+class QueuedData(msgspec.Struct):
+    """What the ``queued`` frame tells the client of a resumable session that waits for a slot.
+
+    Attributes:
+        position: Its place in the server's queue (1: the next admitted).
+        queue_timeout: Seconds the server lets a session wait in its queue; the
+            ``session`` frame (or ``CAPACITY_REACHED``) comes within them.
+    """
+
+    position: int = 0
+    queue_timeout: float = 0.0
+
+
+class QueuedFrame(msgspec.Struct):
+    """Before the ``session`` frame, when the server is at capacity and queues the session: ``{"type": "queued", ...}``.
+
+    Attributes:
+        type: Always ``"queued"``.
+        data: Its place and the server's queue timeout.
+    """
+
+    type: str
+    data: QueuedData
 
 
 def offered_subprotocols(encoding: str = "json", *, resume: bool = True) -> list[str]:
