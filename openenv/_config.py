@@ -79,6 +79,10 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "error_details",
             "metrics",
             "resume_timeout",
+            "max_sessions_per_client",
+            "step_timeout",
+            "body_timeout",
+            "allowed_hosts",
         }
     )
     """The app's fields: those ``create_app`` reads (the others are the ASGI server's)."""
@@ -138,12 +142,38 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     wait for their client to take the link over on a new connection after it drops; then they end. A
     client may ask for less (``OpenEnv-Resume-Timeout``; 0 when it will not resume)."""
 
+    max_sessions_per_client: Annotated[int, Meta(ge=1)] | None = None
+    """The app's: the most sessions one client may hold at once over all transports, queued ones
+    included; a client is the token it presents, or else its address. Past it the client gets
+    ``CAPACITY_REACHED`` saying so; other clients are unaffected. ``None`` (the default) for no
+    quota: a trainer often runs all its sessions from one process with one token, and any default
+    below ``max_sessions`` would refuse it."""
+
+    step_timeout: Annotated[float, Meta(gt=0)] | None = None
+    """The app's: seconds one request (a reset, a step, a tool call) may run before the server gives
+    up on it: the session ends (WebSocket close 1001 "step timeout"; an HTTP session ends with that
+    reason) and frees its slot. A plain (``def``) step cannot be stopped: it runs on in its thread
+    until it returns. ``None`` (the default) lets a step run as long as its client stays, as a step
+    may take minutes (an evaluation, a long tool call); a step whose client has gone is given up on
+    in any case."""
+
+    body_timeout: Annotated[float, Meta(gt=0)] = 10.0
+    """The app's: seconds a request's body may take to arrive once the app reads it, plus one for
+    every 64 KiB received; a slower body gets ``408`` and its connection is closed."""
+
+    allowed_hosts: tuple[str, ...] = ()
+    """The app's: host names (``"env.internal"``; ``"*"`` for any) a server without a token answers,
+    beside IP addresses and ``localhost``: a request for another ``Host`` gets ``403``, so a web page
+    cannot reach the server by a name of its own (DNS rebinding). With a token, every ``Host`` is
+    answered."""
+
     header_timeout: Annotated[float, Meta(gt=0)] = 10.0
     """Seconds a connection may take to send a request's headers (the WebSocket handshake's
     included), from its first byte or the connection's start; then it is closed."""
 
     max_connections: Annotated[int, Meta(ge=1)] | None = 1000
-    """The most connections at once (uvicorn only: beyond, requests get ``503``); ``None`` for no limit."""
+    """The most connections at once, on every server (beyond, requests get ``503``), lowered to fit
+    the process's open-file limit (said in the log); ``None`` for no limit but that one."""
 
     shutdown_timeout: Annotated[float, Meta(ge=0)] = 5.0
     """Seconds a stopping server gives open sessions to finish the request in hand before they are cut."""
@@ -179,6 +209,10 @@ class ServerOptions(TypedDict, total=False):
     error_details: bool
     metrics: bool
     resume_timeout: float
+    max_sessions_per_client: int | None
+    step_timeout: float | None
+    body_timeout: float
+    allowed_hosts: typing.Sequence[str]
     header_timeout: float
     max_connections: int | None
     shutdown_timeout: float

@@ -23,6 +23,7 @@ import msgspec
 
 from ._codec import RequestError, ServerCodec
 from ._environment import Environment
+from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
@@ -107,6 +108,8 @@ class ServerSession:
             exception the environment raised and its message (OpenEnv's
             behaviour); ``False`` sends a generic message instead, so no path
             or module name leaves the server (the log keeps the traceback).
+            The same holds for the error of a tool that raised, in an
+            `openenv.MCPEnvironment`'s observation and ``mcp`` replies.
         on_end: Called once when the session ends (a close request, `aclose`),
             before the environment is closed, which may take a while: a server
             frees the session's slot there, as its client may already open another.
@@ -153,6 +156,10 @@ class ServerSession:
         if self._mcp is None and takes_tool_actions(getattr(env, "action_type", dict)):
             # No tools of its own, but tool actions: OpenEnv's server answers tools/list and tools/call with a step.
             self._mcp = functools.partial(mcp_through_step, self._step)
+        if not error_details:  # a tool environment words its tools' errors: tell it to keep them generic
+            self._step = hiding_error_details(self._step)
+            if self._mcp is not None:
+                self._mcp = hiding_error_details(self._mcp)
         # An async environment lives on the event loop: read its state there too
         # (unless its steps run plain code: then on the session's thread).
         async_env = inspect.iscoroutinefunction(env.step) and not self._plain_steps
@@ -166,6 +173,8 @@ class ServerSession:
         # The base class's close does nothing: no need to hand it to a thread.
         inherited = getattr(type(env), "close", None) is Environment.close
         self._close = self._runner(close) if close is not None and not inherited else None
+        # A plain close is queued behind a call given up on (`abandon`), not waited for.
+        self._plain_close = close if self._close is not None and not inspect.iscoroutinefunction(close) else None
         self._closed = False
         # One dispatch, two ways of answering: a request's call on the event loop (`handle`) or on
         # the session's thread (`handle_on_thread`, plain environments), and its reply's encoder.
@@ -391,6 +400,20 @@ class ServerSession:
             return anyio.from_thread.run(_awaited, result, token=self._token)
         return result
 
+    def abandon(self) -> bool:
+        """Give up on the plain call the session waits for (a step that does not return): let the session end.
+
+        Python cannot stop a thread: the call runs on, on the session's
+        thread, and the environment's plain ``close`` runs there after it, if
+        it ever returns (see `openenv._worker`). Cancel the session's task
+        too: it then stops waiting and ends, freeing its slot. An ``async``
+        call needs no abandoning: cancelling the task stops it.
+
+        Returns:
+            Whether a plain call was in hand.
+        """
+        return self._worker.abandon()
+
     async def aclose(self) -> None:
         """End the session and close its environment, once; never raises for the environment."""
         if self._closed:
@@ -403,7 +426,9 @@ class ServerSession:
             except Exception:
                 logger.exception("the session's on_end callback raised")
         with anyio.CancelScope(shield=True):
-            if self._close is not None:
+            if self._worker.abandoned and self._plain_close is not None:
+                self._worker.run_detached(self._plain_close)  # after the call given up on, if it returns
+            elif self._close is not None:
                 try:
                     await self._close()
                 except Exception:
@@ -522,6 +547,7 @@ async def host_session(
     on_end: Callable[[], object] | None = None,
     serve_on_thread: ServeOnThread | None = None,
     metrics: SessionMetrics | None = None,
+    on_session: Callable[[ServerSession], object] | None = None,
 ) -> None:
     """Run one whole server session over a channel: build the environment, then serve it.
 
@@ -543,6 +569,8 @@ async def host_session(
             session's thread, if it has one (see `serve_frames`).
         metrics: Where the session's requests are counted (see
             `ServerSession`), under the factory's name; ``None`` for nowhere.
+        on_session: Called with the `ServerSession` once the environment is
+            built: to give up on a step later (`ServerSession.abandon`), say.
 
     If the factory raises, the client gets one ``FACTORY_ERROR`` frame and the
     session ends. The environment is closed however the session ends. It returns
@@ -604,4 +632,6 @@ async def host_session(
         metrics=metrics,
         name=factory_name(factory) if metrics is not None else None,
     )
+    if on_session is not None:
+        on_session(session)
     await serve_frames(session, receive, send, serve_on_thread=serve_on_thread)

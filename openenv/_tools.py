@@ -24,6 +24,7 @@ import msgspec
 
 from ._docstrings import parse_docstring
 from ._environment import Environment
+from ._error_details import HIDDEN_TOOL_ERROR, error_details_shown
 from ._generics import bind_type_attributes
 from ._lax import lax_convert
 from ._mcp_types import (
@@ -416,7 +417,8 @@ class MCPEnvironment(Environment[ActT, ObsT, StateT]):
             return self.tool_observation(name, arguments, None, error)
         except Exception as exc:
             logger.info("tool %r raised", name, exc_info=True)
-            error = ToolError(error_type="execution_error", message=f"{type(exc).__name__}: {exc}")
+            message = f"{type(exc).__name__}: {exc}" if error_details_shown() else HIDDEN_TOOL_ERROR
+            error = ToolError(error_type="execution_error", message=message)
             return self.tool_observation(name, arguments, None, error)
         return self.tool_observation(name, arguments, msgspec.to_builtins(result), None)
 

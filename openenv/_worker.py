@@ -24,6 +24,14 @@ The thread is not one of anyio's worker threads, so code on it reaches the
 event loop through ``anyio.from_thread`` only with a token
 (``anyio.lowlevel.current_token()``, taken on the event loop): anyio offers no
 public way to make a thread of one's own find the event loop by itself.
+
+A call that never returns cannot be stopped: Python cannot kill a thread. A
+server that gives up on one (its client went, or it ran past the step
+timeout) calls `SessionWorker.abandon` and cancels the caller: the caller
+stops waiting, and the session can end and free its slot, while the thread
+runs the call on to its end (then the calls queued behind it, such as the
+environment's ``close``) and exits. `abandoned_calls` counts the calls
+abandoned and still running in the process, for servers to bound them.
 """
 
 from __future__ import annotations
@@ -43,19 +51,33 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-__all__ = ["INLINE_WAIT", "Call", "CallBatch", "SessionWorker", "run_on_session_thread", "wait_for"]
+__all__ = ["INLINE_WAIT", "Call", "CallBatch", "SessionWorker", "abandoned_calls", "run_on_session_thread", "wait_for"]
 
 INLINE_WAIT = 200e-6
 """Seconds the event loop may wait, blocked, for a call it expects to be quick."""
+
+_abandoned_lock = threading.Lock()
+_abandoned_running = 0  # calls abandoned (SessionWorker.abandon) whose thread still runs them
+
+
+def abandoned_calls() -> int:
+    """How many calls sessions gave up on (`SessionWorker.abandon`) are still running on their threads, process-wide.
+
+    Returns:
+        The number; each holds a thread (and what its environment holds) until its call returns.
+    """
+    return _abandoned_running
 
 
 class Call:
     """One call handed to the thread, and what came of it."""
 
     __slots__ = (
+        "abandoned",
         "args",
         "batch",
         "completed",
+        "detached",
         "error",
         "finished",
         "function",
@@ -88,10 +110,14 @@ class Call:
         # waiting blocked), so that exactly one side sees the other.
         self.guard = threading.Lock()
         self.completed = False
+        self.abandoned = False  # nobody waits for it any more (SessionWorker.abandon)
+        self.detached = False  # nobody ever waited for it (SessionWorker.run_detached)
         self.waiter: anyio.Event | None = None
 
     def outcome(self) -> Any:
         """What the function returned, or raise what it raised."""
+        if not self.completed:
+            raise RuntimeError("the call was abandoned: it still runs on the session's thread")
         if self.error is not None:
             error, self.error = self.error, None  # no cycle through the traceback
             raise error
@@ -174,6 +200,8 @@ class SessionWorker:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._quick = True  # whether the previous call ran within INLINE_WAIT
+        self._in_hand: Call | None = None  # the call the event loop waits for, if any
+        self._abandoned = False
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -212,7 +240,11 @@ class SessionWorker:
         """
         call = self._queue(function, args, kwargs)
         if not (self._quick and call.finished.acquire(timeout=INLINE_WAIT)):
-            await _wait_for(call)
+            self._in_hand = call
+            try:
+                await _wait_for(call)
+            finally:
+                self._in_hand = None
         self._quick = call.ran_for < INLINE_WAIT
         return call.outcome()
 
@@ -236,19 +268,73 @@ class SessionWorker:
             BaseException: Whatever ``function`` raised.
         """
         call = self._queue(function, (), {})
-        await _wait_for(call, on_cancel=stop)
+        self._in_hand = call
+        try:
+            await _wait_for(call, on_cancel=stop)
+        finally:
+            self._in_hand = None
         return call.outcome()
 
     def start(self, batch: CallBatch, function: Callable[..., Any], *args: Any) -> Call:
         """Hand ``function(*args)`` to the session's thread as part of ``batch``, without waiting.
 
         Wait for it with ``batch.wait``, then read it with its ``outcome()`` once
-        it is ``completed`` (else await `wait_for`).
+        it is ``completed`` (else await `wait_for`). It is the call in hand
+        until then: `abandon` lets it go.
 
         Raises:
             RuntimeError: The worker is closed.
         """
-        return self._queue(function, args, {}, batch)
+        call = self._in_hand = self._queue(function, args, {}, batch)
+        return call
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether `abandon` was called."""
+        return self._abandoned
+
+    def abandon(self) -> bool:
+        """Stop waiting for the call in hand, which runs on; cancel its caller too (it then raises the cancellation).
+
+        For a call that may never return: the caller is let go, the thread runs
+        the call on to its end, then the calls queued behind it, and exits once
+        the worker is closed. Later calls are not waited for either (see
+        `run_detached`). Call it on the event loop.
+
+        Returns:
+            Whether a call was in hand (it now counts in `abandoned_calls` until it returns).
+        """
+        global _abandoned_running
+        self._abandoned = True
+        call = self._in_hand
+        if call is None:
+            return False
+        with call.guard:
+            if call.completed or call.abandoned:
+                return False
+            call.abandoned = True
+            waiter = call.waiter
+        with _abandoned_lock:
+            _abandoned_running += 1
+        if waiter is not None:
+            waiter.set()
+        return True
+
+    def run_detached(self, function: Callable[..., Any], *args: Any) -> None:
+        """Queue ``function(*args)`` on the thread without waiting for it (behind an abandoned call, say).
+
+        What it raises is lost; it runs only if the calls before it return.
+
+        Args:
+            function: A plain callable.
+            *args: Its positional arguments.
+
+        Raises:
+            RuntimeError: The worker is closed.
+        """
+        call = self._queue(function, args, {})
+        with call.guard:
+            call.detached = True
 
     def _queue(
         self,
@@ -358,15 +444,16 @@ async def _wait_for(call: Call, *, on_cancel: Callable[[], object] | None = None
         except anyio.get_cancelled_exc_class():
             on_cancel()
             with anyio.CancelScope(shield=True):
-                await waiter.wait()
+                await waiter.wait()  # the call's end, or its abandonment
             raise
     with anyio.CancelScope(shield=True):
-        await waiter.wait()
+        await waiter.wait()  # the call's end, or its abandonment
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
 def _run_calls(calls: queue.SimpleQueue[Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
     """The thread: run calls in order until the ``None`` that ends it."""
+    global _abandoned_running
     while True:
         call = calls.get()
         if call is None:
@@ -380,9 +467,16 @@ def _run_calls(calls: queue.SimpleQueue[Call | None], token: anyio.lowlevel.Even
         with call.guard:
             call.completed = True
             waiter = call.waiter
+            unwaited = call.abandoned or call.detached
         call.finished.release()
         if call.batch is not None:
             call.batch._finished_one()
+        if unwaited:  # nobody waits for it: what it returned or raised goes nowhere
+            if call.abandoned:
+                with _abandoned_lock:
+                    _abandoned_running -= 1
+            del call, waiter
+            continue
         if waiter is not None:
             try:
                 anyio.from_thread.run_sync(waiter.set, token=token)

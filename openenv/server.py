@@ -13,6 +13,7 @@ from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
 from ._session import ServerSession, SessionMetrics, encode_fatal_error, factory_name, host_session, serve_frames
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
+from ._worker import abandoned_calls
 
 __all__ = [
     "SERVER_DEFAULTS",
@@ -29,6 +30,7 @@ __all__ = [
     "ServerSession",
     "SessionMetrics",
     "StructUnionDecoder",
+    "abandoned_calls",
     "check_factory",
     "encode_fatal_error",
     "environment_metadata",

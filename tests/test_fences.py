@@ -86,6 +86,7 @@ FENCES = (
             "initial_response",
             "curr_msg_data_type",
             "frames",
+            "handle_parser_exception",
         ),
         "uvicorn",
     ),
@@ -176,6 +177,43 @@ FENCES = (
         "transports/_hypercorn_patches.py: the front's bounds",
         "hypercorn.config:Config",
         ("keep_alive_timeout", "websocket_max_message_size", "wsgi_max_body_size"),
+        "hypercorn",
+    ),
+    # -- hypercorn's missing bounds (transports/_hypercorn_limits.py)
+    Fence(
+        "transports/_hypercorn_limits.py: no compression (the handshake negotiates no extension)",
+        "hypercorn.protocol.ws_stream",
+        ("Handshake",),
+        "hypercorn",
+    ),
+    Fence(
+        "transports/_hypercorn_limits.py: no compression (the extensions a client offered, forgotten)",
+        "hypercorn.protocol.ws_stream:Handshake",
+        ("extensions", "accept"),
+        "hypercorn",
+    ),
+    Fence(
+        "transports/_hypercorn_limits.py: the connection cap, on asyncio (the class its worker builds, replaced)",
+        "hypercorn.asyncio.run",
+        ("TCPServer",),
+        "hypercorn",
+    ),
+    Fence(
+        "transports/_hypercorn_limits.py: the connection cap, and writes to a reset connection dropped",
+        "hypercorn.asyncio.tcp_server:TCPServer",
+        ("run", "protocol_send", "protocol", "writer", "config"),
+        "hypercorn",
+    ),
+    Fence(
+        "transports/_hypercorn_limits.py: the connection cap, on trio",
+        "hypercorn.trio.run",
+        ("TCPServer",),
+        "hypercorn",
+    ),
+    Fence(
+        "transports/_hypercorn_limits.py: writes to a reset connection dropped",
+        "hypercorn.events",
+        ("Closed", "RawData"),
         "hypercorn",
     ),
 )

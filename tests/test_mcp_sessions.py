@@ -171,6 +171,18 @@ async def test_sessions_made_over_http_count_against_the_limit() -> None:
             await mcp("openenv/session/close", session_id=await mcp.create())
 
 
+async def test_sessions_made_over_http_count_toward_their_clients_quota() -> None:
+    with anyio.fail_after(LIMIT):
+        async with mcp_server(max_sessions=4, max_sessions_per_client=1) as (server, mcp):
+            held = await mcp.create()
+            refused = await mcp("openenv/session/create")
+            assert refused["error"]["code"] == -32000
+            assert "quota" in refused["error"]["message"]
+            assert registry_of(server).active == 1  # the server had room: only this client is at its bound
+            await mcp("openenv/session/close", session_id=held)
+            await mcp("openenv/session/close", session_id=await mcp.create())
+
+
 async def test_an_attached_session_is_never_idle_and_a_detached_one_is() -> None:
     with anyio.fail_after(LIMIT):
         async with mcp_server(session_idle_timeout=60) as (server, mcp):

@@ -25,7 +25,7 @@ LIMIT = 30
 async def http_client(factory: Any) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(factory)
     with anyio.fail_after(LIMIT):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
             yield client
 
 

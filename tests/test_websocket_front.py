@@ -29,7 +29,7 @@ pytestmark = pytest.mark.anyio
 LIMIT = 60  # seconds: the bound of every test's waits
 
 _UPGRADE = (
-    b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
 )
 
@@ -67,7 +67,7 @@ def test_only_a_complete_get_asking_for_websocket_is_an_upgrade() -> None:
     assert not is_websocket_upgrade(_UPGRADE[:-2])  # the head is not complete
     assert not is_websocket_upgrade(_UPGRADE.replace(b"GET ", b"POST "))
     assert not is_websocket_upgrade(_UPGRADE.replace(b"Upgrade: websocket", b"Upgrade: h2c"))
-    assert not is_websocket_upgrade(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert not is_websocket_upgrade(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
 
 
 @pytest.mark.speed_path
@@ -88,7 +88,7 @@ async def test_a_session_and_the_http_routes_share_the_port() -> None:
                         response += await http.receive()
                     assert response.startswith(b"HTTP/1.1 200")
                     await http.send(
-                        b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+                        b"POST /reset HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
                     )
                     assert (await _response(http)).startswith(b"HTTP/1.1 200")
                 await ws.close()

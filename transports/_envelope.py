@@ -24,7 +24,7 @@ request runs twice and no reply is lost (`transports._link_state`).
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 
@@ -50,6 +50,10 @@ ENTRY_OVERHEAD = 64
 
 Entry: TypeAlias = tuple[int, int, int, msgspec.Raw]
 """One frame in an envelope: ``(channel, seq, ack, frame)``; ``seq`` 0 marks a control entry."""
+
+_Number = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+# As decoded: a number out of range is no envelope (the link ends), never a frame dropped without a word.
+_WireEntry: TypeAlias = tuple[_Number, _Number, _Number, msgspec.Raw]
 
 
 class _Control(msgspec.Struct, tag_field="type", omit_defaults=True):
@@ -146,14 +150,14 @@ class EnvelopeCodec:
         if encoding == "json":
             self._encoder: msgspec.json.Encoder | msgspec.msgpack.Encoder = msgspec.json.Encoder()
             self._entries: msgspec.json.Decoder[list[Entry]] | msgspec.msgpack.Decoder[list[Entry]] = (
-                msgspec.json.Decoder(list[Entry])
+                msgspec.json.Decoder(list[_WireEntry])
             )
             self._control: msgspec.json.Decoder[Control] | msgspec.msgpack.Decoder[Control] = msgspec.json.Decoder(
                 Control
             )
         elif encoding == "msgpack":
             self._encoder = msgspec.msgpack.Encoder()
-            self._entries = msgspec.msgpack.Decoder(list[Entry])
+            self._entries = msgspec.msgpack.Decoder(list[_WireEntry])
             self._control = msgspec.msgpack.Decoder(Control)
         else:
             raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")

@@ -13,6 +13,7 @@ from anyio.abc import TaskStatus
 
 from openenv.server import ServerConfig
 
+from ._hypercorn_limits import cap_connections, fit_to_open_files, refuse_compression
 from ._hypercorn_patches import add_trio_websocket_front, mend_trio_closing
 
 __all__ = ["run_hypercorn"]
@@ -72,6 +73,8 @@ async def run_hypercorn(
     hypercorn_config.graceful_timeout = config.shutdown_timeout
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     wrapped = wrap_app(cast(Any, app), hypercorn_config.wsgi_max_body_size, "asgi")
+    refuse_compression()
+    max_connections = fit_to_open_files(config.max_connections)
 
     if sniffio.current_async_library() == "trio":
         from hypercorn.trio.run import worker_serve as trio_worker_serve
@@ -79,6 +82,7 @@ async def run_hypercorn(
         mend_trio_closing()
         if websocket_front:
             add_trio_websocket_front()
+        cap_connections(hypercorn_config, max_connections, "trio")  # outermost: counts the front's connections too
         hypercorn_config._openenv_websocket_front = websocket_front  # type: ignore[attr-defined]
         started: Any = _StartedAdapter(task_status)
         await trio_worker_serve(
@@ -87,6 +91,8 @@ async def run_hypercorn(
         return
 
     from hypercorn.asyncio.run import worker_serve as asyncio_worker_serve
+
+    cap_connections(hypercorn_config, max_connections, "asyncio")
 
     # Hypercorn on asyncio tells nobody when it is ready: ask it over HTTP.
     async with anyio.create_task_group() as task_group:

@@ -86,7 +86,7 @@ class _Session:
         self.session: ServerSession | None = None
         self.frames: deque[bytes] = deque()  # received, not yet handled (this one is busy, or not admitted yet)
         self.running = False  # a frame of this session is being handled outside the link's task
-        self.scope: anyio.CancelScope | None = None  # the task handling its frames, if one does
+        self.scope: anyio.CancelScope | None = None  # the task handling its frames, or its wait for a slot
         self._settled: anyio.Event | None = None
 
     def stop_running(self) -> None:
@@ -115,6 +115,8 @@ class LinkHost:
         transport: The transport's name, for the registry's leases (``"websocket"``, ``"http"``).
         flush: Called once replies were posted, to send them.
         metrics: Where the sessions' requests are counted, or ``None``.
+        client: Who holds the link (`transports._guard.client_of`): its
+            sessions count toward that client's quota; ``None`` for nobody's.
 
     Attributes:
         codec: The link's envelope codec.
@@ -131,6 +133,7 @@ class LinkHost:
         transport: str,
         flush: Callable[[], Awaitable[None]],
         metrics: SessionMetrics | None = None,
+        client: str | None = None,
     ) -> None:
         self.dialect = dialect
         self.codec = EnvelopeCodec(dialect.encoding)
@@ -141,6 +144,7 @@ class LinkHost:
         self._transport = transport
         self._flush = flush
         self._metrics = metrics
+        self._client = client
         self._sessions: dict[int, _Session] = {}
         self._tasks: TaskGroup | None = None
         self._flush_soon_pending = False
@@ -176,7 +180,7 @@ class LinkHost:
                 reason = await carry()
             finally:
                 for session in list(self._sessions.values()):
-                    self._end(session, reason, GOING_AWAY)
+                    self._leave(session, reason)
 
     async def room(self) -> None:
         """Return once the sessions hold few enough waiting frames that another message may be read."""
@@ -260,9 +264,13 @@ class LinkHost:
         session.running = True
         assert session.lease is not None
         session.lease.mark_busy()
+        reply: bytes | None = None
+        session.scope = scope = anyio.CancelScope()  # the registry may give up on it (`_give_up`)
         try:
-            reply: bytes | None = await finish(suspended)
+            with scope:
+                reply = await finish(suspended)
         finally:
+            session.scope = None
             session.stop_running()
         return reply
 
@@ -294,6 +302,8 @@ class LinkHost:
 
     def _replied(self, session: _Session, reply: bytes | None) -> None:
         """Post a session's reply, and end the session if that was its close (or it was asked to end)."""
+        if session.number not in self._sessions:
+            return  # ended meanwhile (given up on): its reply has nobody to go to
         server_session, lease = session.session, session.lease
         assert server_session is not None
         assert lease is not None
@@ -378,24 +388,32 @@ class LinkHost:
         """A client opens a session on channel ``number``: admit it, or turn it away."""
         session = self._sessions[number] = _Session(number)
         registry = self._registry
-        lease = registry.open(transport=self._transport, on_close=lambda: self._asked_to_end(session))
+        client = self._client
+        lease = registry.open(transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client)
         if lease is not None:
             self._build(session, lease)
-        elif registry.queue_timeout is not None:
+        elif registry.queue_timeout is not None and not registry.over_quota(client):
             assert self._tasks is not None
             self._tasks.start_soon(self._admit, session)
         else:
-            self._turn_away(session, registry.capacity_reached_frame(self.dialect))
+            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
 
     async def _admit(self, session: _Session) -> None:
         """Wait in the registry's queue for a slot; then serve what the session sent meanwhile."""
-        lease = await self._registry.admit(transport=self._transport, on_close=lambda: self._asked_to_end(session))
-        if session.number not in self._sessions:  # the link ended meanwhile
+        registry, client = self._registry, self._client
+        lease = None
+        session.scope = scope = anyio.CancelScope()  # `_end` gives the place up: its client left it, or the link ended
+        with scope:
+            lease = await registry.admit(
+                transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client
+            )
+        session.scope = None
+        if session.number not in self._sessions:  # ended meanwhile
             if lease is not None:
                 lease.release()
             return
         if lease is None:
-            self._turn_away(session, self._registry.capacity_reached_frame(self.dialect))
+            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
         else:
             self._build(session, lease)
             if session.frames and not session.running:
@@ -407,6 +425,7 @@ class LinkHost:
         session.lease = lease
         # Never reaped as idle: the link's own bounds (its resume wait, an HTTP link's silence) end it.
         lease.connected = True
+        lease.on_give_up = lambda: self._give_up(session)
         try:
             env = self._factory()
         except Exception as exc:
@@ -448,10 +467,36 @@ class LinkHost:
         if reason == SHUTDOWN_REASON and not self._sessions:
             self.shutting_down = True
 
+    def _give_up(self, session: _Session) -> None:
+        """The registry gives up on the session's call in hand (the step timeout, the shutdown's cut): end it now.
+
+        Its task is cancelled; a plain call is abandoned to its thread unless
+        abandoned calls already hold as many threads as the server has slots
+        (`SessionRegistry.may_abandon`): then the session waits for it.
+        """
+        if session.scope is not None:
+            session.scope.cancel()
+        if session.session is not None and self._registry.may_abandon():
+            session.session.abandon()
+        if session.number in self._sessions:
+            lease = session.lease
+            self._end(session, (lease.close_reason if lease is not None else None) or SHUTDOWN_REASON, GOING_AWAY)
+            if self._tasks is not None:
+                self._tasks.start_soon(self._flush_soon)
+
+    def _leave(self, session: _Session, reason: str) -> None:
+        """The link is over: end the session; one with a call in hand is given up on, as its client has gone."""
+        lease = session.lease
+        if session.running and lease is not None and lease.give_up(reason):
+            return
+        self._end(session, reason, GOING_AWAY)
+
     def _end(self, session: _Session, reason: str, code: int) -> None:
         """End a session: tell the client (an `End`), close its environment, give its slot back."""
         if self._sessions.pop(session.number, None) is None:
             return
+        if session.lease is None and session.scope is not None:
+            session.scope.cancel()  # still waiting in the queue for a slot: it gives its place up
         self.state.end(session.number, reason, code)
         self._count_waiting(-len(session.frames))
         session.frames.clear()
@@ -469,10 +514,6 @@ class LinkHost:
             finally:
                 if session.lease is not None:
                     session.lease.release()
-
-    def _end_all(self, reason: str) -> None:
-        for session in list(self._sessions.values()):
-            self._end(session, reason, GOING_AWAY)
 
     # -- sending -------------------------------------------------------------------------
 

@@ -228,11 +228,13 @@ class MCPSessions:
 
     # -- POST /mcp -----------------------------------------------------------------
 
-    async def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, message: dict[str, Any], client: str | None = None) -> dict[str, Any]:
         """Answer a JSON-RPC request about a session (`is_session_request`).
 
         Args:
             message: The request: ``jsonrpc``, ``method``, ``params``, ``id``.
+            client: Who sent it (`transports._guard.client_of`): a new session
+                counts toward that client's quota (``max_sessions_per_client``).
 
         Returns:
             The JSON-RPC response, as OpenEnv 0.10's server words it.
@@ -243,7 +245,7 @@ class MCPSessions:
             return jsonrpc_error(_INVALID_PARAMS, "Params must be an object", request_id)
         method = message.get("method")
         if method == SESSION_CREATE:
-            return await self._create(request_id)
+            return await self._create(request_id, client)
         session_id = params.get("session_id")
         if not session_id or not isinstance(session_id, str):
             return jsonrpc_error(_INVALID_PARAMS, "Invalid params - 'session_id' is required", request_id)
@@ -261,17 +263,17 @@ class MCPSessions:
             return reply["data"]  # type: ignore[no-any-return]
         return jsonrpc_error(_INVALID_REQUEST, reply.get("data", {}).get("message", ""), request_id)
 
-    async def _create(self, request_id: Any) -> dict[str, Any]:
+    async def _create(self, request_id: Any, client: str | None) -> dict[str, Any]:
         task_group = self._task_group
         if task_group is None:
             message = "the server's lifespan is not running: it cannot host sessions"
             return jsonrpc_error(_SERVER_ERROR, message, request_id)
         session = _MCPSession(str(uuid.uuid4()))
-        lease = await self.registry.admit(transport="mcp", on_close=session.scope.cancel)
+        lease = await self.registry.admit(transport="mcp", on_close=session.scope.cancel, client=client)
         if lease is None:
             registry = self.registry
             data = {"active_sessions": registry.active, "max_sessions": registry.max_sessions}
-            return jsonrpc_error(_SERVER_ERROR, registry.capacity_reached_message(), request_id, data)
+            return jsonrpc_error(_SERVER_ERROR, registry.capacity_reached_message(client), request_id, data)
         try:
             env = self.factory()
         except Exception as exc:

@@ -11,6 +11,7 @@ from anyio.abc import TaskStatus
 
 from openenv.server import ServerConfig
 
+from ._hypercorn_limits import fit_to_open_files
 from ._public_io import public_io_only
 from ._uvicorn_protocols import uvicorn_http_protocol, uvicorn_websocket_protocol
 
@@ -54,7 +55,7 @@ async def run_uvicorn(
     uvicorn_config = uvicorn.Config(
         app,
         http=uvicorn_http_protocol(config.header_timeout, limit_reads=not public),
-        limit_concurrency=config.max_connections,
+        limit_concurrency=fit_to_open_files(config.max_connections),
         ws="websockets-sansio" if public else uvicorn_websocket_protocol(),
         lifespan="on",
         interface="asgi3",

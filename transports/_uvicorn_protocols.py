@@ -279,13 +279,29 @@ def uvicorn_websocket_protocol() -> Any:
             messages = whole_data_frames(data, min(limits) if limits else None, masked=True)
             if messages is None:
                 return False
-            for is_text, payload in messages:
-                self.curr_msg_data_type = "text" if is_text else "bytes"
-                self.frames = [payload]
-                self.send_receive_event_to_app()
+            self.utf8_checked = True  # whole_data_frames took only text in valid UTF-8
+            try:
+                for is_text, payload in messages:
+                    self.curr_msg_data_type = "text" if is_text else "bytes"
+                    self.frames = [payload]
+                    self.send_receive_event_to_app()
+            finally:
+                self.utf8_checked = False
             return True
 
+        utf8_checked = False
+
         def send_receive_event_to_app(self) -> None:
+            if not self.utf8_checked and self.curr_msg_data_type == "text" and not self.close_sent:
+                # Uvicorn logs a traceback for a text message that is not UTF-8: a
+                # client's mistake, answered with 1007 here without one.
+                try:
+                    b"".join(self.frames).decode()
+                except UnicodeDecodeError:
+                    self.frames = []
+                    self.conn.send_close(1007, "invalid UTF-8 in a text message")
+                    self.handle_parser_exception()
+                    return
             paused = self.read_paused
             self.read_paused = True  # keeps the base class from pausing after this message
             try:

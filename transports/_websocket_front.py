@@ -204,7 +204,9 @@ class _Connection:
                 if self.reading_for_app is not None:
                     await self._stop_reading_for_app()
                 else:
-                    await self._read()
+                    # Answering what it read (a pong, say) may find the client gone: it has ended.
+                    with contextlib.suppress(ClientDisconnected):
+                        await self._read()
             return self.incoming.popleft()
         finally:
             self.in_receive = False

@@ -55,8 +55,9 @@ from openenv.server import (
     server_config,
 )
 
+from ._body_deadline import BodyDeadline
 from ._deprecated import renamed_option
-from ._guard import RequestGuard, auth_tokens_from
+from ._guard import RequestGuard, auth_tokens_from, normalized_origins
 from ._mcp_sessions import MCPSessions
 from ._sessions import MONOTONIC_CLOCK, SessionRegistry
 from .http._link_server import HTTPLinkEndpoint
@@ -172,12 +173,14 @@ def create_app(
         config: The server's options (`openenv.ServerConfig`); the app reads
             its own (``max_sessions``, ``session_idle_timeout``,
             ``http_idle_timeout``, ``queue_timeout``, ``max_message_size``,
-            ``auth_token``, ``allow_origins``, ``error_details``) and keeps the
-            whole as ``app.state.config``, for the server that runs it. Its
-            ``session_idle_timeout`` counts only while a session has no request
-            in hand and no connection open to its client: a WebSocket session
-            lasts as long as its connection (whose death keepalives find), an
-            MCP session made over ``POST /mcp`` while a WebSocket is attached.
+            ``auth_token``, ``allow_origins``, ``error_details``, ``metrics``,
+            ``max_sessions_per_client``, ``step_timeout``, ``body_timeout``,
+            ``allowed_hosts``) and keeps the whole as ``app.state.config``, for
+            the server that runs it. Its ``session_idle_timeout`` counts only
+            while a session has no request in hand and no connection open to
+            its client: a WebSocket session lasts as long as its connection
+            (whose death keepalives find), an MCP session made over
+            ``POST /mcp`` while a WebSocket is attached.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
         clock: Where the app times its sessions' idleness, the wait for a slot
@@ -223,6 +226,8 @@ def create_app(
         transport_idle_timeouts={"http": config.http_idle_timeout} if config.http_idle_timeout is not None else None,
         queue_timeout=config.queue_timeout,
         clock=clock if clock is not None else MONOTONIC_CLOCK,
+        max_sessions_per_client=config.max_sessions_per_client,
+        step_timeout=config.step_timeout,
     )
     counted = None
     if config.metrics:
@@ -302,12 +307,18 @@ def create_app(
     ]
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
-    middleware = [Middleware(RequestGuard, auth_tokens=tokens, allowed_origins=config.allow_origins)]
+    middleware = [
+        Middleware(BodyDeadline, timeout=config.body_timeout),
+        Middleware(
+            RequestGuard, auth_tokens=tokens, allowed_origins=config.allow_origins, allowed_hosts=config.allowed_hosts
+        ),
+    ]
     if config.allow_origins:
         middleware.append(
             Middleware(
                 CORSMiddleware,
-                allow_origins=list(config.allow_origins),
+                # As browsers send them, or the CORS layer would not recognise an origin written with a "/".
+                allow_origins=normalized_origins(config.allow_origins),
                 allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=[
                     "Authorization",

@@ -101,6 +101,14 @@ def main(ctx: click.Context, debug: bool) -> None:
     help="Seconds a connection may take to send a request's headers (or WebSocket handshake).",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=SERVER_DEFAULTS.body_timeout,
+    show_default=True,
+    help="Seconds a request's body may take, plus one for every 64 KiB received; then 408 and the "
+    "connection is closed.",
+)
+@click.option(
     "--max-connections",
     type=click.IntRange(min=1),
     default=SERVER_DEFAULTS.max_connections,
@@ -115,17 +123,40 @@ def main(ctx: click.Context, debug: bool) -> None:
     "before it is refused; by default it is refused at once.",
 )
 @click.option(
+    "--max-sessions-per-client",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The most sessions one client (its token, or else its address) may hold at once, queued ones "
+    "included; by default no quota.",
+)
+@click.option(
+    "--step-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds one request (a step, a tool call) may run before the server ends its session; by "
+    "default a step runs as long as its client stays.",
+)
+@click.option(
     "--hide-error-details",
     is_flag=True,
     help="Error replies say only that the environment failed, not its exception (the log keeps it).",
+)
+@click.option(
+    "--auth-token-file",
+    "auth_token_files",
+    multiple=True,
+    envvar="OPENENV_AUTH_TOKEN_FILE",
+    type=click.Path(dir_okay=False),
+    help="A file holding the bearer token clients must send (Authorization: Bearer TOKEN), or several, "
+    "one a line; repeatable. Also read from OPENENV_AUTH_TOKEN_FILE. /health stays open.",
 )
 @click.option(
     "--auth-token",
     "auth_tokens",
     multiple=True,
     envvar="OPENENV_AUTH_TOKEN",
-    help="A bearer token clients must send (Authorization: Bearer TOKEN); repeat it to accept several. "
-    "Also read from OPENENV_AUTH_TOKEN. /health stays open.",
+    help="A bearer token given as it is: prefer OPENENV_AUTH_TOKEN or --auth-token-file, as the "
+    "command line shows in the process list. Repeat it to accept several.",
 )
 @click.option(
     "--allow-origin",
@@ -133,6 +164,13 @@ def main(ctx: click.Context, debug: bool) -> None:
     multiple=True,
     help="A browser origin (https://app.example, or '*') whose requests are accepted, with CORS headers; "
     "repeatable. By default requests carrying an Origin header are refused.",
+)
+@click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A host name clients may reach a server without a token by (besides IP addresses and localhost), "
+    "or '*'; repeatable. Other Host headers get 403 (DNS rebinding).",
 )
 @click.option(
     "--metrics",
@@ -158,11 +196,16 @@ def serve(
     http_idle_timeout: float,
     max_message_size: int,
     header_timeout: float,
+    body_timeout: float,
     max_connections: int,
     queue_timeout: float | None,
+    max_sessions_per_client: int | None,
+    step_timeout: float | None,
     hide_error_details: bool,
+    auth_token_files: tuple[str, ...],
     auth_tokens: tuple[str, ...],
     allow_origins: tuple[str, ...],
+    allowed_hosts: tuple[str, ...],
     metrics: bool,
     log_level: str,
     app_dir: str,
@@ -180,6 +223,14 @@ def serve(
             raise click.UsageError("uvicorn runs on asyncio only: use --server hypercorn, or --backend asyncio")
     elif server == "hypercorn+websockets":
         raise click.UsageError("hypercorn+websockets runs on trio only: use --backend trio, or --server uvicorn")
+    context = click.get_current_context()
+    if auth_tokens and context.get_parameter_source("auth_tokens") is click.core.ParameterSource.COMMANDLINE:
+        click.echo(
+            "openenv: warning: --auth-token shows the token to anyone who can list processes (ps); "
+            "give it in OPENENV_AUTH_TOKEN or a file (--auth-token-file) instead",
+            err=True,
+        )
+    tokens = [*auth_tokens, *(token for path in auth_token_files for token in _read_token_file(path))]
 
     from openenv.server import load_factory
 
@@ -217,9 +268,13 @@ def serve(
         max_connections=max_connections,
         queue_timeout=queue_timeout,
         error_details=not hide_error_details,
-        auth_token=auth_tokens,
+        auth_token=tuple(tokens),
         allow_origins=allow_origins,
         metrics=metrics,
+        allowed_hosts=allowed_hosts,
+        body_timeout=body_timeout,
+        max_sessions_per_client=max_sessions_per_client,
+        step_timeout=step_timeout,
         log_level=cast(Any, log_level),
     )
     try:
@@ -232,6 +287,19 @@ def serve(
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _read_token_file(path: str) -> list[str]:
+    """The tokens in a token file: one a line; blank lines and lines starting with ``#`` are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise click.BadParameter(f"cannot read {path}: {reason}", param_hint="--auth-token-file") from exc
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not tokens:
+        raise click.BadParameter(f"{path} holds no token", param_hint="--auth-token-file")
+    return tokens
 
 
 def _missing_module(exc: ModuleNotFoundError, factory: str, app_dir: str) -> str:

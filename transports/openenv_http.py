@@ -24,10 +24,12 @@ read whole.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -38,8 +40,9 @@ from openenv._codec import MAX_NESTING, _nested_deeper_than
 from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, factory_name, jsonrpc_error
 
 from ._deprecated import renamed_option
+from ._guard import client_of
 from ._mcp_sessions import MCPSessions, is_session_request
-from ._sessions import SessionRegistry
+from ._sessions import CLIENT_GONE_REASON, STEP_TIMEOUT_REASON, GivingUp, SessionLease, SessionRegistry
 
 __all__ = ["OPENAPI_VERSION", "openapi_document", "openenv_http_routes"]
 
@@ -133,36 +136,60 @@ class _TooLarge(Exception):
     """A request body over the limit."""
 
 
-async def _run_one(factory: Callable[[], Any], frame: dict[str, Any], limits: _Limits) -> dict[str, Any]:
+async def _run_one(
+    factory: Callable[[], Any], frame: dict[str, Any], limits: _Limits, request: Request
+) -> dict[str, Any]:
     """Build an environment, run one request frame on it, close it; return the reply frame."""
     registry = limits.registry
     lease = None
     if registry is not None:
-        lease = await registry.admit(transport="http-stateless")
+        client = client_of(request.scope)
+        lease = await registry.admit(transport="http-stateless", client=client)
         if lease is not None:
             lease.mark_busy()  # one request, in hand for the environment's whole life
         else:
-            message = registry.capacity_reached_message()
+            message = registry.capacity_reached_message(client)
             return {"type": "error", "data": {"code": "CAPACITY_REACHED", "message": message}}
+    reply: bytes | None = None
     try:
-        try:
-            env = factory()
-        except Exception as exc:
-            logger.exception("environment factory failed")
-            message = "Failed to create environment"
-            if limits.error_details:
-                message += f": {type(exc).__name__}: {exc}"
-            return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
-        session = ServerSession(env, error_details=limits.error_details, metrics=limits.metrics, name=limits.name)
-        try:
-            reply = await session.handle(msgspec.json.encode(frame))
-        finally:
-            await session.aclose()
+        with anyio.CancelScope() as scope:
+            giving_up = GivingUp(registry, lease, scope.cancel) if registry is not None and lease is not None else None
+            async with anyio.create_task_group() as beside:
+                if lease is not None:  # a request that runs long: watch for its client going
+                    lease.on_long_step = functools.partial(beside.start_soon, _give_up_when_gone, request, lease)
+                try:
+                    env = factory()
+                except Exception as exc:
+                    logger.exception("environment factory failed")
+                    message = "Failed to create environment"
+                    if limits.error_details:
+                        message += f": {type(exc).__name__}: {exc}"
+                    return {"type": "error", "data": {"code": "FACTORY_ERROR", "message": message}}
+                session = ServerSession(
+                    env, error_details=limits.error_details, metrics=limits.metrics, name=limits.name
+                )
+                if giving_up is not None:
+                    giving_up.hosted(session)
+                try:
+                    reply = await session.handle(msgspec.json.encode(frame))
+                finally:
+                    await session.aclose()
+                    beside.cancel_scope.cancel()
     finally:
         if lease is not None:
             lease.release()
-    assert reply is not None
+    if reply is None:  # given up on: past the step timeout (its client, if gone, reads nothing)
+        reason = lease.close_reason if lease is not None else None
+        message = f"the request was ended by the server ({reason or STEP_TIMEOUT_REASON})"
+        return {"type": "error", "data": {"code": "EXECUTION_ERROR", "message": message}}
     return msgspec.json.decode(reply)  # type: ignore[no-any-return]
+
+
+async def _give_up_when_gone(request: Request, lease: SessionLease) -> None:
+    """Wait for the request's client to go (its ``http.disconnect``); then end its request."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    lease.give_up(CLIENT_GONE_REASON)
 
 
 def _observation_or_error(reply: dict[str, Any]) -> Response:
@@ -352,7 +379,7 @@ def openenv_http_routes(
         if not isinstance(kwargs, dict):
             detail = [{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
             return _JSONResponse({"detail": detail}, status_code=422)
-        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits))
+        return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits, request))
 
     async def step(request: Request) -> Response:
         try:
@@ -368,10 +395,10 @@ def openenv_http_routes(
             return _body_error(exc)
         except RecursionError as exc:
             return _body_error(msgspec.DecodeError(f"JSON is nested too deeply ({exc})"))
-        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}, limits))
+        return _observation_or_error(await _run_one(factory, {"type": "step", "data": body.action}, limits, request))
 
     async def state(request: Request) -> Response:
-        reply = await _run_one(factory, {"type": "state"}, limits)
+        reply = await _run_one(factory, {"type": "state"}, limits, request)
         if reply.get("type") == "error":
             return _observation_or_error(reply)
         return _JSONResponse(reply["data"])
@@ -389,8 +416,8 @@ def openenv_http_routes(
             request_id = message.get("id")
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
         if mcp_sessions is not None and is_session_request(message):
-            return _JSONResponse(await mcp_sessions.handle(message))
-        reply = await _run_one(factory, {"type": "mcp", "data": message}, limits)
+            return _JSONResponse(await mcp_sessions.handle(message, client_of(request.scope)))
+        reply = await _run_one(factory, {"type": "mcp", "data": message}, limits, request)
         if reply.get("type") == "error":
             return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
         return _JSONResponse(reply["data"])

@@ -77,6 +77,8 @@ from ._protocol import (
     SESSIONS_PATH,
     WAIT_HEADER,
     Created,
+    Queued,
+    QueuePlace,
     dialect_for,
 )
 from ._requests import READ_MARGIN, USER_AGENT, RequestFailed, end_reason, error_detail, exchange
@@ -110,6 +112,7 @@ _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
 _decode_created = msgspec.json.Decoder(Created).decode
+_decode_queued = msgspec.json.Decoder(Queued).decode
 
 
 def polling_url(url: str) -> tuple[str, str]:
@@ -343,10 +346,25 @@ class HTTPPollingTransport(Transport):
             client = self._new_client()
         self._client = client
         try:
-            with self._clock.move_on_after(self.connect_timeout) as timeout_scope:
-                await self._create_session(client)
-            if timeout_scope.cancelled_caught:
-                raise ConnectError(f"timed out after {self.connect_timeout} s creating a session at {self.url}")
+            # A new session's key: a creation retried (its response lost) or asked
+            # again while it waits in the server's queue is the same creation.
+            creation = secrets.token_urlsafe(32)
+            queued: QueuePlace | None = None
+            while True:
+                # Each answer within the connect timeout; a 202 says the server keeps
+                # our place in its queue for a slot: ask again, at once.
+                answer: httpx.Response | QueuePlace | None = None
+                with self._clock.move_on_after(self.connect_timeout):
+                    answer = await self._create_session(client, creation)
+                if answer is None:
+                    waiting = f" (waiting in its queue, at place {queued.position})" if queued is not None else ""
+                    raise ConnectError(
+                        f"timed out after {self.connect_timeout} s creating a session at {self.url}{waiting}"
+                    )
+                if isinstance(answer, httpx.Response):
+                    self._on_created(answer)
+                    break
+                queued = answer
         except BaseException:
             self._end.close_by_client()
             if self._given_client is None:
@@ -413,11 +431,15 @@ class HTTPPollingTransport(Transport):
         self.send_waits = False  # a frame is posted, and leaves with the next receive's request
         return True
 
-    async def _create_session(self, client: httpx.AsyncClient) -> None:
+    async def _create_session(self, client: httpx.AsyncClient, creation: str) -> httpx.Response | QueuePlace:
+        """Ask for the session once (retrying network failures): the answer, or where it waits in the queue."""
         url = f"{self.url}{SESSIONS_PATH}{self._query}"
         headers = [*self._headers, ("Content-Type", "application/json")]
         # A retried creation returns the session the first attempt made, if it made one.
-        headers.append((IDEMPOTENCY_KEY_HEADER, secrets.token_urlsafe(32)))
+        headers.append((IDEMPOTENCY_KEY_HEADER, creation))
+        # How long the server may hold the request while the session waits for a slot: well within our timeout.
+        hold = self.poll_timeout if self.connect_timeout is None else max(self.connect_timeout / 2, 0.1)
+        headers.append((WAIT_HEADER, f"{min(hold, self.poll_timeout):g}"))
         body = msgspec.json.encode({"encoding": self.dialect.encoding})
         request = client.build_request(
             "POST", url, headers=headers, content=body, timeout=httpx.Timeout(self.connect_timeout)
@@ -426,7 +448,12 @@ class HTTPPollingTransport(Transport):
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
         except RequestFailed as exc:
             raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.cause
-        self._on_created(response)
+        if response.status_code == 202:
+            try:
+                return _decode_queued(response.content).queued
+            except msgspec.DecodeError:
+                pass  # not our server's 202: _on_created says what came
+        return response
 
     def _on_created(self, response: httpx.Response) -> None:
         status = response.status_code

@@ -56,6 +56,7 @@ from openenv.server import SERVER_DEFAULTS, SessionMetrics
 
 from .._asgi import Receive, Scope, Send
 from .._envelope import Entry, EnvelopeCodec
+from .._guard import client_of
 from .._link_host import LinkHost
 from .._link_state import LinkProtocolError
 from .._sessions import SHUTDOWN_REASON, SessionRegistry
@@ -164,6 +165,7 @@ class PollingLink:
             before the link stops taking messages.
         clock: Where the link's waits are measured (the registry's clock).
         metrics: Where the sessions' requests are counted, or ``None``.
+        client: Who created the link (`transports._guard.client_of`), for the per-client quota.
 
     Attributes:
         id: The link's id (in its URL).
@@ -184,6 +186,7 @@ class PollingLink:
         max_unacknowledged_bytes: int,
         clock: Clock,
         metrics: SessionMetrics | None = None,
+        client: str | None = None,
     ) -> None:
         self.id = secrets.token_urlsafe(32)
         self.key = secrets.token_urlsafe(32).encode()
@@ -197,6 +200,7 @@ class PollingLink:
             transport="http",
             flush=self.flush,
             metrics=metrics,
+            client=client,
         )
         self.codec: EnvelopeCodec = self.host.codec
         self.log = _Log()
@@ -530,6 +534,7 @@ class HTTPLinkEndpoint:
             max_unacknowledged_bytes=self.max_unacknowledged_bytes,
             clock=self.registry.clock,
             metrics=self.metrics,
+            client=client_of(scope),
         )
         self._links[link.id] = link
         await task_group.start(self._run_link, link)

@@ -39,6 +39,8 @@ from openenv import Dialect
 __all__ = [
     "ACK_HEADER",
     "Created",
+    "QueuePlace",
+    "Queued",
     "DEFAULT_MAX_WAIT",
     "ERROR_HEADER",
     "FRAMES_PATH",
@@ -120,6 +122,24 @@ class LinkCreated(msgspec.Struct):
     encoding: str = "json"
     max_body_size: int | None = None
     max_wait: float | None = None
+
+
+class QueuePlace(msgspec.Struct):
+    """Where a creation waits in the server's queue for a slot.
+
+    Attributes:
+        position: Its place (1: the next admitted).
+        queue_timeout: Seconds the server lets a session wait in its queue.
+    """
+
+    position: int = 0
+    queue_timeout: float = 0.0
+
+
+class Queued(msgspec.Struct):
+    """The body of the ``202`` that says a creation waits in the queue for a slot: ask again, with the same key."""
+
+    queued: QueuePlace
 
 
 DEFAULT_MAX_WAIT: Final = 60.0

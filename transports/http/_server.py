@@ -46,7 +46,8 @@ from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
 from .._asgi import Receive, Scope, Send
 from .._deprecated import renamed_option
 from .._error_body import encode_error
-from .._sessions import SessionLease, SessionRegistry, session_failed_frame
+from .._guard import client_of
+from .._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
 from ._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_WAIT,
@@ -61,10 +62,17 @@ from ._protocol import (
     SESSIONS_PATH,
     WAIT_HEADER,
     Created,
+    Queued,
+    QueuePlace,
     dialect_for,
 )
 
-__all__ = ["DEFAULT_MAX_UNACKNOWLEDGED_BYTES", "DEFAULT_UNUSED_TIMEOUT", "HTTPPollingEndpoint"]
+__all__ = [
+    "DEFAULT_MAX_UNACKNOWLEDGED_BYTES",
+    "DEFAULT_MAX_UNACKNOWLEDGED_TOTAL",
+    "DEFAULT_UNUSED_TIMEOUT",
+    "HTTPPollingEndpoint",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -85,7 +93,20 @@ _LINGER_FREE_BYTES: Final = 64 * 1024
 _MAX_UNACKNOWLEDGED: Final = 64
 
 DEFAULT_MAX_UNACKNOWLEDGED_BYTES: Final = 64 * 1024 * 1024
-"""The most reply bytes an HTTP session keeps for a client that does not acknowledge them."""
+"""The most bytes an HTTP session holds for a client beyond one request and its reply (see `HTTPPollingEndpoint`)."""
+
+DEFAULT_MAX_UNACKNOWLEDGED_TOTAL: Final = 256 * 1024 * 1024
+"""The most bytes all the HTTP sessions of a server hold beyond one request and its reply each."""
+
+
+class _Held:
+    """The bytes every session of an endpoint holds for its client: replies not acknowledged, requests not taken."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
 
 DEFAULT_UNUSED_TIMEOUT: Final = 30.0
 """Seconds a new HTTP session may wait for its first frame before it ends.
@@ -119,6 +140,11 @@ _NO_STORE = (b"cache-control", b"no-store")
 _JSON_TYPE = (b"content-type", b"application/json")
 
 _IDEMPOTENCY_KEY_LENGTHS: Final = range(16, 256)
+
+# Seconds a queued creation keeps its place with no request waiting on it (the
+# client's next one comes at once after a 202, or after a retry's backoff);
+# also how long a slot admitted meanwhile waits for it.
+_COME_BACK: Final = 5.0
 
 
 class _CreateRequest(msgspec.Struct):
@@ -164,9 +190,11 @@ class _Session:
         "dialect",
         "end_reason",
         "forgotten",
+        "held",
         "id",
         "idempotency_key",
         "inbox",
+        "inbox_bytes",
         "key",
         "lease",
         "media_type",
@@ -180,9 +208,18 @@ class _Session:
         "waiter",
     )
 
-    def __init__(self, session_id: str, dialect: Dialect, new_event: Callable[[], anyio.Event], clock: Clock) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        dialect: Dialect,
+        new_event: Callable[[], anyio.Event],
+        clock: Clock,
+        held: _Held | None = None,
+    ) -> None:
         self.id = session_id
         self.clock = clock
+        self.held = held if held is not None else _Held()  # the endpoint's count, shared by its sessions
+        self.inbox_bytes = 0  # the requests queued and not yet taken by the environment
         self.key = secrets.token_urlsafe(32).encode()
         self.dialect = dialect
         self.media_type = MEDIA_TYPES[dialect.encoding].encode()
@@ -199,7 +236,7 @@ class _Session:
         self.served = False  # whether the environment was built and asked for a request
         self.end_reason: str | None = None  # set once the session has ended
         self.deleted = False
-        self.idempotency_key: str | None = None
+        self.idempotency_key: tuple[str, str] | None = None  # (client, key): a retry must come from its client
         self.new_event = new_event
         self.waiter: anyio.Event | None = None  # set when a reply comes or the session ends
         self.forgotten = new_event()  # set when the record is dropped (DELETE)
@@ -221,6 +258,8 @@ class _Session:
             seq, frame = await inbox.get()
         except QueueClosed:
             raise ConnectionClosed("the client deleted the session") from None
+        self.inbox_bytes -= len(frame)
+        self.held.bytes -= len(frame)
         lease.mark_busy()
         self.current = seq
         return frame
@@ -235,6 +274,7 @@ class _Session:
         self.sent += 1
         self.outbox.append((self.sent, self.current, frame))
         self.outbox_bytes += len(frame)
+        self.held.bytes += len(frame)
         self.wake()
 
     def wake(self) -> None:
@@ -248,6 +288,23 @@ class _Session:
         """Free the slot once the session is over, unless large replies the client has yet to fetch keep it."""
         if self.lease is not None and self.outbox_bytes <= _LINGER_FREE_BYTES:
             self.lease.vacate()
+
+    @property
+    def holds(self) -> int:
+        """The bytes it holds for its client: replies not acknowledged, and requests not taken yet."""
+        return self.outbox_bytes + self.inbox_bytes
+
+    def queue_request(self, seq: int, frame: bytes) -> None:
+        """Queue a request frame for the environment, counted as held until it is taken."""
+        self.inbox_bytes += len(frame)
+        self.held.bytes += len(frame)
+        self.inbox.put((seq, frame))
+
+    def forget_held(self) -> None:
+        """Uncount what it holds: its record is gone, and all it held with it."""
+        self.held.bytes -= self.outbox_bytes + self.inbox_bytes
+        self.outbox_bytes = self.inbox_bytes = 0
+        self.outbox.clear()
 
     def end(self, reason: str) -> None:
         """Note that the session has ended (its environment is closed); wake every waiter."""
@@ -302,6 +359,7 @@ class _Session:
         while outbox and outbox[0][0] <= ack:
             _, request_seq, frame = outbox.popleft()
             self.outbox_bytes -= len(frame)
+            self.held.bytes -= len(frame)
             if request_seq > self.answered:
                 self.answered = request_seq
         self.acked = ack
@@ -332,6 +390,49 @@ class _Session:
             reply = outbox[0]
             return reply[0], reply[2]
         return None
+
+
+class _QueuedCreation:
+    """A session's creation waiting in the registry's queue, over as many ``POST`` requests as it takes.
+
+    Its ticket keeps the place while a request waits on it, and `_COME_BACK`
+    seconds after the last one ended: a client that gave up (its request
+    timed out, it went) loses its place instead of being admitted and holding
+    a slot nobody uses.
+    """
+
+    __slots__ = ("_changed", "claimed", "client", "key", "lease", "session", "settled", "ticket", "waiting")
+
+    def __init__(self, session: _Session, ticket: QueueTicket, key: tuple[str, str] | None, client: str | None) -> None:
+        self.session = session
+        self.ticket = ticket
+        self.key = key
+        self.client = client
+        self.waiting = 0  # requests waiting on it now
+        self.settled = anyio.Event()  # admitted (`lease`), or refused (no lease)
+        self.lease: SessionLease | None = None
+        self.claimed = False  # a request took the lease and answered 201
+        self._changed = anyio.Event()
+
+    def changed(self) -> anyio.Event:
+        """An event set at the next change: a request comes or goes, or the lease is claimed."""
+        return self._changed
+
+    def note_change(self) -> None:
+        event, self._changed = self._changed, anyio.Event()
+        event.set()
+
+
+async def _either(first: anyio.Event, second: anyio.Event) -> None:
+    """Return once either event is set."""
+    async with anyio.create_task_group() as task_group:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            task_group.cancel_scope.cancel()
+
+        task_group.start_soon(wait, first)
+        task_group.start_soon(wait, second)
 
 
 # The most digits a numeric header may have: far beyond any count a session
@@ -449,14 +550,23 @@ class HTTPPollingEndpoint:
             environment is built only when that frame comes.
         error_details: Whether error replies name the server's exceptions (see
             `openenv.server.ServerSession`).
-        max_unacknowledged_bytes: The most reply bytes a session keeps for its
-            client; beyond, its frames get ``409 too_many_unacknowledged`` until
-            it acknowledges replies.
+        max_unacknowledged_bytes: The most bytes a session holds for its
+            client (replies not acknowledged, requests not yet taken) beyond
+            one request and its reply: a session holding nothing always gets
+            its request in; one holding some gets ``409
+            too_many_unacknowledged`` for a frame that would take it past this,
+            until it acknowledges replies.
+        max_unacknowledged_total: The same bound for all its sessions
+            together: past it, a session that holds anything gets ``409
+            too_many_unacknowledged`` too. So the replies clients leave
+            unacknowledged cost at most this, plus one request and its reply
+            per session.
         metrics: Where the sessions' requests are counted, or ``None``.
 
     Raises:
-        ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout`` or
-            ``max_unacknowledged_bytes`` is not positive, or ``linger`` is negative.
+        ValueError: ``max_wait``, ``max_message_size``, ``unused_timeout``,
+            ``max_unacknowledged_bytes`` or ``max_unacknowledged_total`` is not
+            positive, or ``linger`` is negative.
     """
 
     def __init__(
@@ -470,6 +580,7 @@ class HTTPPollingEndpoint:
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
+        max_unacknowledged_total: int = DEFAULT_MAX_UNACKNOWLEDGED_TOTAL,
         max_body_size: int | None = None,
         metrics: SessionMetrics | None = None,
     ) -> None:
@@ -477,19 +588,24 @@ class HTTPPollingEndpoint:
             max_message_size = renamed_option("HTTPPollingEndpoint", "max_body_size", "max_message_size", max_body_size)
         if not max_wait > 0 or not max_message_size > 0 or not linger >= 0:
             raise ValueError("max_wait and max_message_size must be positive, linger 0 or more")
-        if not unused_timeout > 0 or not max_unacknowledged_bytes > 0:
-            raise ValueError("unused_timeout and max_unacknowledged_bytes must be positive")
+        if not unused_timeout > 0 or not max_unacknowledged_bytes > 0 or not max_unacknowledged_total > 0:
+            raise ValueError("unused_timeout, max_unacknowledged_bytes and max_unacknowledged_total must be positive")
         self.unused_timeout = unused_timeout
         self.error_details = error_details
         self.metrics = metrics
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
+        self.max_unacknowledged_total = max_unacknowledged_total
+        self._held = _Held()
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
         self.max_message_size = max_message_size
         self.linger = linger
         self._sessions: dict[str, _Session] = {}
-        self._created: dict[str, _Session] = {}  # by idempotency key, until the first frame
+        # By client and idempotency key, until the first frame: only the client that
+        # created a session gets its credentials again for the key.
+        self._created: dict[tuple[str, str], _Session] = {}
+        self._queued: dict[tuple[str, str], _QueuedCreation] = {}  # by client and idempotency key
         self._task_group: TaskGroup | None = None
         self._new_event: Callable[[], anyio.Event] = anyio.Event
 
@@ -535,6 +651,7 @@ class HTTPPollingEndpoint:
         if scope["method"] != "POST":
             raise _HTTPError(405, "method_not_allowed", "use POST to create a session", [(b"allow", b"POST")])
         content_type = content_length = key = None
+        hold: float | None = None  # how long the client waits for this answer, if it says
         for name, value in scope["headers"]:
             if name == _CONTENT_TYPE:
                 content_type = value
@@ -542,6 +659,8 @@ class HTTPPollingEndpoint:
                 content_length = value
             elif name == _IDEMPOTENCY_KEY:
                 key = value
+            elif name == _WAIT:
+                hold = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
         body = await _read_body(receive, _MAX_CREATE_BODY, content_length)
         if body.strip():
             if content_type is None or _media_type(content_type) != "application/json":
@@ -558,45 +677,152 @@ class HTTPPollingEndpoint:
             raise _HTTPError(400, "invalid_body", str(exc)) from None
         idempotency_key = None
         if key is not None:
-            idempotency_key = key.decode("latin-1")
-            if len(idempotency_key) not in _IDEMPOTENCY_KEY_LENGTHS or not idempotency_key.isprintable():
+            text = key.decode("latin-1")
+            if len(text) not in _IDEMPOTENCY_KEY_LENGTHS or not text.isprintable():
                 raise _HTTPError(
                     400, "invalid_header", f"{IDEMPOTENCY_KEY_HEADER} must be 16 to 255 printable characters"
                 )
+            idempotency_key = (client_of(scope), text)
             existing = self._created.get(idempotency_key)
-            if existing is not None:
-                if existing.dialect != dialect:
+            queued = self._queued.get(idempotency_key)
+            if queued is not None and queued.claimed:
+                existing = queued.session
+            if existing is not None or queued is not None:
+                earlier = existing or (queued.session if queued is not None else None)
+                if earlier is not None and earlier.dialect != dialect:
                     raise _HTTPError(
                         409,
                         "idempotency_key_reused",
                         f"this {IDEMPOTENCY_KEY_HEADER} created a session with other options",
                     )
+            if existing is not None:
                 await self._respond_created(send, existing)
+                return
+            if queued is not None:  # it waits in the queue: this request waits with it
+                await self._wait_in_queue(queued, scope, receive, send, hold)
                 return
         task_group = self._task_group
         if task_group is None:
             raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
-        session_id = secrets.token_urlsafe(32)
-        session = _Session(session_id, dialect, self._new_event, self.registry.clock)
-        lease = await self.registry.admit(transport="http", on_close=session.stop)
-        if lease is None:
-            await self._refuse_at_capacity(send, dialect)
+        client = client_of(scope)
+        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self.registry.clock, self._held)
+        taken = self.registry.open_or_enqueue(transport="http", on_close=session.stop, client=client)
+        if taken is None:
+            await self._refuse_at_capacity(send, dialect, client)
             return
+        if isinstance(taken, SessionLease):
+            self._open(session, taken, idempotency_key, scope)
+            await self._respond_created(send, session)
+            return
+        queued = _QueuedCreation(session, taken, idempotency_key, client)
+        if idempotency_key is not None:
+            self._queued[idempotency_key] = queued
+        task_group.start_soon(self._hold_place, queued)
+        await self._wait_in_queue(queued, scope, receive, send, hold)
+
+    def _open(
+        self, session: _Session, lease: SessionLease, idempotency_key: tuple[str, str] | None, scope: Scope
+    ) -> None:
+        """Start a session that has its slot."""
+        task_group = self._task_group
+        if task_group is None:  # the server stopped meanwhile
+            lease.release()
+            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
         session.lease = lease
-        self._sessions[session_id] = session
+        self._sessions[session.id] = session
         if idempotency_key is not None:
             session.idempotency_key = idempotency_key
             self._created[idempotency_key] = session
         task_group.start_soon(self._run_session, session)
-        await self._respond_created(send, session)
         client = scope.get("client")
         # The id is the session's only credential: the log shows a prefix, enough to follow it.
         logger.info(
             "%s - HTTP long-polling session %s… opened",
             f"{client[0]}:{client[1]}" if client else "-",
-            session_id[:_LOGGED_ID_LENGTH],
+            session.id[:_LOGGED_ID_LENGTH],
         )
+
+    async def _hold_place(self, queued: _QueuedCreation) -> None:
+        """Keep a queued creation's place while its client waits (or comes back soon); hand over its slot."""
+        ticket = queued.ticket
+        come_back = _COME_BACK if queued.key is not None else 0.0  # without a key it cannot come back
+        try:
+            with self.registry.clock.move_on_after(self.registry.queue_timeout or 0.0):
+                while not ticket.admitted.is_set():
+                    if queued.waiting:
+                        await _either(ticket.admitted, queued.changed())
+                        continue
+                    with self.registry.clock.move_on_after(come_back) as grace:
+                        await _either(ticket.admitted, queued.changed())
+                    if grace.cancelled_caught:  # the client gave up: its place goes to the next
+                        logger.info("a queued HTTP long-polling session's client went: its place is given up")
+                        return
+            queued.lease, ticket.lease = ticket.lease, None
+            queued.settled.set()
+            if queued.lease is None:
+                return  # the wait ran out (or the server stops): the requests waiting answer 503
+            # A request waiting takes it; or one that comes back soon.
+            with self.registry.clock.move_on_after(come_back):
+                while not queued.claimed:
+                    await queued.changed().wait()
+        finally:
+            queued.settled.set()
+            if queued.key is not None and self._queued.get(queued.key) is queued and not queued.claimed:
+                del self._queued[queued.key]
+            if not queued.claimed:
+                if queued.lease is not None:
+                    queued.lease.release()  # admitted, and nobody came for it
+                    queued.lease = None
+                self.registry.leave(ticket)
+
+    async def _wait_in_queue(
+        self, queued: _QueuedCreation, scope: Scope, receive: Receive, send: Send, hold: float | None
+    ) -> None:
+        """Answer a queued creation: 201 once admitted, 503 if the wait runs out, else 202 after ``hold`` seconds.
+
+        A client that goes away meanwhile is noticed (its ``http.disconnect``):
+        it no longer waits on the place, which is given up unless it comes back.
+        """
+        gone = False
+        queued.waiting += 1
+        queued.note_change()
+        try:
+            async with anyio.create_task_group() as task_group:
+
+                async def notice_the_client_going() -> None:
+                    nonlocal gone
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    gone = True
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(notice_the_client_going)
+                with self.registry.clock.move_on_after(hold):
+                    await queued.settled.wait()
+                task_group.cancel_scope.cancel()
+        finally:
+            queued.waiting -= 1
+            queued.note_change()
+        if gone:
+            return
+        if not queued.settled.is_set():
+            position = self.registry.position(queued.ticket)
+            body = _json_encode(Queued(QueuePlace(position, self.registry.queue_timeout or 0.0)))
+            await _respond(send, 202, [_JSON_TYPE, _NO_STORE, (b"retry-after", b"0")], body)
+            return
+        if queued.claimed:  # another request for the same creation took it
+            await self._respond_created(send, queued.session)
+            return
+        lease = queued.lease
+        if lease is None:
+            await self._refuse_at_capacity(send, queued.session.dialect, queued.client)
+            return
+        queued.lease = None
+        queued.claimed = True
+        queued.note_change()
+        self._open(queued.session, lease, queued.key, scope)
+        await self._respond_created(send, queued.session)
 
     async def _respond_created(self, send: Send, session: _Session) -> None:
         body = _json_encode(
@@ -605,8 +831,8 @@ class HTTPPollingEndpoint:
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
         await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
 
-    async def _refuse_at_capacity(self, send: Send, dialect: Dialect) -> None:
-        frame = self.registry.capacity_reached_frame(dialect)
+    async def _refuse_at_capacity(self, send: Send, dialect: Dialect, client: str | None) -> None:
+        frame = self.registry.capacity_reached_frame(dialect, client)
         headers = [
             (_CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
             _NO_STORE,
@@ -618,6 +844,10 @@ class HTTPPollingEndpoint:
     async def _run_session(self, session: _Session) -> None:
         lease = session.lease
         assert lease is not None
+        # Its client cannot be seen leaving: one that stops asking while a step
+        # runs (for the idle timeout) has gone, and the registry gives up on it.
+        lease.seen()
+        giving_up = GivingUp(self.registry, lease, session.stop)
         reason = "the server stopped"  # unless it ends otherwise
         try:
             try:
@@ -634,6 +864,7 @@ class HTTPPollingEndpoint:
                             dialect=session.dialect,
                             error_details=self.error_details,
                             on_end=session.vacate_unless_lingering,
+                            on_session=giving_up.hosted,
                             metrics=self.metrics,
                         )
                         reason = (
@@ -660,6 +891,7 @@ class HTTPPollingEndpoint:
                 await session.forgotten.wait()
         finally:
             lease.release()
+            session.forget_held()
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
 
@@ -709,6 +941,8 @@ class HTTPPollingEndpoint:
                 content_length = value
         if not session.holds_key(key):  # its id alone (seen in a URL, a log) does not drive it
             raise _not_found()
+        if session.lease is not None:
+            session.lease.seen()
         if ack > session.sent:
             raise _HTTPError(
                 409,
@@ -767,14 +1001,31 @@ class HTTPPollingEndpoint:
                 f"the session has ended: {session.end_reason}",
                 [(_RECEIVED, b"%d" % received)],
             )
-        if received - session.answered >= _MAX_UNACKNOWLEDGED or session.outbox_bytes > self.max_unacknowledged_bytes:
+        if received - session.answered >= _MAX_UNACKNOWLEDGED:
             raise _HTTPError(
                 409,
                 "too_many_unacknowledged",
                 f"{_MAX_UNACKNOWLEDGED} requests await an acknowledged reply; acknowledge replies first",
             )
+        holds = session.holds
+        if holds:  # one request and its reply are always let in; more count against the bounds
+            size = len(frame)
+            if holds + size > self.max_unacknowledged_bytes:
+                raise _HTTPError(
+                    409,
+                    "too_many_unacknowledged",
+                    f"the session holds {holds} bytes of replies and requests for its client, and this frame "
+                    f"would pass {self.max_unacknowledged_bytes}; acknowledge replies first",
+                )
+            if self._held.bytes + size > self.max_unacknowledged_total:
+                raise _HTTPError(
+                    409,
+                    "too_many_unacknowledged",
+                    f"the server holds {self._held.bytes} bytes its clients have not acknowledged, past its "
+                    f"budget of {self.max_unacknowledged_total} with this frame; acknowledge replies first",
+                )
         session.received = seq
-        session.inbox.put((seq, frame))
+        session.queue_request(seq, frame)
         if seq == 1:
             session.wake()  # the session waits for its first frame to build the environment
         assert session.lease is not None

@@ -80,6 +80,7 @@ class ServerLink:
         client_max_message_size: The largest message the client takes (its handshake said):
             no envelope is larger, and a session whose reply alone would be ends.
         metrics: Where the sessions' requests are counted, or ``None``.
+        client: Who opened the link (`transports._guard.client_of`), for the per-client quota.
         on_end: Called once when the link is over (the endpoint forgets its token there).
 
     Attributes:
@@ -97,6 +98,7 @@ class ServerLink:
         max_message_size: int | None = None,
         client_max_message_size: int | None = None,
         metrics: SessionMetrics | None = None,
+        client: str | None = None,
         on_end: Callable[[ServerLink], object],
     ) -> None:
         self.token = secrets.token_urlsafe(32)
@@ -113,6 +115,7 @@ class ServerLink:
             transport="websocket",
             flush=self._flush,
             metrics=metrics,
+            client=client,
         )
         self._host.client_max_message_size = client_max_message_size
         self._current: LinkConnection | None = None

@@ -27,12 +27,21 @@ from urllib.parse import parse_qs
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
 from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
-from .._sessions import SessionLease, SessionRegistry, session_failed_frame
+from .._guard import client_of
+from .._sessions import (
+    CLIENT_GONE_REASON,
+    GivingUp,
+    QueueTicket,
+    SessionLease,
+    SessionRegistry,
+    session_failed_frame,
+)
 from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
 from ._subprotocols import (
@@ -57,6 +66,10 @@ _POLICY_VIOLATION = 1008
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
 _CLOSE_GRACE = 1.0
+
+# Messages a client may send while its session waits in the queue (a plain
+# client's first request, say); past them the connection is not read until then.
+_QUEUED_MESSAGES = 4
 
 
 _RESUME = RESUME_HEADER.lower().encode()
@@ -211,6 +224,7 @@ class WebSocketEndpoint:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
+        client = client_of(scope)
         if subprotocol in LINK_SUBPROTOCOLS:
             token = _header(scope, _RESUME)
             await self._serve_link(
@@ -219,10 +233,11 @@ class WebSocketEndpoint:
                 None if token is None else token.decode(),
                 _number(_header(scope, _MAX_MESSAGE)),
                 _number(_header(scope, _RESUME_TIMEOUT)),
+                client,
             )
             return
         lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
-        await self._serve_connection(receive, send, dialect, lend)
+        await self._serve_connection(receive, send, dialect, lend, client)
 
     async def _serve_link(
         self,
@@ -231,8 +246,13 @@ class WebSocketEndpoint:
         token: str | None,
         client_limit: int | None,
         client_resume_timeout: int | None,
+        client: str,
     ) -> None:
-        """Host a new link on the connection, or (given a token) carry an existing one on it."""
+        """Host a new link on the connection, or (given a token) carry an existing one on it.
+
+        ``client`` (`transports._guard.client_of`) is whom the link's sessions
+        count against, for the per-client quota.
+        """
         if token is None:
             resume_timeout = self.resume_timeout
             if client_resume_timeout is not None:  # the client will not try longer (0: it never comes back)
@@ -246,6 +266,7 @@ class WebSocketEndpoint:
                 max_message_size=self.max_message_size,
                 client_max_message_size=client_limit,
                 metrics=self.metrics,
+                client=client,
                 on_end=lambda ended: self._links.pop(ended.token, None),
             )
             self._links[link.token] = link
@@ -258,15 +279,20 @@ class WebSocketEndpoint:
         await existing.take_over(connection)
 
     async def _serve_connection(
-        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None
+        self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None, client: str
     ) -> None:
         scope = anyio.CancelScope()
-        lease = await self.registry.admit(transport="websocket", on_close=scope.cancel)
+        admitted = await _admit(self.registry, asgi_receive, client=client, on_close=scope.cancel)
+        if admitted is None:
+            return  # the client went while it waited for a slot
+        lease, asgi_receive = admitted
         if lease is None:
-            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect))
+            await _turn_away(asgi_receive, asgi_send, dialect, self.registry.capacity_reached_frame(dialect, client))
             return
         lease.connected = True  # never reaped as idle while its connection lasts
         session = _WebSocketSession(asgi_receive, asgi_send, dialect, lease)
+        giving_up = GivingUp(self.registry, lease, scope.cancel)
+        lease.on_long_step = session.watch_client
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
         close_code, reason = NORMAL_CLOSURE, ""
         try:
@@ -282,7 +308,9 @@ class WebSocketEndpoint:
                         on_end=lease.vacate,
                         metrics=self.metrics,
                         serve_on_thread=serve_on_thread,
-                    )
+                        on_session=giving_up.hosted,
+                    ),
+                    on_task_group=session.watch_from,
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
                 close_code, reason = GOING_AWAY, lease.close_reason
@@ -308,16 +336,89 @@ class WebSocketEndpoint:
         await _close(asgi_send, close_code, reason)
 
 
-async def _in_own_task(session: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _admit(
+    registry: SessionRegistry,
+    asgi_receive: Receive,
+    *,
+    client: str,
+    on_close: Callable[[], object],
+    on_queued: Callable[[QueueTicket], Awaitable[None]] | None = None,
+) -> tuple[SessionLease | None, Receive] | None:
+    """Take a slot for a connection's session, waiting in the registry's queue while the client stays.
+
+    While it waits, the connection is read: a client that goes gives its place
+    up at once (else it would be admitted, and hold the slot, with nobody
+    there); what it sends meanwhile (at most `_QUEUED_MESSAGES`) is kept.
+
+    Returns:
+        ``(lease, receive)``: the lease, or ``None`` if no slot came in time (or
+        the client is at its quota); ``receive`` gives the messages kept first.
+        ``None`` if the client went.
+    """
+    ticket = registry.open_or_enqueue(transport="websocket", on_close=on_close, client=client)
+    if not isinstance(ticket, QueueTicket):
+        return ticket, asgi_receive
+    kept: list[dict[str, Any]] = []
+    gone = False
+    try:
+        if on_queued is not None:
+            await on_queued(ticket)
+        async with anyio.create_task_group() as task_group:
+
+            async def notice_the_client_going() -> None:
+                nonlocal gone
+                while len(kept) < _QUEUED_MESSAGES:
+                    message = await asgi_receive()
+                    if message["type"] == "websocket.disconnect":
+                        gone = True
+                        task_group.cancel_scope.cancel()
+                        return
+                    kept.append(message)
+
+            task_group.start_soon(notice_the_client_going)
+            lease = await registry.wait_admitted(ticket)
+            task_group.cancel_scope.cancel()
+    except BaseException:
+        registry.leave(ticket)
+        raise
+    if gone:
+        registry.leave(ticket)
+        if lease is not None:
+            lease.release()
+        return None
+    if not kept:
+        return lease, asgi_receive
+
+    async def receive_kept_first() -> dict[str, Any]:
+        return kept.pop(0) if kept else await asgi_receive()
+
+    return lease, receive_kept_first
+
+
+async def _in_own_task(
+    session: Callable[[], Coroutine[Any, Any, None]], on_task_group: Callable[[TaskGroup], object] | None = None
+) -> None:
     """Run a session in a task of its own, and wait for it.
 
     Each time a task resumes (a session's, once per request), Python passes
     through every frame of its await chain. In the connection's task, the
     server's, the app's middleware's and the router's dozen frames sit above
-    the endpoint; a task of its own starts at the session.
+    the endpoint; a task of its own starts at the session. ``on_task_group``
+    gets the task group, for tasks beside the session (they end with it).
     """
     async with anyio.create_task_group() as own_task:
-        own_task.start_soon(session)
+
+        async def then_the_rest() -> None:
+            try:
+                await session()
+            finally:
+                own_task.cancel_scope.cancel()  # what runs beside it ends with it
+
+        if on_task_group is None:
+            own_task.start_soon(session)
+            return
+        on_task_group(own_task)
+        own_task.start_soon(then_the_rest)
 
 
 async def _serve_on_thread(
@@ -391,7 +492,18 @@ class _WebSocketSession:
         served: Whether a request reached the session (else its factory failed).
     """
 
-    __slots__ = ("_binary", "_dialect", "_receive", "_send", "disconnected", "lease", "served")
+    __slots__ = (
+        "_binary",
+        "_dialect",
+        "_kept",
+        "_receive",
+        "_send",
+        "_task_group",
+        "_watch",
+        "disconnected",
+        "lease",
+        "served",
+    )
 
     def __init__(self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lease: SessionLease) -> None:
         self._receive = asgi_receive
@@ -401,6 +513,36 @@ class _WebSocketSession:
         self.lease = lease
         self.disconnected = False
         self.served = False
+        self._task_group: TaskGroup | None = None
+        self._watch: anyio.Event | None = None  # set once the read that watches the client while busy is done
+        self._kept: dict[str, Any] | None = None  # what that read got
+
+    def watch_from(self, task_group: TaskGroup) -> None:
+        """Where to start the read that watches the client while a request runs long (`watch_client`)."""
+        self._task_group = task_group
+
+    def watch_client(self) -> None:
+        """While a request runs long, read the connection: a client that has gone ends the session now.
+
+        The lease's `SessionLease.on_long_step`. A message that comes instead
+        is kept for the next `receive_frame`: the client is there.
+        """
+        if self._watch is not None or self._task_group is None or self.disconnected:
+            return
+        self._watch = anyio.Event()
+        self._task_group.start_soon(self._read_while_busy, self._watch)
+
+    async def _read_while_busy(self, done: anyio.Event) -> None:
+        try:
+            message = await self._receive()
+        except OSError:  # the connection broke
+            message = {"type": "websocket.disconnect", "code": 1006}
+        finally:
+            done.set()
+        self._kept = message
+        if message["type"] == "websocket.disconnect":
+            self.disconnected = True
+            self.lease.give_up(CLIENT_GONE_REASON)
 
     async def send_frame(self, frame: bytes) -> None:
         """Send one reply frame; `ConnectionClosed` once the client has gone."""
@@ -423,7 +565,13 @@ class _WebSocketSession:
             if lease.close_reason is not None:  # asked to end while it was busy
                 raise ConnectionClosed(lease.close_reason)
             lease.touch()  # waiting for the client: the idle clock runs
-            message = await self._receive()
+            if self._watch is None:
+                message = await self._receive()
+            else:  # the watch's read is under way, or done: its message is the next
+                await self._watch.wait()
+                message, self._kept, self._watch = self._kept, None, None
+                if message is None:  # cut off before it read anything
+                    continue
             lease.mark_busy()
             kind = message["type"]
             if kind == "websocket.receive":
