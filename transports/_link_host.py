@@ -460,12 +460,7 @@ class LinkHost:
             # Cut while a call of its runs in its task: cancel it (a plain call runs on to its end
             # on the session's thread; nobody waits for it).
             session.scope.cancel()
-        if session.number in self._sessions:
-            self._end(session, reason or SHUTDOWN_REASON, GOING_AWAY)
-            if self._tasks is not None:
-                self._tasks.start_soon(self._flush_soon)
-        if reason == SHUTDOWN_REASON and not self._sessions:
-            self.shutting_down = True
+        self._ended_by_server(session, reason or SHUTDOWN_REASON)
 
     def _give_up(self, session: _Session) -> None:
         """The registry gives up on the session's call in hand (the step timeout, the shutdown's cut): end it now.
@@ -478,11 +473,17 @@ class LinkHost:
             session.scope.cancel()
         if session.session is not None and self._registry.may_abandon():
             session.session.abandon()
+        lease = session.lease
+        self._ended_by_server(session, (lease.close_reason if lease is not None else None) or SHUTDOWN_REASON)
+
+    def _ended_by_server(self, session: _Session, reason: str) -> None:
+        """End a session the server ends (see `_end`), and send its `End` soon."""
         if session.number in self._sessions:
-            lease = session.lease
-            self._end(session, (lease.close_reason if lease is not None else None) or SHUTDOWN_REASON, GOING_AWAY)
+            self._end(session, reason, GOING_AWAY)
             if self._tasks is not None:
                 self._tasks.start_soon(self._flush_soon)
+        if reason == SHUTDOWN_REASON and not self._sessions:
+            self.shutting_down = True
 
     def _leave(self, session: _Session, reason: str) -> None:
         """The link is over: end the session; one with a call in hand is given up on, as its client has gone."""
