@@ -596,7 +596,8 @@ async def test_http_long_polling_clients_wait_in_the_queue_past_their_connect_ti
 
             async def latecomer(name: str) -> None:
                 # Each of its requests gives up after 0.5 s: the queue must keep its place over several.
-                async with MessageEnv(url, connect_timeout=0.5) as client:
+                # A session of its own (on a link, a queued session waits within its call's timeout).
+                async with MessageEnv(url, connect_timeout=0.5, share=False) as client:
                     stepped.append((await client.step(MessageAction(message=name))).observation.echoed_message)
 
             async with MessageEnv(server.url) as holder:

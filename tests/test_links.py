@@ -84,6 +84,22 @@ async def test_sessions_of_one_process_share_one_connection_and_each_is_its_own(
             assert active(server) == 3  # sessions, not connections
 
 
+@pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
+async def test_a_link_its_client_closes_ends_at_once_on_every_server(server_name: ServerName) -> None:
+    """Plain hypercorn reports a client's closing handshake as 1006, a drop; the client's `End` on channel 0 says otherwise."""
+    if server_name == "uvicorn" and current_backend() == "trio":
+        pytest.skip("uvicorn runs on asyncio only")
+    with anyio.fail_after(LIMIT):
+        # Held for a resumption, the link would outlive the test's bound many times over.
+        async with serve(AsyncCounterEnv, server=server_name, resume_timeout=10 * LIMIT) as server:
+            links = server.app.state.websocket._links
+            async with clients(server.url, 2) as envs:
+                for env in envs:
+                    await env.step(CountAction(by=1))
+                assert len(links) == 1
+            await wait_until(lambda: not links, "the link ends")
+
+
 async def test_max_sessions_counts_sessions_on_a_link_and_a_refusal_ends_only_its_own() -> None:
     with anyio.fail_after(LIMIT):
         async with serving(max_sessions=2) as server, clients(server.url, 3) as envs:

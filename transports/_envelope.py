@@ -77,6 +77,8 @@ class End(_Control, tag="end"):
     it gave the session up without a ``close`` request (a request over the
     server's message limit, a frame that is not one value of the link's
     encoding), or leaves it (its ``close`` request, if any, went before).
+    From the client on channel 0: it closes the link on purpose (its closing
+    handshake follows), so the server keeps nothing for a resumption.
 
     Attributes:
         reason: Why (idle too long, the server stopping, a fatal error frame just sent, ...).

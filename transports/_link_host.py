@@ -121,6 +121,10 @@ class LinkHost:
     Attributes:
         codec: The link's envelope codec.
         state: The link's numbering, and the entries waiting to be sent.
+        shutting_down: Its last session was ended because the server stops.
+        left_by_client: The client said it closes the link (an `End` on channel 0):
+            its connection's end is no drop, whatever code the server reports.
+        client_max_message_size: The largest message its client takes (``None``: no limit).
     """
 
     def __init__(
@@ -152,8 +156,9 @@ class LinkHost:
         self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
-        self.shutting_down = False  # its last session was ended because the server stops
-        self.client_max_message_size: int | None = None  # the largest message its client takes
+        self.shutting_down = False
+        self.left_by_client = False
+        self.client_max_message_size: int | None = None
 
     @property
     def sessions(self) -> int:
@@ -254,6 +259,9 @@ class LinkHost:
         elif isinstance(control, Resume):
             self.state.resumed(control)
         elif isinstance(control, End):
+            if number == LINK_CHANNEL:
+                self.left_by_client = True
+                return
             session = self._sessions.get(number)
             if session is not None:
                 self._end(session, "given up by the client", NORMAL_CLOSURE)

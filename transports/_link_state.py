@@ -218,7 +218,7 @@ class ServerLinkState(_LinkState):
         Returns:
             In order: ``(channel, frame)`` for each new frame of a session,
             ``(channel, control)`` for each control (`Open` on a new channel,
-            `End` of a channel the client leaves, `Resume` on the link's).
+            `End` of a channel the client leaves, `Resume` or `End` on the link's).
             Frames already held are dropped, and so are frames of channels that
             have ended (their sessions are gone).
 
@@ -254,7 +254,7 @@ class ServerLinkState(_LinkState):
                 self.opened = number
                 channels[number] = ChannelState(number)
             elif isinstance(control, End):
-                if number not in channels:
+                if number != LINK_CHANNEL and number not in channels:
                     continue  # ended already
             elif not (isinstance(control, Resume) and number == LINK_CHANNEL):
                 raise LinkProtocolError(f"a {type(control).__name__} control from the client")

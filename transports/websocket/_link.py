@@ -49,7 +49,7 @@ from openenv import (
     ProtocolError,
 )
 
-from .._envelope import EnvelopeCodec, Hello, Resumed, fits
+from .._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Resumed, fits
 from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
@@ -363,6 +363,9 @@ class Link(ClientLink):
             return
         self._closing = True
         self._forget()
+        if self._state is not None and self._token is not None:
+            # Said in the link too: some servers (hypercorn) report a client's closing handshake as a drop.
+            self._state.post_control(LINK_CHANNEL, End())
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_timeout):
             with contextlib.suppress(OpenEnvError):
                 await self._flush()

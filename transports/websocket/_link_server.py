@@ -225,7 +225,7 @@ class ServerLink:
         kind = message["type"]
         if kind == "websocket.disconnect":
             connection.disconnected = True
-            return message.get("code", 1005) not in _DROPPED
+            return self._host.left_by_client or message.get("code", 1005) not in _DROPPED
         if kind != "websocket.receive":
             return None
         binary = self._binary
