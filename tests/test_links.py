@@ -86,7 +86,7 @@ async def test_sessions_of_one_process_share_one_connection_and_each_is_its_own(
 
 @pytest.mark.parametrize("server_name", ["hypercorn", "uvicorn"])
 async def test_a_link_its_client_closes_ends_at_once_on_every_server(server_name: ServerName) -> None:
-    """Plain hypercorn reports a client's closing handshake as 1006, a drop; the client's `End` on channel 0 says otherwise."""
+    """Plain hypercorn reports a client's closing handshake as 1006 (a drop); the `End` on channel 0 says not."""
     if server_name == "uvicorn" and current_backend() == "trio":
         pytest.skip("uvicorn runs on asyncio only")
     with anyio.fail_after(LIMIT):
