@@ -17,7 +17,7 @@ import pytest
 
 import openenv
 from openenv import EnvPool, FinalStepResult
-from tests.envs import AsyncCounterEnv, CountAction, SyncCounterEnv
+from tests.envs import AsyncCounterEnv, CountAction, CountObservation, SyncCounterEnv
 from tests.helpers import CounterClient, ManualClock, wait_until
 from tests.test_server_app import RawWebSocket
 from transports import _link_host
@@ -163,6 +163,55 @@ async def test_a_session_the_server_ends_on_a_link_ends_alone() -> None:
             with pytest.raises(openenv.ConnectionClosed, match="asked to end"):
                 await ended.step(CountAction())
             assert (await other.step(CountAction())).observation.count == 1
+
+
+class WaitsWhenAskedEnv(AsyncCounterEnv):
+    """Steps without waiting, unless asked to: then it waits inside a cancel scope of its own."""
+
+    async def step(self, action: CountAction) -> CountObservation:
+        if action.delay:
+            with anyio.fail_after(10 * LIMIT):
+                await anyio.sleep(action.delay)
+        return await super().step(CountAction(by=action.by))
+
+
+async def _steps_at_once(envs: list[CounterClient]) -> None:
+    """Enough quick steps that the link's host trusts the calls not to wait, and runs them in its own task."""
+    for _ in range(_link_host.TRIAL_CALLS // len(envs) + 2):
+        for env in envs:
+            await env.step(CountAction(by=0))
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_a_step_that_waits_after_many_that_did_not_finishes_where_it_began(scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(WaitsWhenAskedEnv) as server:
+            url = server.url.replace("http", scheme, 1)
+            async with clients(url, 2) as envs:
+                await _steps_at_once(envs)
+                results: list[int] = []
+
+                async def wait_then_count(env: CounterClient) -> None:
+                    results.append((await env.step(CountAction(by=1, delay=0.01))).observation.count)
+
+                async with anyio.create_task_group() as task_group:
+                    for env in envs:
+                        task_group.start_soon(wait_then_count, env)
+                assert results == [1, 1]
+                assert [(await env.step(CountAction(by=1))).observation.count for env in envs] == [2, 2]
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_a_step_given_up_while_it_waits_in_the_links_task_ends_only_its_session(scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with serving(WaitsWhenAskedEnv, step_timeout=0.5) as server:
+            url = server.url.replace("http", scheme, 1)
+            async with clients(url, 2) as (slow, other):
+                await _steps_at_once([slow, other])
+                with pytest.raises(openenv.ConnectionClosed, match="step timeout"):
+                    await slow.step(CountAction(by=1, delay=5 * LIMIT))
+                assert (await other.step(CountAction(by=1))).observation.count == 1
+                await wait_until(lambda: active(server) == 1, "the slow session's slot is freed")
 
 
 @pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])

@@ -220,35 +220,43 @@ class LinkHost:
         """Act on one envelope's entries, in order; the replies of those answered at once are posted."""
         batch: _Batch | None = None
         sessions = self._sessions
-        for number, item in events:
-            if type(item) is not msgspec.Raw:
-                self._control(number, item)
-                continue
-            session = sessions.get(number)
-            if session is None:
-                continue  # ended meanwhile: nobody to hand it to
-            frame = bytes(item)
-            server_session = session.session
-            if server_session is None or session.running or session.frames:
-                session.frames.append(frame)  # after those waiting, in order
-                self._count_waiting(1)
-            elif server_session.handles_on_thread:
-                if batch is None:
-                    batch = _Batch()
-                session.running = True
-                assert session.lease is not None
-                session.lease.mark_busy()
-                batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
-            elif self._suspends or self._trials > 0:
-                session.frames.append(frame)
-                self._count_waiting(1)
-                self._run_in_task(session)
-            else:
-                # At once, in this task: a call that does not wait is done before anything else runs.
-                outcome = start(server_session.handle(frame))
-                if isinstance(outcome, Suspended):
-                    outcome = await self._finish_here(session, outcome)
-                self._replied(session, outcome)
+        taken = 0
+        while taken < len(events):
+            # Entered before any call starts at once, so that one that waits after all is finished inside
+            # it, and its own cancel scopes nest within this one (`_finish_here`). Cancelling it gives that
+            # call up; the envelope's other entries go on in a new scope.
+            with anyio.CancelScope() as scope:
+                while taken < len(events):
+                    number, item = events[taken]
+                    taken += 1
+                    if type(item) is not msgspec.Raw:
+                        self._control(number, item)
+                        continue
+                    session = sessions.get(number)
+                    if session is None:
+                        continue  # ended meanwhile: nobody to hand it to
+                    frame = bytes(item)
+                    server_session = session.session
+                    if server_session is None or session.running or session.frames:
+                        session.frames.append(frame)  # after those waiting, in order
+                        self._count_waiting(1)
+                    elif server_session.handles_on_thread:
+                        if batch is None:
+                            batch = _Batch()
+                        session.running = True
+                        assert session.lease is not None
+                        session.lease.mark_busy()
+                        batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
+                    elif self._suspends or self._trials > 0:
+                        session.frames.append(frame)
+                        self._count_waiting(1)
+                        self._run_in_task(session)
+                    else:
+                        # At once, in this task: a call that does not wait is done before anything else runs.
+                        outcome = start(server_session.handle(frame))
+                        if isinstance(outcome, Suspended):
+                            outcome = await self._finish_here(session, outcome, scope)
+                        self._replied(session, outcome)
         if batch is not None:
             await self._collect(batch)
 
@@ -266,17 +274,20 @@ class LinkHost:
             if session is not None:
                 self._end(session, "given up by the client", NORMAL_CLOSURE)
 
-    async def _finish_here(self, session: _Session, suspended: Suspended) -> bytes | None:
-        """A call run at once that waits after all: finish it here, once; the host runs every call in a task now."""
+    async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> bytes | None:
+        """A call run at once that waits after all: finish it here, once; the host runs every call in a task now.
+
+        ``scope`` was entered before the call started (a scope entered now would
+        enclose the call's own, which it entered before it waited); the registry
+        gives the call up by cancelling it (`_give_up`).
+        """
         self._suspends = True
         session.running = True
         assert session.lease is not None
         session.lease.mark_busy()
-        reply: bytes | None = None
-        session.scope = scope = anyio.CancelScope()  # the registry may give up on it (`_give_up`)
+        session.scope = scope
         try:
-            with scope:
-                reply = await finish(suspended)
+            reply: bytes | None = await finish(suspended)
         finally:
             session.scope = None
             session.stop_running()
