@@ -46,7 +46,7 @@ from ._mcp_types import (
     ToolError,
 )
 from ._messages import Dialect
-from ._pool import EnvPool, ReplacedStepResult
+from ._pool import AutoResetMode, EnvPool, FinalStepResult, ReplacedStepResult
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
 from ._serve import serve
 from ._sync import SyncEnvClient
@@ -72,6 +72,7 @@ __all__ = [
     "USE_CLIENT_DEFAULT",
     "Action",
     "AuthenticationError",
+    "AutoResetMode",
     "CallToolAction",
     "CallToolObservation",
     "CapacityReachedError",
@@ -88,6 +89,7 @@ __all__ = [
     "EnvironmentMetadata",
     "ExecutionError",
     "FactoryError",
+    "FinalStepResult",
     "InvalidJSONError",
     "ListToolsAction",
     "ListToolsObservation",

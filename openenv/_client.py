@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 
 from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._codec import ClientCodec
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from ._sync import SyncEnvClient
 
 __all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
+
+logger = logging.getLogger("openenv.client")
 
 
 # The client's own keyword options; every other keyword goes to the transport.
@@ -240,7 +244,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._state = _ClientState.UNOPENED
         self._entered_by_connect = False
         self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
-        self._lock: anyio.Lock | None = None
+        # One request at a time. A semaphore, not a lock: an EnvPool takes it in the task that
+        # sends a request and may give it back in another (the one that takes the reply).
+        self._lock: anyio.Semaphore | None = None
         self._next_id = 0
         # Ids of requests sent whose replies have not been read yet, oldest first.
         # Replies come in order, so the oldest is always the next one to arrive.
@@ -250,8 +256,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         # Decodes the replies of list_tools and call_tool, whatever the client's types; built on first use.
         self._tool_codec: ClientCodec[Any, Any, Any] | None = None
         self._jsonrpc_id = 0
-        # Cancels a request at its deadline; runs from connect to close.
+        # Cancels a request at its deadline, while the client's owner runs it (see __aenter__).
         self._watchdog: Watchdog | None = None
+        # The task group of the `async with` block that owns the client: its transport's
+        # idle work and the watchdog run there. None for a client opened with connect().
+        self._tasks: TaskGroup | None = None
+        self._idle_work: list[anyio.CancelScope] = []
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
@@ -271,6 +281,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def __aenter__(self) -> Self:
         """Connect (see `connect`); the end of the ``async with`` block closes the client.
 
+        The block owns the client: the transport's idle work (answering a
+        server's pings while you think, say) and the timer of its calls' timeouts
+        run in a task group of the block's own.
+
         Returns:
             The client itself.
 
@@ -282,6 +296,32 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             TypeError: The transport does not take an option given, or msgspec
                 cannot decode into the client's types.
         """
+        await self._open()
+        tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        self._tasks = tasks
+        assert self._transport is not None
+        self._watchdog = Watchdog(self._clock)
+        self._start_idle_work(self._watchdog.run)
+        self._start_idle_work(self._transport.keep)
+        return self
+
+    def _start_idle_work(self, work: Callable[[], Any]) -> None:
+        """Run ``work`` in the owner's task group until the client closes; it never raises."""
+        assert self._tasks is not None
+        scope = anyio.CancelScope()
+        self._idle_work.append(scope)
+
+        async def run() -> None:
+            with scope:
+                try:
+                    await work()
+                except Exception:  # the next call reports what broke; the owner's block must go on
+                    logger.exception("the idle work of %r failed", self)
+
+        self._tasks.start_soon(run)
+
+    async def _open(self) -> None:
         if self._state is not _ClientState.UNOPENED:
             raise ClientStateError(
                 "an EnvClient can be connected only once"
@@ -310,14 +350,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             self._codec = ClientCodec(
                 self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
             )
-            self._watchdog = await Watchdog.start(self._clock)
         except BaseException:
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
             raise
-        self._lock = anyio.Lock(fast_acquire=True)
+        self._lock = anyio.Semaphore(1, fast_acquire=True)
         self._state = _ClientState.OPENED
-        return self
 
     async def __aexit__(
         self,
@@ -325,8 +363,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await self._close()
-        await self._exit_transport()
+        try:
+            await self._close()
+            await self._exit_transport()
+        finally:
+            tasks, self._tasks = self._tasks, None
+            if tasks is not None:
+                await tasks.__aexit__(None, None, None)  # its tasks are cancelled: this returns at once
 
     def __enter__(self) -> NoReturn:
         """Refuse a plain ``with``, saying what to write instead.
@@ -379,7 +422,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 await env.close()
             ```
         """
-        await self.__aenter__()
+        await self._open()
         self._entered_by_connect = True
         return self
 
@@ -413,8 +456,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 with anyio.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
                     await self._transport.send(self._codec.close())
                 await self._transport.aclose()
-            if self._watchdog is not None:
-                await self._watchdog.stop()
+            for scope in self._idle_work:
+                scope.cancel()
+            self._watchdog = None
 
     async def _exit_transport(self) -> None:
         if self._transport is not None and self._codec is not None:
@@ -787,35 +831,63 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             timeout = self.timeout
         assert self._lock is not None
         async with self._lock:
-            own_codec = self._codec_or_raise()
-            if codec is None:
-                codec = own_codec
-            transport = self._transport
-            assert transport is not None
-            self._next_id += 1
-            request_id = self._next_id
-            try:
-                frame = encode(request_id)
-            except (TypeError, msgspec.EncodeError) as exc:
-                raise EncodingError(f"cannot encode the request: {exc}") from exc
-            except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
-                raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+            codec, transport, frame, request_id = self._prepare(encode, codec)
             if timeout is None:
                 return await self._exchange(codec, transport, frame, request_id, None, math.inf)
             watchdog = self._watchdog
-            assert watchdog is not None
             deadline = self._clock.now() + timeout
-            scope = anyio.CancelScope()
-            if timeout <= 0:
-                scope.cancel()
-            watchdog.arm(scope, deadline)
+            if watchdog is None:  # a client without an owner: a timer of the clock's per call
+                scope = self._clock.cancel_scope(deadline=deadline)
+            else:
+                scope = anyio.CancelScope()
+                if timeout <= 0:
+                    scope.cancel()
+                watchdog.arm(scope, deadline)
             try:
                 with scope:
                     return await self._exchange(codec, transport, frame, request_id, scope, deadline)
             finally:
-                watchdog.disarm(scope)
+                if watchdog is not None:
+                    watchdog.disarm(scope)
             # Reached only when the deadline cancelled the exchange.
             raise TimeoutError(f"no reply within {timeout} s")
+
+    def _prepare(
+        self, encode: Callable[[int], bytes], codec: ClientCodec[Any, Any, Any] | None = None
+    ) -> tuple[ClientCodec[Any, Any, Any], Transport, bytes, int]:
+        """Number and encode a request; call with the lock held. Returns the codec, transport, frame and id.
+
+        Raises:
+            ClientStateError: The client is not open.
+            EncodingError: The request cannot be encoded.
+        """
+        own_codec = self._codec_or_raise()
+        transport = self._transport
+        assert transport is not None
+        self._next_id += 1
+        request_id = self._next_id
+        try:
+            frame = encode(request_id)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise EncodingError(f"cannot encode the request: {exc}") from exc
+        except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
+            raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
+        return codec or own_codec, transport, frame, request_id
+
+    async def _send_request(
+        self, codec: ClientCodec[Any, Any, Any], transport: Transport, frame: bytes, request_id: int
+    ) -> None:
+        """Send a prepared request with no deadline of its own (see `_exchange`); call with the lock held."""
+        try:
+            if codec.dialect.request_ids:
+                self._unanswered.append(request_id)
+                await transport.send(frame)
+            else:
+                with anyio.CancelScope(shield=True):
+                    await transport.send(frame)
+                self._unanswered.append(request_id)
+        except ConnectionClosed as exc:
+            await self._raise_parting_error(codec, transport, exc)
 
     async def _exchange(
         self,
@@ -865,9 +937,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if now >= deadline:
             raise TimeoutError("the timeout elapsed before the request was sent")
         watchdog = self._watchdog
-        assert watchdog is not None
         scope.shield = True
-        watchdog.arm(scope, max(deadline, now + SEND_GRACE))
+        if watchdog is not None:
+            watchdog.arm(scope, max(deadline, now + SEND_GRACE))
+        elif self._clock is EVENT_LOOP_CLOCK:
+            scope.deadline = max(deadline, now + SEND_GRACE)
         try:
             await transport.send(frame)
         except anyio.get_cancelled_exc_class():
@@ -881,8 +955,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if self._clock.now() >= deadline:
             # Passed while the frame went out: cancel now, not whenever the watchdog runs next.
             scope.cancel()
-        else:
+        elif watchdog is not None:
             watchdog.arm(scope, deadline)
+        elif self._clock is EVENT_LOOP_CLOCK:
+            scope.deadline = deadline
 
     def _owner_of(self, reply_id: int | None) -> int:
         """Which request a reply answers, and forget it (and any skipped request) as unanswered."""
@@ -901,22 +977,35 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     async def _receive_reply(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
     ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        use_ids = codec.dialect.request_ids
         while True:
-            frame = await transport.receive()
-            try:
-                reply = codec.decode_reply(frame)
-            except (ProtocolError, ReplyValidationError):
-                # A late reply for a call that gave up is dropped even if malformed.
-                if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
-                    continue
-                raise
-            if self._owner_of(reply.id if use_ids else None) != request_id:
-                self._drop_late_reply(reply)
-                continue
-            if isinstance(reply, ErrorReply):
-                raise server_error_from_frame(reply.data)
-            return reply
+            reply = self._reply_in(codec, await transport.receive(), request_id)
+            if reply is not None:
+                return reply
+
+    def _reply_in(
+        self, codec: ClientCodec[Any, Any, Any], frame: bytes, request_id: int
+    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage | None:
+        """The reply to ``request_id`` in ``frame``, or ``None`` for a late reply to an earlier request (dropped).
+
+        Raises:
+            ServerError: The reply is an error frame (a subclass per code).
+            ProtocolError: The frame is not a reply, or answers no request.
+            ReplyValidationError: The reply does not fit the client's types.
+        """
+        use_ids = codec.dialect.request_ids
+        try:
+            reply = codec.decode_reply(frame)
+        except (ProtocolError, ReplyValidationError):
+            # A late reply for a call that gave up is dropped even if malformed.
+            if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
+                return None
+            raise
+        if self._owner_of(reply.id if use_ids else None) != request_id:
+            self._drop_late_reply(reply)
+            return None
+        if isinstance(reply, ErrorReply):
+            raise server_error_from_frame(reply.data)
+        return reply
 
     async def _raise_parting_error(
         self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed

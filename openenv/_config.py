@@ -78,6 +78,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
             "allow_origins",
             "error_details",
             "metrics",
+            "resume_timeout",
             "max_sessions_per_client",
             "step_timeout",
             "body_timeout",
@@ -135,6 +136,11 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """The app's: serve ``GET /metrics`` for Prometheus: sessions, steps and resets with their latency,
     errors by code, bytes, per environment (``transports._metrics``). Behind the same token as every
     route but ``/health``. Off by default: counting costs each request a few hundred nanoseconds."""
+
+    resume_timeout: Annotated[float, Meta(ge=0)] = 30.0
+    """The app's: seconds the sessions of a link (a WebSocket connection carrying many, ``openenv.v2.*``)
+    wait for their client to take the link over on a new connection after it drops; then they end. A
+    client may ask for less (``OpenEnv-Resume-Timeout``; 0 when it will not resume)."""
 
     max_sessions_per_client: Annotated[int, Meta(ge=1)] | None = None
     """The app's: the most sessions one client may hold at once over all transports, queued ones
@@ -202,6 +208,7 @@ class ServerOptions(TypedDict, total=False):
     allow_origins: typing.Sequence[str]
     error_details: bool
     metrics: bool
+    resume_timeout: float
     max_sessions_per_client: int | None
     step_timeout: float | None
     body_timeout: float

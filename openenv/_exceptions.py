@@ -142,9 +142,10 @@ class ConnectionClosed(TransportError, ConnectionError):
     """The channel was closed by the peer, or broken by the network, while in use.
 
     Raised by a request (`EnvClient.reset`, `EnvClient.step`, `EnvClient.state`)
-    whose connection ended before its reply came: the server closed it (stopped,
-    or ended an idle session), the network broke, or a keepalive ping went
-    unanswered; and by a transport's `send` and `receive` after it closed. The
+    whose session ended before its reply came: the server ended it or closed its
+    connection (stopped, or ended an idle session), or the network broke the
+    connection (or a keepalive ping went unanswered) and it could not be
+    resumed; and by a transport's `send` and `receive` after it closed. The
     session is gone; a new client starts a new one. Also a builtin `ConnectionError`.
     """
 

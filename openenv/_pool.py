@@ -1,41 +1,49 @@
-"""`EnvPool`: many environment sessions as one object, over any transport.
+"""`EnvPool`: many environment sessions as one object, over any transport, stepped as a batch.
 
-Each session is an `EnvClient` owned by a task of the pool's own task group: that
-task enters the client and, when the session ends, exits it. A transport may run
-background tasks in a task group it opens on entry, and anyio requires such a
-group to be left by the task that entered it; so no client is ever entered by
-one task and closed by another, whatever the transport. Requests are made from
-any task (a client serialises them itself): one call of the pool runs every
-session's request concurrently in a short-lived task group.
+A pool step costs little more than its steps. It runs no task per session: for
+each session it encodes and sends the request (frames to one server then leave
+together, as one message on a shared connection), then collects the replies in
+order; replies that came together are taken without waiting. One deadline
+bounds the whole call. The sessions' clients have no owner of their own: the
+pool is their owner, and runs their transports' idle work (`openenv.Transport.keep`)
+in its task group.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
 import anyio
+import anyio.lowlevel
 import msgspec
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
+from ._codec import ClientCodec
 from ._exceptions import (
     CapacityReachedError,
     ClientStateError,
     ConnectError,
+    ConnectionClosed,
     EncodingError,
     EnvPoolError,
     InvalidJSONError,
     OpenEnvError,
+    ProtocolError,
     ReplyValidationError,
+    TimeoutError,
     UnknownTypeError,
     UnsupportedSchemeError,
     ValidationError,
 )
 from ._limits import DEFAULT_PLACEMENT_TIMEOUT
+from ._messages import StateReply
+from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
 if TYPE_CHECKING:
@@ -43,11 +51,16 @@ if TYPE_CHECKING:
 
     from ._sync_pool import SyncEnvPool
 
-__all__ = ["EnvPool", "ReplacedStepResult"]
+__all__ = ["AutoResetMode", "EnvPool", "FinalStepResult", "ReplacedStepResult"]
+
+logger = logging.getLogger("openenv.client")
 
 _R = TypeVar("_R")
 
 OnError = Literal["raise", "replace"]
+
+AutoResetMode = Literal["next_step", "same_step", "disabled"]
+"""When an `EnvPool` resets a session whose episode ended (Gymnasium's autoreset modes)."""
 
 # Errors a new session would only repeat: the caller's action, arguments or types are wrong.
 _CALLER_MISTAKES = (
@@ -77,33 +90,80 @@ class ReplacedStepResult(StepResult[ObsT], frozen=True, kw_only=True):
     error: OpenEnvError
 
 
-class _Session(Generic[ActT, ObsT, StateT]):
-    """One slot's live session: its client, its server, and the events of its owner task."""
+class FinalStepResult(StepResult[ObsT], frozen=True, kw_only=True):
+    """The result of a step that ended an episode, in ``autoreset_mode="same_step"``.
 
-    __slots__ = ("client", "closed", "done", "fresh", "release", "url")
+    The session was reset at once: ``observation`` is the new episode's first,
+    while ``reward`` and ``done`` (true) are the step's, as Gymnasium's
+    same-step autoreset returns them.
+
+    Attributes:
+        final_observation: The last observation of the episode that ended.
+    """
+
+    final_observation: Any
+
+
+class _Session(Generic[ActT, ObsT, StateT]):
+    """One slot's live session: its client, its server, where its episode stands."""
+
+    __slots__ = ("client", "done", "fresh", "keeper", "pending", "url")
 
     def __init__(self, url: str, client: EnvClient[ActT, ObsT, StateT]) -> None:
         self.url = url
         self.client = client
-        self.release = anyio.Event()  # set to make the owner task close the client
-        self.closed = anyio.Event()  # set by the owner task once the client is closed
+        self.keeper = anyio.CancelScope()  # the transport's idle work, run by the pool
         self.fresh = True  # no request has succeeded yet (a CAPACITY_REACHED refusal is still possible)
         self.done = False  # the last result ended an episode
+        self.pending: _Pending | None = None  # a request sent by `EnvPool.send`, its reply not yet taken
+
+
+class _Pending:
+    """A request sent and not yet answered: how to read its reply, and what to make of it."""
+
+    __slots__ = ("codec", "kind", "request_id", "reset_arguments", "transport")
+
+    def __init__(
+        self,
+        kind: Literal["reset", "step", "state"],
+        codec: ClientCodec[Any, Any, Any],
+        transport: Transport,
+        request_id: int,
+        reset_arguments: dict[str, Any],
+    ) -> None:
+        self.kind = kind
+        self.codec = codec
+        self.transport = transport
+        self.request_id = request_id
+        self.reset_arguments = reset_arguments
+
+
+# What a request of a batch is: its kind, its encoder (given the request id), and the reset's arguments.
+_Request = tuple[Literal["reset", "step", "state"], Callable[[EnvClient[Any, Any, Any], int], bytes], dict[str, Any]]
 
 
 class EnvPool(Generic[ActT, ObsT, StateT]):
     """Many sessions of one environment as one object: reset and step them all at once.
 
-    Every call runs each session's request concurrently and returns one result per
-    session, in the pool's order. Sessions are spread evenly over the URLs given;
-    a server that refuses a session (``CAPACITY_REACHED``, or refusing the
-    connection) is skipped for ``retry_interval`` seconds and the session is
-    opened on another, or on the same one once it has room again. The pool works
-    over every transport (``ws://``, ``http+poll://``, ``inproc://``, ``ray://``,
-    ...) and under asyncio and trio.
+    Every call sends each session's request at once and returns one result per
+    session, in the pool's order. It is a batch, not a task per session: the
+    requests to one server leave together (one message, on a shared
+    connection), and the replies that come together are taken together.
+    Sessions are spread evenly over the URLs given; a server that refuses a
+    session (``CAPACITY_REACHED``, or refusing the connection) is skipped for
+    ``retry_interval`` seconds and the session is opened on another, or on the
+    same one once it has room again. The pool works over every transport
+    (``ws://``, ``http+poll://``, ``inproc://``, ``ray://``, ...) and under
+    asyncio and trio.
 
     Enter and leave it in one task (``async with``), as any anyio task group; its
-    methods may be called from any task. `sync` gives a blocking facade.
+    methods may be called from any task, one call at a time. `sync` gives a
+    blocking facade.
+
+    For environments whose steps take uneven times, `send` and `recv` are
+    envpool's asynchronous pair: send actions to some sessions, then take the
+    results of whichever are ready, each tagged with its session's index, while
+    the slow ones go on thinking.
 
     When a session fails:
 
@@ -116,12 +176,23 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
       action: `ValidationError`, `EncodingError`, ...) and a replacement that
       fails too are raised as with ``"raise"``.
 
-    Episodes: by default a session whose episode is done is stepped on like any
-    other (the environment decides what that means); call `reset` when you want.
-    With ``auto_reset=True``, the pool resets a session on the first `step` after
-    its episode ended, instead of stepping it, and returns that reset's result at
-    its index (the action given for it is ignored), as Gymnasium's vector
-    environments do by default; the reset takes no arguments.
+    Episodes (``autoreset_mode``, Gymnasium's modes):
+
+    - ``"disabled"`` (the default): a session whose episode is done is stepped
+      on like any other (the environment decides what that means); call `reset`
+      when you want. The default because an OpenEnv environment may go on after
+      ``done`` (a tool session, an episode of many tasks), and a reset the caller
+      did not ask for would end what it still wanted.
+    - ``"next_step"``: the first `step` after an episode ended resets the
+      session instead of stepping it, and returns that reset's result at its
+      index (the action given for it is ignored), as Gymnasium's vector
+      environments do by default.
+    - ``"same_step"``: the step that ends an episode resets the session at
+      once; its result is a `FinalStepResult`: the new episode's first
+      observation, the step's reward and ``done``, and the episode's last
+      observation as ``final_observation``.
+
+    The resets take no arguments.
 
     Examples:
         ```python
@@ -143,7 +214,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         client: The client class (or any callable ``client(url, **client_options)``
             returning an unconnected `EnvClient`); `EnvClient` (untyped) by default.
         on_error: ``"raise"`` or ``"replace"``: what a failed session does (above).
-        auto_reset: Reset a session at the next `step` after its episode is done.
+        autoreset_mode: ``"disabled"``, ``"next_step"`` or ``"same_step"`` (above).
+        auto_reset: The older switch: ``True`` is ``autoreset_mode="next_step"``.
         max_connecting: The most sessions being opened at once.
         retry_interval: Seconds a server that refused a session is skipped for
             before it is tried again.
@@ -155,10 +227,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         urls: The servers' URLs.
         size: The number of sessions.
         on_error: The failure policy.
-        auto_reset: Whether sessions are reset after their episode ends.
+        autoreset_mode: When sessions are reset after their episode ends.
 
     Raises:
-        ValueError: No URL, a ``size`` below 1, or an unknown ``on_error``.
+        ValueError: No URL, a ``size`` below 1, an unknown ``on_error`` or
+            ``autoreset_mode``, or both ``auto_reset`` and ``autoreset_mode``.
     """
 
     def __init__(
@@ -168,6 +241,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         size: int,
         client: Callable[..., EnvClient[ActT, ObsT, StateT]] = EnvClient,
         on_error: OnError = "raise",
+        autoreset_mode: AutoResetMode | None = None,
         auto_reset: bool = False,
         max_connecting: int = 64,
         retry_interval: float = 1.0,
@@ -181,11 +255,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             raise ValueError(f"an EnvPool holds at least one session, not size={size}")
         if on_error not in ("raise", "replace"):
             raise ValueError(f"on_error must be 'raise' or 'replace', not {on_error!r}")
+        if autoreset_mode is not None and auto_reset:
+            raise ValueError("give autoreset_mode or auto_reset, not both (auto_reset=True is 'next_step')")
+        mode: AutoResetMode = autoreset_mode or ("next_step" if auto_reset else "disabled")
+        if mode not in ("next_step", "same_step", "disabled"):
+            raise ValueError(f"autoreset_mode must be 'next_step', 'same_step' or 'disabled', not {mode!r}")
         if max_connecting < 1:
             raise ValueError(f"max_connecting must be at least 1, not {max_connecting}")
         self.size = size
         self.on_error: OnError = on_error
-        self.auto_reset = auto_reset
+        self.autoreset_mode: AutoResetMode = mode
         self._client_factory = client
         self._client_options = client_options
         self._max_connecting = max_connecting
@@ -198,6 +277,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self._owners: TaskGroup | None = None
         self._connecting: anyio.CapacityLimiter | None = None
         self._closed = False
+
+    @property
+    def auto_reset(self) -> bool:
+        """Whether a finished episode is reset at the next step (``autoreset_mode == "next_step"``)."""
+        return self.autoreset_mode == "next_step"
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._owners else "unopened"
@@ -278,11 +362,22 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self._closed = True
         if owners is None:
             return
-        for session in self._sessions:
-            session.release.set()
-        # The owner tasks never raise: the block's own exception (if any) goes on as itself,
-        # not wrapped in an exception group by the task group.
-        await owners.__aexit__(None, None, None)
+        try:
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as closing:
+                    for session in self._sessions:
+                        closing.start_soon(self._close_session, session)
+        finally:
+            # The idle work was cancelled with each session: the group ends at once. The
+            # block's own exception (if any) goes on as itself, not wrapped in an exception group.
+            await owners.__aexit__(None, None, None)
+
+    @staticmethod
+    async def _close_session(session: _Session[ActT, ObsT, StateT]) -> None:
+        session.keeper.cancel()
+        # A close that fails must not take the pool's other sessions down with it.
+        with contextlib.suppress(Exception):
+            await session.client.close()
 
     def sync(self, *, backend: str = "asyncio") -> SyncEnvPool[ActT, ObsT, StateT]:
         """Return a blocking facade of this pool, for code without an event loop.
@@ -332,7 +427,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 self._live[url] += 1
                 session = _Session(url, self._client_factory(url, **self._client_options))
                 try:
-                    await self._start_owner(session)
+                    await session.client.connect()
                 except ConnectError as exc:
                     self._live[url] -= 1
                     self._skip(url, exc)
@@ -340,7 +435,23 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 except BaseException:
                     self._live[url] -= 1
                     raise
+                self._keep(session)
                 return session
+
+    def _keep(self, session: _Session[ActT, ObsT, StateT]) -> None:
+        """Run the session's transport's idle work in the pool's task group until the session closes."""
+        owners, transport = self._owners, session.client.transport
+        assert owners is not None
+        assert transport is not None
+
+        async def keep() -> None:
+            with session.keeper:
+                try:
+                    await transport.keep()
+                except Exception:  # the session's next request reports what broke
+                    logger.exception("the idle work of %r failed", session.client)
+
+        owners.start_soon(keep)
 
     def _skip(self, url: str, refusal: OpenEnvError) -> None:
         self._avoid_until[url] = anyio.current_time() + self._retry_interval
@@ -356,33 +467,20 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         await anyio.sleep(retry_at - now)
 
     def _raise_full(self) -> NoReturn:
+        raise self._full_error()
+
+    def _full_error(self) -> CapacityReachedError:
         refusal = next(error for error in self._refusal.values() if isinstance(error, CapacityReachedError))
-        raise CapacityReachedError(
+        error = CapacityReachedError(
             f"every server stayed at capacity for {self._placement_timeout} s ({refusal.message})",
             data=refusal.data,
-        ) from refusal
-
-    async def _start_owner(self, session: _Session[ActT, ObsT, StateT]) -> None:
-        assert self._owners is not None
-        await self._owners.start(self._own, session)
-
-    @staticmethod
-    async def _own(session: _Session[ActT, ObsT, StateT], *, task_status: TaskStatus[None]) -> None:
-        """Enter the session's client, hold it until released, and close it: all in this one task."""
-        try:
-            await session.client.__aenter__()
-            task_status.started()
-            await session.release.wait()
-            # A close that fails must not take the pool's other sessions down with it.
-            with contextlib.suppress(Exception):
-                await session.client.__aexit__(None, None, None)
-        finally:
-            session.closed.set()
+        )
+        error.__cause__ = refusal
+        return error
 
     async def _replace(self, index: int, deadline: float | None = None) -> None:
         old = self._sessions[index]
-        old.release.set()
-        await old.closed.wait()
+        await self._close_session(old)
         self._live[old.url] -= 1
         self._sessions[index] = await self._open_session(deadline)
 
@@ -391,11 +489,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     async def reset(
         self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> list[StepResult[ObsT]]:
-        """Start a new episode in every session, concurrently.
+        """Start a new episode in every session, at once.
 
         Args:
-            timeout: Seconds each session waits for its reply, instead of its
-                client's timeout (``None``: no limit).
+            timeout: Seconds the call waits for the replies, instead of the
+                clients' timeout (``None``: no limit).
             **kwargs: Passed to every environment's ``reset``. A value that is a
                 ``list`` gives one value per session (it must hold `size` of
                 them): ``seed=[0, 1, 2, 3]``. To give every session the same
@@ -413,64 +511,43 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """
         self._check_open()
         per_session = self._split_arguments(kwargs)
-
-        def request(index: int) -> Callable[[], Awaitable[StepResult[ObsT]]]:
-            arguments = per_session[index]
-            return lambda: self._call(
-                index, lambda client: client.reset(timeout=timeout, **arguments), timeout, arguments, cuts_episode=False
-            )
-
-        return await self._gather([request(index) for index in range(self.size)])
+        requests: dict[int, _Request] = {index: _reset(per_session[index]) for index in range(self.size)}
+        return await self._run(requests, timeout)
 
     async def step(
         self, actions: Sequence[ActT], *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT
     ) -> list[StepResult[ObsT]]:
-        """Take one step in every session, concurrently: ``actions[i]`` in session ``i``.
+        """Take one step in every session, at once: ``actions[i]`` in session ``i``.
 
         Args:
             actions: One action per session, in the pool's order.
-            timeout: Seconds each session waits for its reply, instead of its
-                client's timeout (``None``: no limit).
+            timeout: Seconds the call waits for the replies, instead of the
+                clients' timeout (``None``: no limit).
 
         Returns:
-            One result per session, in order. With ``auto_reset``, a session whose
-            episode had ended is reset instead, and its result is that reset's.
-            Where a session was replaced, a `ReplacedStepResult`.
+            One result per session, in order. Where the autoreset mode reset a
+            session, that reset's result (see the class); where a session was
+            replaced, a `ReplacedStepResult`.
 
         Raises:
             EnvPoolError: Sessions failed (see the failure policy); its ``errors``
                 holds each one's exception.
-            TypeError: One action instead of a list of them.
             ValueError: Not one action per session.
+            TypeError: One action instead of a list of them.
             ClientStateError: The pool is not open.
         """
         self._check_open()
-        if isinstance(actions, (Mapping, str, bytes, msgspec.Struct)) or not hasattr(actions, "__len__"):
-            raise TypeError(
-                f"step takes a list of actions, one per session ({self.size}), not one {type(actions).__name__}: "
-                f"for the same action in every session, step([action] * pool.size)"
-            )
-        if len(actions) != self.size:
-            raise ValueError(f"step needs one action per session: {self.size}, not {len(actions)}")
-
-        def request(index: int, action: ActT) -> Callable[[], Awaitable[StepResult[ObsT]]]:
-            if self.auto_reset and self._sessions[index].done:
-                return lambda: self._call(
-                    index, lambda client: client.reset(timeout=timeout), timeout, {}, cuts_episode=False
-                )
-            return lambda: self._call(
-                index, lambda client: client.step(action, timeout=timeout), timeout, {}, cuts_episode=True
-            )
-
-        return await self._gather([request(index, action) for index, action in enumerate(actions)])
+        self._check_actions(actions, self.size)
+        requests = {index: self._step_request(index, action) for index, action in enumerate(actions)}
+        return await self._run(requests, timeout)
 
     async def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
-        """Ask every session for its environment's state, concurrently.
+        """Ask every session for its environment's state, at once.
 
         A failure is raised, never replaced: a state is no episode to restart.
 
         Args:
-            timeout: Seconds each session waits for its reply (``None``: no limit).
+            timeout: Seconds the call waits for the replies (``None``: no limit).
 
         Returns:
             One state per session, in order.
@@ -480,17 +557,120 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             ClientStateError: The pool is not open.
         """
         self._check_open()
+        requests: dict[int, _Request] = dict.fromkeys(range(self.size), _STATE)
+        return await self._run(requests, timeout)
 
-        def request(index: int) -> Callable[[], Awaitable[StateT]]:
-            return lambda: self._request(index, lambda client: client.state(timeout=timeout))
+    async def send(
+        self,
+        actions: Sequence[ActT],
+        indices: Sequence[int] | None = None,
+    ) -> None:
+        """Send actions to some sessions without waiting for their results (envpool's ``send``).
 
-        return await self._gather([request(index) for index in range(self.size)])
+        Take the results with `recv`. A session whose result has not been taken
+        yet cannot be sent another action. The autoreset mode applies: a session
+        whose episode ended is reset instead (``"next_step"``).
+
+        Args:
+            actions: One action per session sent to.
+            indices: The sessions' indices, one per action; all of them, in
+                order, by default.
+
+        Raises:
+            EnvPoolError: Sessions could not be sent to (a broken connection, an
+                action that cannot be encoded); the others were.
+            ValueError: Not one action per index, an index out of range, or a
+                session still waiting for its result.
+            TypeError: ``actions`` is not a sequence of actions.
+            ClientStateError: The pool is not open.
+        """
+        self._check_open()
+        if indices is None:
+            indices = range(self.size)
+        self._check_actions(actions, len(indices))
+        for index in indices:
+            if not 0 <= index < self.size:
+                raise ValueError(f"no session {index} in a pool of {self.size}")
+            if self._sessions[index].pending is not None:
+                raise ValueError(f"session {index} still waits for its result: recv() it before sending again")
+        if len(set(indices)) != len(indices):
+            raise ValueError("an index appears twice: one action per session")
+        errors: dict[int, OpenEnvError] = {}
+        for index, action in zip(indices, actions, strict=True):
+            try:
+                await self._send(index, self._step_request(index, action))
+            except OpenEnvError as exc:
+                errors[index] = exc
+        if errors:
+            raise EnvPoolError(errors) from errors[min(errors)]
+
+    async def recv(
+        self,
+        min_results: int | None = None,
+        *,
+        timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
+    ) -> dict[int, StepResult[ObsT]]:
+        """Take the results of the sessions that are ready (envpool's ``recv``), at least ``min_results`` of them.
+
+        Waits until at least ``min_results`` sessions sent to with `send` have
+        answered, then returns every result ready, by session index, in the
+        order of the indices: each the result `step` would have given (a
+        `FinalStepResult`, a `ReplacedStepResult` where those apply). Sessions
+        still thinking go on; take their results with a later call.
+
+        Args:
+            min_results: The fewest results to wait for; all the sessions sent
+                to, by default (capped at that number).
+            timeout: Seconds to wait for ``min_results`` of them, instead of the
+                clients' timeout (``None``: no limit).
+
+        Returns:
+            The results ready, by session index.
+
+        Raises:
+            EnvPoolError: Sessions failed (see the failure policy; ``"replace"``
+                replaces them and returns their `ReplacedStepResult`), or
+                fewer than ``min_results`` answered within the timeout (those
+                missing map to `TimeoutError`; they stay sent, and a later call
+                may still take their results).
+            ClientStateError: The pool is not open.
+        """
+        self._check_open()
+        pending = {
+            index: (session.pending.kind, session.pending.reset_arguments)
+            for index, session in enumerate(self._sessions)
+            if session.pending is not None
+        }
+        wanted = len(pending) if min_results is None else min(min_results, len(pending))
+        outcome = _Outcome()
+        await self._sweep(list(pending), outcome)
+        if len(outcome) < wanted:
+            await self._wait_for_some(list(pending), wanted, outcome, self._deadline(timeout))
+        if len(outcome) < wanted:
+            missing = [index for index in pending if index not in outcome]
+            for index in missing:
+                outcome.errors[index] = TimeoutError(f"no result within {self._timeout_of(timeout)} s")
+        taken = {index: kind for index, kind in pending.items() if index in outcome}
+        results = await self._settle(taken, outcome, timeout)
+        return dict(sorted(results.items()))
+
+    # -- the batch -----------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._owners is None:
             raise ClientStateError(
                 "the EnvPool is closed" if self._closed else "the EnvPool is not open: use `async with EnvPool(...)`"
             )
+
+    @staticmethod
+    def _check_actions(actions: Sequence[Any], expected: int) -> None:
+        if isinstance(actions, (Mapping, str, bytes, msgspec.Struct)) or not hasattr(actions, "__len__"):
+            raise TypeError(
+                f"step takes a list of actions, one per session ({expected}), not one {type(actions).__name__}: "
+                f"for the same action in every session, step([action] * pool.size)"
+            )
+        if len(actions) != expected:
+            raise ValueError(f"step needs one action per session: {expected}, not {len(actions)}")
 
     def _split_arguments(self, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         for name, value in kwargs.items():
@@ -504,68 +684,302 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             for index in range(self.size)
         ]
 
-    async def _gather(self, requests: list[Callable[[], Awaitable[_R]]]) -> list[_R]:
-        results: list[Any] = [None] * len(requests)
-        errors: dict[int, Exception] = {}
+    def _step_request(self, index: int, action: ActT) -> _Request:
+        if self.autoreset_mode == "next_step" and self._sessions[index].done:
+            return _reset({})
+        return ("step", lambda client, request_id: client._codec_or_raise().step(action, request_id), {})
 
-        async def run(index: int) -> None:
-            try:
-                results[index] = await requests[index]()
-            except Exception as exc:
-                errors[index] = exc
+    def _timeout_of(self, timeout: float | _UseClientDefault | None) -> float | None:
+        if timeout is USE_CLIENT_DEFAULT:
+            return self._sessions[0].client.timeout if self._sessions else None
+        return timeout
 
-        async with anyio.create_task_group() as group:
-            for index in range(len(requests)):
-                group.start_soon(run, index)
-        if errors:
-            first = errors[min(errors)]
-            if not all(isinstance(error, OpenEnvError) for error in errors.values()):
-                raise first  # a bug, not a session's failure: as it is
-            raise EnvPoolError(errors) from first  # type: ignore[arg-type]
-        return results
+    def _deadline(self, timeout: float | _UseClientDefault | None) -> float:
+        seconds = self._timeout_of(timeout)
+        return math.inf if seconds is None else anyio.current_time() + seconds
 
-    async def _request(self, index: int, request: Callable[[EnvClient[ActT, ObsT, StateT]], Awaitable[_R]]) -> _R:
-        """Make one session's request; a new session its server refused is moved to another server."""
+    async def _run(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> list[Any]:
+        """Send every request, take every reply, apply the policies; one result per session, in order."""
+        outcome = await self._exchange(requests, timeout)
+        # Servers report being full at a session's first request: a new session refused so
+        # is moved to another server (or the same one, once it has room) and asked again.
         deadline: float | None = None
         while True:
-            session = self._sessions[index]
-            try:
-                result = await request(session.client)
-            except CapacityReachedError as exc:
-                if not session.fresh:
-                    raise
-                # Servers report being full at a session's first request: try another one.
-                self._skip(session.url, exc)
-                if deadline is None:
-                    deadline = self._placement_deadline()
-                elif anyio.current_time() >= deadline:
-                    self._raise_full()
-                await self._replace(index, deadline)
-                continue
-            session.fresh = False
-            return result
+            refused = {
+                index: error
+                for index, error in outcome.errors.items()
+                if isinstance(error, CapacityReachedError) and self._sessions[index].fresh
+            }
+            if not refused:
+                break
+            if deadline is None:
+                deadline = self._placement_deadline()
+            elif anyio.current_time() >= deadline:
+                for index in refused:
+                    outcome.errors[index] = self._full_error()
+                break
+            moved: dict[int, _Request] = {}
+            for index, error in refused.items():
+                self._skip(self._sessions[index].url, error)
+                try:
+                    await self._replace(index, deadline)
+                except OpenEnvError as exc:
+                    outcome.errors[index] = exc
+                    continue
+                del outcome.errors[index]
+                moved[index] = requests[index]
+            if not moved:
+                break
+            outcome.update(await self._exchange(moved, timeout))
+        kinds = {index: (request[0], request[2]) for index, request in requests.items()}
+        results = await self._settle(kinds, outcome, timeout)
+        return [results[index] for index in range(self.size) if index in results]
 
-    async def _call(
-        self,
-        index: int,
-        request: Callable[[EnvClient[ActT, ObsT, StateT]], Awaitable[StepResult[ObsT]]],
-        timeout: float | _UseClientDefault | None,
-        reset_arguments: dict[str, Any],
-        *,
-        cuts_episode: bool,
-    ) -> StepResult[ObsT]:
-        """Make one session's reset or step, and apply the failure policy."""
+    async def _exchange(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> _Outcome:
+        """Send every request, then take the replies in order; one deadline for them all.
+
+        A session whose transport's `send` may wait on the server
+        (`openenv.Transport.send_waits`) makes its request in a task of its own.
+        """
+        outcome = _Outcome()
+        deadline = self._deadline(timeout)
+        waiting = [index for index in requests if self._send_waits(index)]
+        if waiting:
+            with anyio.move_on_at(deadline):
+                async with anyio.create_task_group() as apart:
+                    for index in waiting:
+                        apart.start_soon(self._exchange_one, index, requests[index], outcome)
+                    await self._exchange_together(requests, outcome, set(waiting))
+        else:
+            with anyio.move_on_at(deadline):
+                await self._exchange_together(requests, outcome, set())
+        if len(outcome) < len(requests):
+            # Time ran out: the replies that came meanwhile still count; the others are late.
+            sent = [index for index in requests if index not in outcome]
+            await self._sweep(sent, outcome)
+            for index in sent:
+                if index not in outcome:
+                    outcome.errors[index] = TimeoutError(f"no reply within {self._timeout_of(timeout)} s")
+                    self._abandon(index)
+        return outcome
+
+    def _send_waits(self, index: int) -> bool:
+        transport = self._sessions[index].client.transport
+        return transport is None or transport.send_waits
+
+    async def _exchange_together(self, requests: dict[int, _Request], outcome: _Outcome, apart: set[int]) -> None:
+        """Send the requests of the sessions not in ``apart`` one after the other, then take their replies."""
+        for index, request in requests.items():
+            if index in apart:
+                continue
+            try:
+                await self._send(index, request)
+            except OpenEnvError as exc:
+                outcome.errors[index] = exc
+        for index in requests:
+            if index not in apart and index not in outcome:
+                self._take(index, await self._reply(index), outcome)
+
+    async def _exchange_one(self, index: int, request: _Request, outcome: _Outcome) -> None:
+        """One session's request and reply, in a task of its own."""
         try:
-            result = await self._request(index, request)
+            await self._send(index, request)
         except OpenEnvError as exc:
-            if self.on_error == "raise" or isinstance(exc, _CALLER_MISTAKES):
-                raise
-            await self._replace(index)
-            # A replacement that fails too is raised: the failure is then not the session's.
-            first = await self._request(index, lambda client: client.reset(timeout=timeout, **reset_arguments))
+            outcome.errors[index] = exc
+            return
+        self._take(index, await self._reply(index), outcome)
+
+    async def _send(self, index: int, request: _Request) -> None:
+        """Send one session's request (it leaves with the others to its server); note it as pending."""
+        kind, encode, reset_arguments = request
+        client = self._sessions[index].client
+        lock = client._lock
+        if lock is None:
+            raise ClientStateError("the client is not connected")
+        try:
+            lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
+            codec, transport, frame, request_id = client._prepare(lambda rid: encode(client, rid))
+            try:
+                transport.send_nowait(frame)  # queued: it leaves with the others' frames
+            except anyio.WouldBlock:
+                await client._send_request(codec, transport, frame, request_id)
+            except ConnectionClosed as exc:  # the server said why first, perhaps (CAPACITY_REACHED)
+                await client._raise_parting_error(codec, transport, exc)
+            else:
+                client._unanswered.append(request_id)
+        except BaseException:
+            lock.release()
+            raise
+        self._sessions[index].pending = _Pending(kind, codec, transport, request_id, reset_arguments)
+
+    async def _reply(self, index: int) -> Any:
+        """Wait for one session's reply (taken at once if it came already); its error as a value."""
+        session = self._sessions[index]
+        pending = session.pending
+        assert pending is not None
+        client, transport = session.client, pending.transport
+        try:
+            while True:
+                try:
+                    frame = transport.receive_nowait()
+                except anyio.WouldBlock:
+                    frame = await transport.receive()
+                reply = client._reply_in(pending.codec, frame, pending.request_id)
+                if reply is not None:
+                    return reply
+        except OpenEnvError as exc:
+            return exc
+
+    def _take(self, index: int, reply: Any, outcome: _Outcome) -> None:
+        """Turn a session's reply into its result (or error), and let its client go."""
+        session = self._sessions[index]
+        pending = session.pending
+        if pending is None:
+            return
+        self._abandon(index)
+        if isinstance(reply, Exception):
+            outcome.errors[index] = reply
+            return
+        try:
+            if pending.kind == "state":
+                if not isinstance(reply, StateReply):
+                    raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
+                outcome.ready[index] = reply.data
+            else:
+                outcome.ready[index] = session.client._step_result(reply)
+        except OpenEnvError as exc:
+            outcome.errors[index] = exc
+
+    async def _sweep(self, indices: Sequence[int], outcome: _Outcome) -> None:
+        """Take the replies already there, without waiting for any."""
+        with anyio.CancelScope() as nothing_more:
+            nothing_more.cancel()  # a transport without receive_nowait is asked once, and waits for nothing
+            for index in indices:
+                session = self._sessions[index]
+                pending = session.pending
+                if index in outcome or pending is None:
+                    continue
+                try:
+                    reply = await self._reply(index)
+                except anyio.get_cancelled_exc_class():
+                    continue
+                self._take(index, reply, outcome)
+
+    def _abandon(self, index: int) -> None:
+        """Stop waiting for a session's reply (a late one is dropped when it comes); let its client go."""
+        session = self._sessions[index]
+        if session.pending is not None:
+            session.pending = None
+            lock = session.client._lock
+            assert lock is not None
+            lock.release()
+
+    async def _wait_for_some(self, indices: Sequence[int], wanted: int, outcome: _Outcome, deadline: float) -> None:
+        """Wait until ``wanted`` of the sessions have answered (a task per session still thinking)."""
+        enough = anyio.Event()
+        with anyio.move_on_at(deadline):
+            async with anyio.create_task_group() as waiting:
+
+                async def wait_one(index: int) -> None:
+                    reply = await self._reply(index)
+                    self._take(index, reply, outcome)
+                    if len(outcome) >= wanted:
+                        enough.set()
+
+                for index in indices:
+                    if index not in outcome:
+                        waiting.start_soon(wait_one, index)
+                await enough.wait()
+                waiting.cancel_scope.cancel()
+
+    async def _settle(
+        self,
+        kinds: Mapping[int, tuple[str, dict[str, Any]]],
+        outcome: _Outcome,
+        timeout: float | _UseClientDefault | None,
+    ) -> dict[int, Any]:
+        """Apply the episode and failure policies to a batch's outcome; raise `EnvPoolError` if any failed."""
+        results: dict[int, Any] = {}
+        same_step: list[int] = []
+        for index, result in outcome.ready.items():
+            results[index] = result
+            if not isinstance(result, StepResult):
+                continue  # a state
+            session = self._sessions[index]
+            session.fresh = False
+            session.done = result.done
+            if kinds[index][0] == "step" and result.done and self.autoreset_mode == "same_step":
+                same_step.append(index)
+        errors = dict(outcome.errors)
+        if same_step:
+            resets = await self._exchange({index: _reset({}) for index in same_step}, timeout)
+            errors.update(resets.errors)
+            for index, reset in resets.ready.items():
+                final = results[index]
+                results[index] = FinalStepResult(
+                    reset.observation, final.reward, True, final.metadata, final_observation=final.observation
+                )
+                self._sessions[index].done = False
+        failed: dict[int, Exception] = {}
+        for index, error in sorted(errors.items()):
+            kind, reset_arguments = kinds.get(index, ("reset", {}))
+            if (
+                self.on_error == "raise"
+                or kind == "state"
+                or isinstance(error, _CALLER_MISTAKES)
+                or not isinstance(error, OpenEnvError)
+            ):
+                failed[index] = error
+                continue
+            # Replaced: a new session in its place, reset; a failure of the replacement is raised.
+            try:
+                await self._replace(index)
+            except OpenEnvError as exc:
+                failed[index] = exc
+                continue
+            replaced = await self._exchange({index: _reset(reset_arguments)}, timeout)
+            if index in replaced.errors:
+                failed[index] = replaced.errors[index]
+                continue
+            first = replaced.ready[index]
+            self._sessions[index].fresh = False
             self._sessions[index].done = False
-            return ReplacedStepResult(
-                first.observation, first.reward, cuts_episode or first.done, first.metadata, error=exc
+            results[index] = ReplacedStepResult(
+                first.observation, first.reward, kind == "step" or first.done, first.metadata, error=error
             )
-        self._sessions[index].done = result.done
-        return result
+        if failed:
+            first_error = failed[min(failed)]
+            if not all(isinstance(error, OpenEnvError) for error in failed.values()):
+                raise first_error  # a bug, not a session's failure: as it is
+            raise EnvPoolError(failed) from first_error  # type: ignore[arg-type]
+        return results
+
+
+class _Outcome:
+    """What came of a batch: each session's result, or its error."""
+
+    __slots__ = ("errors", "ready")
+
+    def __init__(self) -> None:
+        self.ready: dict[int, Any] = {}
+        self.errors: dict[int, Exception] = {}
+
+    def __len__(self) -> int:
+        return len(self.ready) + len(self.errors)
+
+    def __contains__(self, index: object) -> bool:
+        return index in self.ready or index in self.errors
+
+    def update(self, other: _Outcome) -> None:
+        self.ready.update(other.ready)
+        self.errors.update(other.errors)
+
+
+def _reset(arguments: dict[str, Any]) -> _Request:
+    return ("reset", lambda client, request_id: client._codec_or_raise().reset(arguments, request_id), arguments)
+
+
+_STATE: _Request = ("state", lambda client, request_id: client._codec_or_raise().state(request_id), {})

@@ -27,7 +27,7 @@ from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
 from ._messages import Dialect
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
-from ._worker import SessionWorker
+from ._worker import Call, CallBatch, SessionWorker
 
 __all__ = ["ServerSession", "SessionMetrics", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
 
@@ -334,6 +334,27 @@ class ServerSession:
         """
         self._token = anyio.lowlevel.current_token()
         return await self._worker.run_until_stopped(function, stop)
+
+    def start_on_thread(self, batch: CallBatch, frame: bytes) -> Call:
+        """Hand a request to the session's thread, within ``batch``, to be answered as `handle_on_thread` does.
+
+        For a server stepping many sessions at once: ``batch.wait`` wakes the
+        event loop once for every call of the batch. Only when `handles_on_thread`.
+
+        Args:
+            batch: The batch the call joins.
+            frame: The request.
+
+        Returns:
+            The call; once completed, its ``outcome()`` is `handle_on_thread`'s
+            (``None``: the request must go to `handle`).
+
+        Raises:
+            RuntimeError: The session is closed.
+        """
+        if self._token is None:
+            self._token = anyio.lowlevel.current_token()
+        return self._worker.start(batch, self.handle_on_thread, frame)
 
     def handle_on_thread(self, frame: bytes, admit: Callable[[int | None], bool] | None = None) -> bytes | None:
         """Answer a reset, step or state request on the session's thread, as `handle` would.

@@ -18,14 +18,17 @@ import math
 
 import anyio
 
-from ._background import BackgroundTask, start_background
 from ._clock import Clock
 
 __all__ = ["Watchdog"]
 
 
 class Watchdog:
-    """Cancels each armed scope once its deadline passes on the clock; built by `start`."""
+    """Cancels each armed scope once its deadline passes on the clock, while `run` runs.
+
+    Args:
+        clock: Where the deadlines are measured, and the task sleeps.
+    """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
@@ -35,21 +38,6 @@ class Watchdog:
         self._alarm = math.inf
         # The task's current sleep; cancelled to wake it earlier than planned.
         self._nap = anyio.CancelScope()
-        self._task: BackgroundTask | None = None
-
-    @classmethod
-    async def start(cls, clock: Clock) -> Watchdog:
-        """Start a watchdog's task (a background task of the event loop, see `start_background`).
-
-        Args:
-            clock: Where the deadlines are measured, and the task sleeps.
-
-        Returns:
-            The watchdog, its task running until `stop`.
-        """
-        watchdog = cls(clock)
-        watchdog._task = await start_background(watchdog._run)
-        return watchdog
 
     def arm(self, scope: anyio.CancelScope, deadline: float) -> None:
         """Cancel ``scope`` once the clock reaches ``deadline``, unless it is disarmed first.
@@ -67,12 +55,8 @@ class Watchdog:
         """Forget ``scope`` (armed or not): it will not be cancelled by this watchdog."""
         self._armed.pop(scope, None)
 
-    async def stop(self) -> None:
-        """End the task; safe under any cancel scope of the caller's, and idempotent."""
-        if self._task is not None:
-            await self._task.stop()
-
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Stand guard until cancelled: the owner of the client runs it in a task of its own."""
         clock = self._clock
         armed = self._armed
         while True:

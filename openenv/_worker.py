@@ -36,6 +36,7 @@ abandoned and still running in the process, for servers to bound them.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import queue
@@ -50,7 +51,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 
-__all__ = ["INLINE_WAIT", "SessionWorker", "abandoned_calls", "run_on_session_thread"]
+__all__ = ["INLINE_WAIT", "Call", "CallBatch", "SessionWorker", "abandoned_calls", "run_on_session_thread", "wait_for"]
 
 INLINE_WAIT = 200e-6
 """Seconds the event loop may wait, blocked, for a call it expects to be quick."""
@@ -68,12 +69,13 @@ def abandoned_calls() -> int:
     return _abandoned_running
 
 
-class _Call:
+class Call:
     """One call handed to the thread, and what came of it."""
 
     __slots__ = (
         "abandoned",
         "args",
+        "batch",
         "completed",
         "detached",
         "error",
@@ -86,10 +88,17 @@ class _Call:
         "waiter",
     )
 
-    def __init__(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch: CallBatch | None = None,
+    ) -> None:
         self.function = function
         self.args = args
         self.kwargs = kwargs
+        self.batch = batch
         self.result: Any = None
         self.error: BaseException | None = None
         self.ran_for = 0.0  # seconds the function took, measured on the thread
@@ -115,6 +124,66 @@ class _Call:
         return self.result
 
 
+class CallBatch:
+    """Calls handed to many sessions' threads at once, waited for together: one wake-up for them all.
+
+    Handing each call to its thread and awaiting it alone would wake the event
+    loop once per call; a batch wakes it once, when its last call finishes (or
+    `wait`'s time runs out first, so that slow calls do not hold up the quick).
+
+    Use it on the event loop that hands the calls over.
+    """
+
+    __slots__ = ("_done", "_left", "_lock", "_token", "calls")
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self._left = 0
+        self._lock = threading.Lock()
+        self._done: anyio.Event | None = None
+        self._token = anyio.lowlevel.current_token()
+
+    def _add(self, call: Call) -> None:
+        with self._lock:
+            self._left += 1
+        self.calls.append(call)
+
+    def _finished_one(self) -> None:
+        """On a session's thread: one call is over; the last one wakes the event loop if it waits."""
+        with self._lock:
+            self._left -= 1
+            done = self._done if self._left == 0 else None
+        if done is not None:
+            with contextlib.suppress(anyio.RunFinishedError):
+                anyio.from_thread.run_sync(done.set, token=self._token)
+
+    async def wait(self, seconds: float) -> None:
+        """Return once every call has finished, or after ``seconds`` (then some may still run).
+
+        Quick calls are waited for on the spot, blocking the event loop for at
+        most `INLINE_WAIT`, as `SessionWorker.run` waits for one: waking the
+        event loop from a thread costs more than most calls.
+
+        Args:
+            seconds: The most to wait.
+        """
+        deadline = time.perf_counter() + INLINE_WAIT
+        for call in self.calls:
+            if call.completed:
+                continue
+            left = deadline - time.perf_counter()
+            if left <= 0 or not call.finished.acquire(timeout=left):
+                break
+        with self._lock:
+            if self._left == 0:
+                return
+            done = self._done = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await done.wait()
+        with self._lock:
+            self._done = None
+
+
 class SessionWorker:
     """Runs one session's plain calls on one dedicated thread, in order.
 
@@ -127,11 +196,11 @@ class SessionWorker:
 
     def __init__(self, *, name: str = "openenv-session") -> None:
         self._name = name
-        self._calls: queue.SimpleQueue[_Call | None] | None = None
+        self._calls: queue.SimpleQueue[Call | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self._quick = True  # whether the previous call ran within INLINE_WAIT
-        self._in_hand: _Call | None = None  # the call the event loop waits for, if any
+        self._in_hand: Call | None = None  # the call the event loop waits for, if any
         self._abandoned = False
 
     @property
@@ -139,8 +208,8 @@ class SessionWorker:
         """The thread, once the first call has started it (``None`` before)."""
         return self._thread
 
-    def _start(self) -> queue.SimpleQueue[_Call | None]:
-        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+    def _start(self) -> queue.SimpleQueue[Call | None]:
+        calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         token = anyio.lowlevel.current_token()
         # A daemon: an environment stuck in a call must not keep the process alive.
         thread = threading.Thread(target=_run_calls, args=(calls, token), name=self._name, daemon=True)
@@ -206,6 +275,19 @@ class SessionWorker:
             self._in_hand = None
         return call.outcome()
 
+    def start(self, batch: CallBatch, function: Callable[..., Any], *args: Any) -> Call:
+        """Hand ``function(*args)`` to the session's thread as part of ``batch``, without waiting.
+
+        Wait for it with ``batch.wait``, then read it with its ``outcome()`` once
+        it is ``completed`` (else await `wait_for`). It is the call in hand
+        until then: `abandon` lets it go.
+
+        Raises:
+            RuntimeError: The worker is closed.
+        """
+        call = self._in_hand = self._queue(function, args, {}, batch)
+        return call
+
     @property
     def abandoned(self) -> bool:
         """Whether `abandon` was called."""
@@ -254,12 +336,20 @@ class SessionWorker:
         with call.guard:
             call.detached = True
 
-    def _queue(self, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+    def _queue(
+        self,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        batch: CallBatch | None = None,
+    ) -> Call:
         """Hand a call to the thread (started by the first one); raise if the worker is closed."""
         if self._closed:
             raise RuntimeError("the session's worker is closed")
         calls = self._calls if self._calls is not None else self._start()
-        call = _Call(function, args, kwargs)
+        call = Call(function, args, kwargs, batch)
+        if batch is not None:
+            batch._add(call)
         calls.put(call)
         return call
 
@@ -324,7 +414,19 @@ async def run_on_session_thread(function: Callable[..., Any], *args: Any, **kwar
     return await worker.run(function, *args, **kwargs)
 
 
-async def _wait_for(call: _Call, *, on_cancel: Callable[[], object] | None = None) -> None:
+async def wait_for(call: Call) -> Any:
+    """Wait for a call handed over with `SessionWorker.start` (letting other tasks run); return its outcome.
+
+    A cancellation waits for the call all the same, then goes on.
+
+    Raises:
+        BaseException: Whatever the call raised.
+    """
+    await _wait_for(call)
+    return call.outcome()
+
+
+async def _wait_for(call: Call, *, on_cancel: Callable[[], object] | None = None) -> None:
     """Await ``call`` on the event loop, letting other tasks run until the thread has run it.
 
     A cancellation waits for the call all the same; with ``on_cancel``, that is
@@ -349,7 +451,7 @@ async def _wait_for(call: _Call, *, on_cancel: Callable[[], object] | None = Non
     await anyio.lowlevel.checkpoint_if_cancelled()
 
 
-def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
+def _run_calls(calls: queue.SimpleQueue[Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
     """The thread: run calls in order until the ``None`` that ends it."""
     global _abandoned_running
     while True:
@@ -367,6 +469,8 @@ def _run_calls(calls: queue.SimpleQueue[_Call | None], token: anyio.lowlevel.Eve
             waiter = call.waiter
             unwaited = call.abandoned or call.detached
         call.finished.release()
+        if call.batch is not None:
+            call.batch._finished_one()
         if unwaited:  # nobody waits for it: what it returned or raised goes nowhere
             if call.abandoned:
                 with _abandoned_lock:

@@ -1,10 +1,4 @@
-"""For transport authors: `FrameQueue`, a cheap hand-off of frames between tasks; `start_background`.
-
-`start_background` runs a transport's background task (a reader that answers
-pings, an in-process session) as a task of the event loop's, not of the task that
-connects: a client may be connected in one task and closed in another, or inside
-a ``move_on_after`` of its own, so a transport cannot keep a task group open
-between its ``__aenter__`` and its ``__aexit__``.
+"""For transport authors: `FrameQueue`, a cheap hand-off of frames between tasks.
 
 anyio's memory object streams are the general tool, but each ``send`` and
 ``receive`` passes through a full event-loop iteration (a checkpoint) even when
@@ -24,9 +18,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ._background import BackgroundTask, start_background
-
-__all__ = ["BackgroundTask", "FrameQueue", "QueueClosed", "start_background"]
+__all__ = ["FrameQueue", "QueueClosed"]
 
 T = TypeVar("T")
 
@@ -95,6 +87,22 @@ class FrameQueue(Generic[T]):
         """Close the queue: `get` returns what is left, then raises `QueueClosed`. Idempotent."""
         self._closed = True
         self._wake()
+
+    def get_nowait(self) -> T:
+        """Take the oldest item if there is one.
+
+        Returns:
+            The oldest item.
+
+        Raises:
+            anyio.WouldBlock: The queue is empty.
+            QueueClosed: The queue is closed and empty.
+        """
+        if self._items:
+            return self._items.popleft()
+        if self._closed:
+            raise QueueClosed("the queue is closed")
+        raise anyio.WouldBlock
 
     async def get(self) -> T:
         """Take the oldest item, waiting for one if the queue is empty.

@@ -1,11 +1,11 @@
-"""FrameQueue, the hand-off transports use between a reader task and the caller; start_background."""
+"""FrameQueue, the hand-off transports use between the task that reads and the caller."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from openenv.channel import BackgroundTask, FrameQueue, QueueClosed, start_background
+from openenv.channel import FrameQueue, QueueClosed
 
 pytestmark = pytest.mark.anyio
 
@@ -82,48 +82,3 @@ async def test_concurrent_consumers_each_take_one_item() -> None:
             for item in range(3):
                 queue.put(item)
     assert sorted(taken) == [0, 1, 2]
-
-
-async def test_a_background_task_outlives_the_task_that_started_it() -> None:
-    started, stopped = anyio.Event(), anyio.Event()
-    handles: list[BackgroundTask] = []
-
-    async def work() -> None:
-        started.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            stopped.set()
-
-    async def start() -> None:
-        handles.append(await start_background(work))
-
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(start)  # this task ends; the background task does not
-        await started.wait()
-        assert not stopped.is_set()
-        with anyio.move_on_after(5):  # stopped from another task, inside a scope of its own
-            await handles[0].stop()
-        assert stopped.is_set()
-        assert handles[0].done.is_set()
-
-
-async def test_a_background_task_that_raises_ends_alone(caplog: pytest.LogCaptureFixture) -> None:
-    async def fail() -> None:
-        raise RuntimeError("a bug")
-
-    with anyio.fail_after(5):
-        failing = await start_background(fail)
-        await failing.done.wait()
-        # Not raised in anyone's task, but not lost either: the log has it.
-        [record] = [r for r in caplog.records if r.name == "openenv.background"]
-        assert record.exc_info is not None
-        assert "a bug" in str(record.exc_info[1])
-        survivor = anyio.Event()
-
-        async def live() -> None:
-            survivor.set()
-
-        await start_background(live)
-        await survivor.wait()  # the host still starts tasks

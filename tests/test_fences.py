@@ -97,7 +97,7 @@ FENCES = (
         "websockets",
     ),
     Fence(
-        "transports/_uvicorn_protocols.py, transports/websocket/_asyncio_connection.py: nothing buffered",
+        "transports/_uvicorn_protocols.py: nothing buffered",
         "websockets.streams:StreamReader",
         ("buffer",),
         "websockets",
@@ -215,48 +215,6 @@ FENCES = (
         "hypercorn.events",
         ("Closed", "RawData"),
         "hypercorn",
-    ),
-    # -- the asyncio client (transports/websocket/_asyncio_connection.py)
-    Fence(
-        "transports/websocket/_asyncio_connection.py: the client's handshake, quick frames and sends",
-        "websockets.asyncio.client:ClientConnection",
-        (
-            "handshake",
-            "request",
-            "response",
-            "response_rcvd",
-            "send_context",
-            "connection_lost_waiter",
-            "protocol",
-            "recv_messages",
-            "data_received",
-            "send_in_progress",
-            "send_data",
-            "drain",
-            "set_connection_exc",
-            "transport",
-        ),
-        "websockets",
-    ),
-    Fence(
-        "transports/websocket/_asyncio_connection.py: quick frames queued as websockets' parser queues them",
-        "websockets.asyncio.messages:Assembler",
-        ("put",),
-        "websockets",
-    ),
-    Fence(
-        "transports/websocket/_asyncio_connection.py: the client's quick frames read its protocol's state",
-        "websockets.client:ClientProtocol",
-        (*_WEBSOCKETS_PROTOCOL_STATE, "debug"),
-        "websockets",
-    ),
-    # -- both clients, and the front (transports/websocket/_connection.py, _asyncio_connection.py, _websocket_front.py)
-    Fence(
-        "transports/websocket/_connection.py, _asyncio_connection.py, transports/_websocket_front.py: "
-        "why a connection ended, and what is left to write",
-        "websockets.protocol:Protocol",
-        ("parser_exc", "close_rcvd", "writes"),
-        "websockets",
     ),
 )
 

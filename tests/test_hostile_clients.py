@@ -10,6 +10,7 @@ well-behaved session on the same server keeps working.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import socket
@@ -730,17 +731,17 @@ async def test_a_session_at_capacity_waits_for_a_slot(server_name: ServerName, s
             assert results == [4.0]
 
 
-# -- resumable WebSocket sessions (the server's side) ---------------------------------
+# -- links: many sessions on one connection, resumable (the server's side) ------------
 
-RESUMABLE = "openenv.v1.json.resumable"
+LINK = "openenv.v2.json"
 
 
 @asynccontextmanager
-async def resumable_ws(url: str, token: str | None = None) -> AsyncIterator[RawWebSocket]:
-    """A raw connection offering the resumable subprotocol, resuming ``token``'s session if given."""
+async def link_ws(url: str, token: str | None = None) -> AsyncIterator[RawWebSocket]:
+    """A raw connection offering the link subprotocol, taking ``token``'s link over if given."""
     uri = parse_uri(url)
     stream = await anyio.connect_tcp(uri.host, uri.port)
-    protocol = ClientProtocol(uri, subprotocols=[Subprotocol(RESUMABLE)], max_size=None)
+    protocol = ClientProtocol(uri, subprotocols=[Subprotocol(LINK)], max_size=None)
     try:
         request = protocol.connect()
         if token is not None:
@@ -751,7 +752,7 @@ async def resumable_ws(url: str, token: str | None = None) -> AsyncIterator[RawW
         while not events:
             protocol.receive_data(await stream.receive())
             events = protocol.events_received()
-        assert protocol.subprotocol == RESUMABLE
+        assert protocol.subprotocol == LINK
         websocket = RawWebSocket(stream, protocol)
         websocket._frames.extend(events[1:])
         yield websocket
@@ -759,69 +760,98 @@ async def resumable_ws(url: str, token: str | None = None) -> AsyncIterator[RawW
         await stream.aclose()
 
 
-async def test_a_resumable_session_survives_a_dropped_connection(server_name: ServerName) -> None:
+async def entries(ws: RawWebSocket) -> list[list[Any]]:
+    """The entries of the next envelope: ``[channel, seq, ack, frame]`` each."""
+    envelope = json.loads(await ws.receive())
+    assert isinstance(envelope, list)
+    return envelope
+
+
+async def test_a_link_survives_a_dropped_connection(server_name: ServerName) -> None:
     with anyio.fail_after(LIMIT):
         async with serving(server_name) as server:
             url = server.ws_url
-            async with resumable_ws(url) as ws:
-                session = await ws.receive_json()
-                assert session["type"] == "session"
-                assert session["data"]["last_request_id"] == 0
-                token = session["data"]["resume_token"]
-                assert (await ws.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
-                assert (await ws.request('{"type":"step","id":2,"data":{"message":"one"}}'))["id"] == 2
-                # Request 3 goes out, and the connection drops before its reply comes.
-                await ws.send_text('{"type":"step","id":3,"data":{"message":"two"}}')
-            # The connection is gone without a closing handshake; the session waits.
-            async with resumable_ws(url, token) as ws:
-                session = await ws.receive_json()
-                assert session["data"]["last_request_id"] == 3  # so request 3 is not sent again
-                replayed = await ws.receive_json()
-                assert (replayed["id"], replayed["data"]["observation"]["echoed_message"]) == (3, "two")
-                # A request sent again anyway is answered, never run twice.
-                again = await ws.request('{"type":"step","id":3,"data":{"message":"two"}}')
-                assert again == replayed
-                state = await ws.request('{"type":"state","id":4}')
-                assert state["data"]["step_count"] == 2  # the same environment, two steps
+            async with link_ws(url) as ws:
+                [[channel, seq, _, hello]] = await entries(ws)
+                assert (channel, seq, hello["type"]) == (0, 0, "hello")
+                token = hello["token"]
+                await ws.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]')
+                assert [entry[:2] for entry in await entries(ws)] == [[1, 1]]
+                await ws.send_text('[[1,2,1,{"type":"step","id":2,"data":{"message":"one"}}]]')
+                [[_, seq, ack, reply]] = await entries(ws)
+                assert (seq, ack, reply["id"]) == (2, 2, 2)
+                # Frame 3 goes out, and the connection drops before its reply comes.
+                await ws.send_text('[[1,3,2,{"type":"step","id":3,"data":{"message":"two"}}]]')
+            # The connection is gone without a closing handshake; the link waits.
+            async with link_ws(url, token) as ws:
+                await ws.send_text('[[0,0,0,{"type":"resume","received":[[1,2]]}]]')
+                resumed, *received = await entries(ws)
+                assert resumed[3]["type"] == "resumed"
+                assert resumed[3]["opened"] == 1
+                [(channel, held)] = resumed[3]["received"]
+                if held == 2:  # the server had not read frame 3 when the connection dropped: sent again
+                    await ws.send_text('[[1,3,2,{"type":"step","id":3,"data":{"message":"two"}}]]')
+                else:
+                    assert (channel, held) == (1, 3)
+                while not received:  # the reply the client lacks
+                    received += await entries(ws)
+                [replayed] = received
+                assert replayed[:2] == [1, 3]
+                assert (replayed[3]["id"], replayed[3]["data"]["observation"]["echoed_message"]) == (3, "two")
+                # A frame sent again anyway is dropped: never run twice.
+                await ws.send_text(
+                    '[[1,3,3,{"type":"step","id":3,"data":{"message":"two"}}],[1,4,3,{"type":"state","id":4}]]'
+                )
+                [[_, seq, _, state]] = await entries(ws)
+                assert (seq, state["data"]["step_count"]) == (4, 2)  # the same environment, two steps
                 assert registry_of(server).active == 1
-                await ws.send_text('{"type":"close"}')
+                await ws.send_text('[[1,5,4,{"type":"close"}]]')
+                [[_, _, _, end]] = await entries(ws)
+                assert end["type"] == "end"
                 await ws.close()
             await wait_until(lambda: registry_of(server).active == 0, "the session ends on close")
             assert len(WireEchoEnv.closed) == 1
 
 
-async def test_a_resumable_session_ends_when_its_client_does_not_come_back(server_name: ServerName) -> None:
+async def test_a_link_ends_when_its_client_does_not_come_back(server_name: ServerName) -> None:
     with anyio.fail_after(LIMIT):
         async with serving(server_name) as server:
             server.app.state.websocket.resume_timeout = 0.2
-            async with resumable_ws(server.ws_url) as ws:
-                token = (await ws.receive_json())["data"]["resume_token"]
-                await ws.request('{"type":"reset","id":1,"data":{}}')
+            async with link_ws(server.ws_url) as ws:
+                token = (await entries(ws))[0][3]["token"]
+                await ws.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]')
+                await entries(ws)
             await wait_until(lambda: registry_of(server).active == 0, "the session ends")
             assert len(WireEchoEnv.closed) == 1
-            async with resumable_ws(server.ws_url, token) as late:
-                refused = await late.receive_json()
-                assert refused["data"]["code"] == "SESSION_ERROR"
-                assert (await late.expect_close()).code in (1000, None)
+            async with link_ws(server.ws_url, token) as late:
+                closed = await late.expect_close()
+                assert closed.code == 1008
+                assert "unknown or expired" in closed.reason
 
 
 @pytest.mark.parametrize("old_answers", [True, False], ids=["old-answers", "old-never-answers"])
-async def test_a_session_can_be_taken_over_from_a_connection_still_open(
+async def test_a_link_can_be_taken_over_from_a_connection_still_open(
     server_name: ServerName, old_answers: bool
 ) -> None:
     with anyio.fail_after(LIMIT):
-        async with serving(server_name) as server, resumable_ws(server.ws_url) as old:
-            token = (await old.receive_json())["data"]["resume_token"]
-            await old.request('{"type":"reset","id":1,"data":{}}')
-            async with resumable_ws(server.ws_url, token) as new:
-                assert (await new.receive_json())["type"] == "session"
-                assert (await new.receive_json())["id"] == 1  # the last reply
+        async with serving(server_name) as server, link_ws(server.ws_url) as old:
+            token = (await entries(old))[0][3]["token"]
+            await old.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]')
+            await entries(old)
+            async with link_ws(server.ws_url, token) as new:
+                await new.send_text('[[0,0,0,{"type":"resume","received":[]}]]')  # as if the reply was lost
+                received = await entries(new)
+                while len(received) < 2:
+                    received += await entries(new)
+                assert received[0][3]["type"] == "resumed"
+                assert received[1][3]["id"] == 1  # the reply it lacked, sent again
                 if old_answers:
                     assert (await old.expect_close()).code == 1001  # the half-open one is let go
                 # Else the old connection is never read again: no close reply, no FIN (a dead path).
-                step = await new.request('{"type":"step","id":2,"data":{"message":"moved"}}')
+                await new.send_text('[[1,2,1,{"type":"step","id":2,"data":{"message":"moved"}}]]')
+                [[_, _, _, step]] = await entries(new)
                 assert step["data"]["observation"]["echoed_message"] == "moved"
-                await new.send_text('{"type":"close"}')
+                await new.send_text('[[1,3,2,{"type":"close"}]]')
                 await new.close()
 
 

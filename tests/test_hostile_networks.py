@@ -36,8 +36,9 @@ from tests.test_hostile_clients import (
     MessageEnv,
     RawWebSocket,
     ServerName,
+    entries,
+    link_ws,
     registry_of,
-    resumable_ws,
     serving,
     wait_until,
 )
@@ -191,29 +192,36 @@ def test_the_bearer_subprotocol_is_a_valid_subprotocol_name() -> None:
         assert set(bearer_subprotocol(token)) <= token_chars
 
 
-# -- finding 7: resumable request ids out of range or behind ----------------------------
+# -- finding 7: a link's numbers out of range, ahead or behind ---------------------------
 
 
-async def test_resumable_request_ids_out_of_range_or_behind_are_answered(server_name: ServerName) -> None:
+async def test_a_links_numbers_out_of_range_or_ahead_end_only_that_link(server_name: ServerName) -> None:
+    opened = '[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]'
+    step = '{"type":"step","id":2,"data":{"message":"x"}}'
     with anyio.fail_after(LIMIT):
-        async with serving(server_name) as server, resumable_ws(server.ws_url) as ws:
-            assert (await ws.receive_json())["type"] == "session"
-            assert (await ws.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
-            assert (await ws.request('{"type":"step","id":2,"data":{"message":"two"}}'))["id"] == 2
-            assert (await ws.request('{"type":"step","id":3,"data":{"message":"three"}}'))["id"] == 3
-            for bad in (0, -1, 2**63, 2**64 + 5):
-                reply = await ws.request(f'{{"type":"step","id":{bad},"data":{{"message":"x"}}}}')
-                assert reply["data"]["code"] == "VALIDATION_ERROR"
-                assert reply["data"]["errors"][0]["loc"] == ["id"]
-                assert reply.get("id") == (bad if bad < 2**63 else None)
-            behind = await ws.request('{"type":"step","id":2,"data":{"message":"again"}}')
-            assert (behind["id"], behind["data"]["code"]) == (2, "VALIDATION_ERROR")
-            assert "received before" in behind["data"]["errors"][0]["msg"]
-            # Not wedged: the next id is taken, and the bad ones ran nothing.
-            state = await ws.request('{"type":"state","id":4}')
-            assert (state["id"], state["data"]["step_count"]) == (4, 2)
-            await ws.send_text('{"type":"close"}')
-            await ws.close()
+        async with serving(server_name) as server, MessageEnv(server.url) as bystander:
+            await bystander.reset()
+            for seq, ack in ((-1, 1), (2**63, 1), (2**64 + 5, 1), (3, 1), (2, -1), (2, 2**64)):
+                async with link_ws(server.ws_url) as ws:
+                    await ws.receive()  # the Hello
+                    await ws.send_text(f"[{opened}]")
+                    await ws.receive()  # the reset's reply
+                    await ws.send_text(f"[[1,{seq},{ack},{step}]]")
+                    closed = await ws.expect_close()
+                    assert closed.code == 1002, (seq, ack)
+                await wait_until(lambda: registry_of(server).active == 1, "the link's session ends")
+            # A frame sent again (behind the last taken) is dropped, never run twice: the rule of resumption.
+            async with link_ws(server.ws_url) as ws:
+                await ws.receive()
+                await ws.send_text(f"[{opened}]")
+                await ws.receive()
+                await ws.send_text(f'[[1,2,1,{step}],[1,2,1,{step}],[1,3,1,{{"type":"state","id":3}}]]')
+                replies = [entry[3] for entry in await entries(ws)]
+                while len(replies) < 2:
+                    replies += [entry[3] for entry in await entries(ws)]
+                assert [reply["id"] for reply in replies] == [2, 3]
+                assert replies[1]["data"]["step_count"] == 1
+            assert (await bystander.step(MessageAction(message="unharmed"))).reward is not None
 
 
 # -- finding 7: the token on the command line --------------------------------------------
@@ -588,7 +596,8 @@ async def test_http_long_polling_clients_wait_in_the_queue_past_their_connect_ti
 
             async def latecomer(name: str) -> None:
                 # Each of its requests gives up after 0.5 s: the queue must keep its place over several.
-                async with MessageEnv(url, connect_timeout=0.5) as client:
+                # A session of its own (on a link, a queued session waits within its call's timeout).
+                async with MessageEnv(url, connect_timeout=0.5, share=False) as client:
                     stepped.append((await client.step(MessageAction(message=name))).observation.echoed_message)
 
             async with MessageEnv(server.url) as holder:
@@ -619,7 +628,7 @@ async def test_a_queued_creation_whose_client_went_gives_its_place_up(server_nam
             await wait_until(lambda: registry_of(server).active == 0, "the slot is free, not held by nobody's session")
 
 
-async def test_a_resumable_websocket_client_is_told_it_is_queued(server_name: ServerName) -> None:
+async def test_a_websocket_client_queued_past_its_connect_timeout_gets_its_session(server_name: ServerName) -> None:
     from tests.helpers import ManualClock
 
     clock = ManualClock()
@@ -637,25 +646,36 @@ async def test_a_resumable_websocket_client_is_told_it_is_queued(server_name: Se
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(latecomer)
                     await wait_until(lambda: registry_of(server).queued == 1, "it waits")
-                    await anyio.wait_all_tasks_blocked()  # the queued frame is read: its wait is the queue's now
-                    clock.advance(5.0)  # well past its connect timeout
+                    await anyio.wait_all_tasks_blocked()
+                    clock.advance(5.0)  # well past its connect timeout: its session waits on its link's channel
                     await holder.close()
             assert results == ["in"]
 
 
 async def test_a_websocket_client_that_goes_while_queued_gives_its_place_up(server_name: ServerName) -> None:
     app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
+    opened = '[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]'
     with anyio.fail_after(LIMIT):
-        async with serving(server_name, app) as server, MessageEnv(server.url) as holder:
+        async with serving(server_name, app) as server, MessageEnv(server.url, share=False) as holder:
             await holder.reset()
-            for subprotocols in (None, ["openenv.v1.json.resumable"]):
-                async with RawWebSocket.connect(server.ws_url, subprotocols) as waiting:
-                    if subprotocols is None:
-                        await waiting.send_text('{"type":"reset"}')  # kept for it while it waits
-                    else:
-                        assert (await waiting.receive_json())["type"] == "queued"
-                    await wait_until(lambda: registry_of(server).queued == 1, "it waits")
+            async with RawWebSocket.connect(server.ws_url) as waiting:  # a session of its own: a plain client
+                await waiting.send_text('{"type":"reset"}')  # kept for it while it waits
+                await wait_until(lambda: registry_of(server).queued == 1, "it waits")
+            await wait_until(lambda: registry_of(server).queued == 0, "it gave its place up")
+            # Plain hypercorn reports a client's close as 1006, a drop: the link would wait for its client.
+            server.app.state.websocket.resume_timeout = 0.2
+            async with link_ws(server.ws_url) as link:
+                await link.receive()  # the Hello
+                await link.send_text(opened)
+                await wait_until(lambda: registry_of(server).queued == 1, "the link's session waits")
+                await link.send_text(
+                    '[[1,0,0,{"type":"end","reason":"given up","code":1000}]]'
+                )  # it leaves the channel
                 await wait_until(lambda: registry_of(server).queued == 0, "it gave its place up")
+                await link.send_text(opened.replace("[1,", "[2,"))
+                await wait_until(lambda: registry_of(server).queued == 1, "another waits")
+                await link.close()
+            await wait_until(lambda: registry_of(server).queued == 0, "its place is given up with the link")
             assert registry_of(server).active == 1
 
 
@@ -837,7 +857,7 @@ async def _newcomer_steps(server: Any) -> None:
 
 
 @pytest.mark.parametrize("plain", [True, False], ids=["plain-step", "async-step"])
-@pytest.mark.parametrize("channel", ["websocket", "resumable", "http"])
+@pytest.mark.parametrize("channel", ["websocket", "link", "http"])
 async def test_the_slot_of_a_step_whose_client_went_is_freed(
     server_name: ServerName, plain: bool, channel: str, endless: None
 ) -> None:
@@ -861,11 +881,16 @@ async def test_the_slot_of_a_step_whose_client_went_is_freed(
                     assert (await http.post(session.frames, content=frame, headers=headers)).status_code == 204
                     await _entered(plain)
                 # ... and never asks again.
+            elif channel == "link":  # its client gone, and not back within the resume timeout
+                async with link_ws(server.ws_url) as ws:
+                    await ws.receive()  # the Hello
+                    await ws.send_text(
+                        '[[1,0,0,{"type":"open"}],[1,1,0,{"type":"step","id":1,"data":{"message":"block"}}]]'
+                    )
+                    await _entered(plain)
+                    await _drop(ws)
             else:
-                subprotocols = ["openenv.v1.json.resumable"] if channel == "resumable" else None
-                async with RawWebSocket.connect(server.ws_url, subprotocols) as ws:
-                    if subprotocols:
-                        assert (await ws.receive_json())["type"] == "session"
+                async with RawWebSocket.connect(server.ws_url) as ws:
                     await ws.send_text('{"type":"step","id":1,"data":{"message":"block"}}')
                     await _entered(plain)
                     await _drop(ws)

@@ -1,4 +1,9 @@
-"""The HTTP long-polling transport: its delivery guarantees, its protocol on the wire, and bad input.
+"""The HTTP long-polling transport's per-session protocol: its delivery guarantees, its protocol on the wire, bad input.
+
+This is the protocol older clients speak, and the one our client falls back to
+against a server without links; the clients here ask for it (``share=False``).
+Links (many sessions over one set of requests, the default) are tested in
+`tests.test_http_links`.
 
 Everything runs against a real embedded server (uvicorn under asyncio, hypercorn
 under trio) on a loopback port. The protocol tests speak raw HTTP with httpx;
@@ -200,7 +205,9 @@ async def test_retries_back_off_on_the_transports_clock() -> None:
     with anyio.fail_after(LIMIT):
         async with httpx.AsyncClient(transport=network) as http, anyio.create_task_group() as task_group:
             task_group.start_soon(clock.keep_advancing, 0.05)
-            transport = HTTPPollingTransport("http+poll://127.0.0.1:9", client=http, retries=3, clock=clock)
+            transport = HTTPPollingTransport(
+                "http+poll://127.0.0.1:9", share=False, client=http, retries=3, clock=clock
+            )
             with pytest.raises(ConnectError, match=r"cannot create a session .*simulated: connection refused"):
                 await transport.__aenter__()
             task_group.cancel_scope.cancel()
@@ -220,7 +227,7 @@ async def test_a_retried_post_is_executed_once(how: str) -> None:
         flaky = FlakyTransport(after=lambda request, response: is_frame(request, 2))
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), client=http) as env:
+            async with CounterClient(poll_url(running), share=False, client=http) as env:
                 await env.reset()
                 result = await env.step(CountAction(by=5))  # frame 2: its POST fails once
                 assert (result.observation.count, result.reward) == (5, 5.0)
@@ -236,7 +243,7 @@ async def test_a_reply_lost_on_the_way_back_from_a_poll_is_fetched_again() -> No
     flaky = FlakyTransport(after=lambda request, response: request.method == "GET" and response.status_code == 200)
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), client=http, poll_timeout=0.1) as env:
+            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=0.1) as env:
                 result = await env.step(CountAction(by=3, delay=0.3))
                 assert result.observation.count == 3
                 assert (await env.state()).count == 3
@@ -247,7 +254,7 @@ async def test_a_long_step_outlasts_several_poll_windows() -> None:
     flaky = FlakyTransport()
     with anyio.fail_after(LIMIT):
         async with server(session_idle_timeout=0.2) as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), client=http, poll_timeout=0.1) as env:
+            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=0.1) as env:
                 # A step of 1 s, polled in windows of 0.1 s, on a server that reaps
                 # sessions idle for 0.2 s: a busy session is not idle.
                 result = await env.step(CountAction(by=7, delay=1.0))
@@ -261,7 +268,7 @@ async def test_one_request_per_step_when_the_reply_is_ready_in_time() -> None:
     flaky = FlakyTransport()
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), client=http) as env:
+            async with CounterClient(poll_url(running), share=False, client=http) as env:
                 for _ in range(5):
                     await env.step(CountAction())
             methods = [r.method for r in flaky.requests]
@@ -271,7 +278,7 @@ async def test_one_request_per_step_when_the_reply_is_ready_in_time() -> None:
 async def test_a_cancelled_receive_loses_nothing() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            transport = HTTPPollingTransport(running.url, poll_timeout=0.1)
+            transport = HTTPPollingTransport(running.url, share=False, poll_timeout=0.1)
             async with transport:
                 await transport.send(b'{"type":"step","id":1,"data":{"by":4,"delay":0.4}}')
                 with anyio.move_on_after(0.2) as scope:
@@ -289,7 +296,7 @@ async def test_a_send_cancelled_mid_post_is_completed_by_the_next_receive(where:
     frame = b'{"type":"step","id":1,"data":{"by":2,"delay":0.3}}'
     with anyio.fail_after(LIMIT):
         async with server() as running, httpx.AsyncClient(transport=flaky) as http:
-            async with HTTPPollingTransport(running.url, client=http) as transport:
+            async with HTTPPollingTransport(running.url, share=False, client=http) as transport:
                 async with anyio.create_task_group() as task_group:
 
                     async def cancel_mid_post() -> None:
@@ -309,7 +316,7 @@ async def test_a_send_cancelled_mid_post_is_completed_by_the_next_receive(where:
 
 async def test_a_send_cancelled_mid_post_is_sent_again_before_the_next() -> None:
     with anyio.fail_after(LIMIT):
-        async with server() as running, CounterClient(poll_url(running)) as env:
+        async with server() as running, CounterClient(poll_url(running), share=False) as env:
             await env.reset()
             with anyio.move_on_after(0.05):
                 await env.step(CountAction(by=10, delay=0.3))
@@ -340,7 +347,7 @@ async def test_a_poll_cut_off_mid_wait_resumes() -> None:
     with anyio.fail_after(LIMIT):
         async with server(lambda: GatedCounterEnv(entered, gate)) as running, proxied(running) as proxy:
             url = f"http+poll://127.0.0.1:{proxy.port}"
-            async with CounterClient(url, poll_timeout=0.2) as env:
+            async with CounterClient(url, share=False, poll_timeout=0.2) as env:
                 await env.reset()
 
                 async def cut_mid_poll() -> None:
@@ -360,7 +367,7 @@ async def test_a_poll_cut_off_mid_wait_resumes() -> None:
 async def test_connections_closed_between_requests_are_reopened_silently() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running, proxied(running) as proxy:
-            async with CounterClient(f"http+poll://127.0.0.1:{proxy.port}") as env:
+            async with CounterClient(f"http+poll://127.0.0.1:{proxy.port}", share=False) as env:
                 for count in range(1, 6):
                     assert (await env.step(CountAction())).observation.count == count
                     proxy.cut()  # as a server does with idle keep-alive connections
@@ -383,7 +390,7 @@ async def test_the_servers_own_keep_alive_close(monkeypatch: pytest.MonkeyPatch)
         async with (
             serve(create_app(AsyncCounterEnv), header_timeout=0.5) as running,
             proxied(running) as proxy,
-            CounterClient(f"http+poll://127.0.0.1:{proxy.port}") as env,
+            CounterClient(f"http+poll://127.0.0.1:{proxy.port}", share=False) as env,
         ):
             for count in range(1, 5):
                 assert (await env.step(CountAction())).observation.count == count
@@ -395,7 +402,7 @@ async def test_a_restarted_server_is_a_prompt_connection_closed() -> None:
         async with (
             server() as running,
             proxied(running) as proxy,
-            CounterClient(f"http+poll://127.0.0.1:{proxy.port}", retries=2) as env,
+            CounterClient(f"http+poll://127.0.0.1:{proxy.port}", share=False, retries=2) as env,
         ):
             await env.step(CountAction())
             proxy.cut()
@@ -414,7 +421,7 @@ async def test_an_idle_session_expires() -> None:
     with anyio.fail_after(LIMIT):
         async with server(clock=clock) as running:
             registry = running.app.state.sessions
-            async with CounterClient(poll_url(running)) as env:
+            async with CounterClient(poll_url(running), share=False) as env:
                 await env.reset()
                 await clock.advance_when_blocked(299.0)  # the reaper looks: idle for 299 s of 300
                 assert registry.active == 1
@@ -444,7 +451,7 @@ async def test_capacity_is_shared_with_websocket_and_reported_like_it() -> None:
         async with server(max_sessions=1) as running:
             async with CounterClient(running.url) as ws_env:  # WebSocket holds the only slot
                 await ws_env.reset()
-                async with CounterClient(poll_url(running)) as env:
+                async with CounterClient(poll_url(running), share=False) as env:
                     with pytest.raises(openenv.CapacityReachedError) as info:
                         await env.reset()
                     assert info.value.data["max_sessions"] == 1
@@ -456,7 +463,7 @@ async def test_capacity_is_shared_with_websocket_and_reported_like_it() -> None:
                 assert response.headers["OpenEnv-Error"] == "CAPACITY_REACHED"
                 assert json.loads(response.content)["data"]["code"] == "CAPACITY_REACHED"
             await wait_until(lambda: running.app.state.sessions.active == 0)
-            async with CounterClient(poll_url(running)) as env:  # the slot is free again
+            async with CounterClient(poll_url(running), share=False) as env:  # the slot is free again
                 assert (await env.step(CountAction())).observation.count == 1
                 async with CounterClient(running.url) as ws_env:
                     with pytest.raises(openenv.CapacityReachedError):
@@ -509,7 +516,7 @@ async def test_a_close_frame_ends_the_session() -> None:
 async def test_server_shutdown_ends_http_sessions() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            env = await CounterClient(poll_url(running), retries=1).connect()
+            env = await CounterClient(poll_url(running), share=False, retries=1).connect()
             await env.step(CountAction())
         assert len(AsyncCounterEnv.closed) == 1
         with pytest.raises(ConnectionClosed):
@@ -717,7 +724,7 @@ async def test_oversize_bodies_are_413_and_nothing_runs() -> None:
                 response = await session.http.post(session.frames, content=chunked(), headers=headers)
                 assert (response.status_code, error_code(response)) == (413, "body_too_large")
                 assert observation(await session.post(1))["data"]["observation"]["count"] == 1
-            async with EnvClient(poll_url(running)) as env:
+            async with EnvClient(poll_url(running), share=False) as env:
                 with pytest.raises(ConnectionClosed, match="over the server's limit"):
                     await env.step({"by": 1, "pad": "x" * 2000})
 
@@ -725,7 +732,7 @@ async def test_oversize_bodies_are_413_and_nothing_runs() -> None:
 async def test_msgpack_frames() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            async with CounterClient(poll_url(running), encoding="msgpack") as env:
+            async with CounterClient(poll_url(running), share=False, encoding="msgpack") as env:
                 assert env.transport is not None
                 assert env.transport.dialect == openenv.Dialect("msgpack", True)
                 await env.reset(start=2)
@@ -741,7 +748,7 @@ async def test_msgpack_frames() -> None:
 
 async def test_sync_environments_and_many_sessions_at_once() -> None:
     async def one(url: str, index: int) -> None:
-        async with CounterClient(url) as env:
+        async with CounterClient(url, share=False) as env:
             await env.reset(start=index)
             for step in range(10):
                 result = await env.step(CountAction(by=1, delay=0.001))
@@ -797,7 +804,8 @@ async def test_headers_and_a_given_client_are_used() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
             async with httpx.AsyncClient(headers={"X-From-Client": "c"}, event_hooks={"request": [record]}) as http:
-                async with CounterClient(poll_url(running), client=http, headers={"Authorization": "Bearer t"}) as env:
+                headers = {"Authorization": "Bearer t"}
+                async with CounterClient(poll_url(running), share=False, client=http, headers=headers) as env:
                     await env.step(CountAction())
                 assert not http.is_closed
             assert len(seen) == 4  # create, step, close, delete
@@ -809,11 +817,11 @@ async def test_headers_and_a_given_client_are_used() -> None:
 async def test_connect_failures() -> None:
     with anyio.fail_after(LIMIT):
         with socket_nobody_listens_on() as port, pytest.raises(ConnectError, match="cannot create a session"):
-            async with HTTPPollingTransport(f"http+poll://127.0.0.1:{port}", retries=1):
+            async with HTTPPollingTransport(f"http+poll://127.0.0.1:{port}", share=False, retries=1):
                 pass
         async with serve(EchoEnvironment) as running:
             with pytest.raises(ConnectError, match="404"):
-                async with HTTPPollingTransport(f"http+poll://127.0.0.1:{running.port}/not/here"):
+                async with HTTPPollingTransport(f"http+poll://127.0.0.1:{running.port}/not/here", share=False):
                     pass
         transport = HTTPPollingTransport("http+poll://127.0.0.1:9")
         with pytest.raises(ConnectionClosed):
@@ -828,7 +836,7 @@ async def test_connect_failures() -> None:
 async def test_closed_transport_refuses_frames() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            transport = HTTPPollingTransport(running.url)
+            transport = HTTPPollingTransport(running.url, share=False)
             async with transport:
                 await transport.send(STEP)
             await transport.aclose()  # idempotent
@@ -842,7 +850,7 @@ async def test_closed_transport_refuses_frames() -> None:
 async def test_aclose_ends_a_receive_in_another_task() -> None:
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            transport = HTTPPollingTransport(running.url)
+            transport = HTTPPollingTransport(running.url, share=False)
             async with transport, anyio.create_task_group() as task_group:
 
                 async def receive() -> None:
@@ -890,7 +898,7 @@ async def test_sessions_opening_and_ending_are_in_the_server_log(caplog: pytest.
     caplog.set_level(logging.INFO, logger="openenv.server")
     with anyio.fail_after(LIMIT):
         async with server() as running:
-            async with CounterClient(poll_url(running)) as env:
+            async with CounterClient(poll_url(running), share=False) as env:
                 await env.reset()
                 session_id = env.transport.session_id  # type: ignore[union-attr]
             await wait_until(lambda: running.app.state.sessions.active == 0)
@@ -907,7 +915,7 @@ async def test_a_plain_http_client_loads_no_ca_bundle(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(http_client_module, "default_ssl_context", load_ca_bundle)
     with anyio.fail_after(LIMIT):
-        async with server() as running, CounterClient(poll_url(running)) as env:
+        async with server() as running, CounterClient(poll_url(running)) as env:  # on a link
             assert (await env.reset()).observation.count == 0
 
 
@@ -961,5 +969,5 @@ async def test_a_proxy_from_the_environment_is_used_except_for_this_machine(monk
                 async with CounterClient("http+poll://envs.example:8000", retries=0):
                     pass
             assert len(seen) == 1
-            assert seen[0].startswith(b"POST http://envs.example:8000/poll/sessions ")
+            assert seen[0].startswith(b"POST http://envs.example:8000/poll/links ")  # a link first
             tg.cancel_scope.cancel()

@@ -97,7 +97,7 @@ async def test_our_typed_client_against_the_reference_server(reference_server: R
         async with MessageEnv(reference_server.base_url) as env:
             assert env.transport is not None
             assert env.transport.dialect == Dialect()  # the reference selects no subprotocol
-            # Offered the resumable variants first, it selects none of them: a plain session.
+            # Offered the link subprotocols first, it selects none of them: a plain session.
             assert isinstance(env.transport, WebSocketTransport)
             assert (env.transport.subprotocol, env.transport.resumable) == (None, False)
             result = await env.reset(seed=42, episode_id="ep-1")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 import pytest
@@ -11,11 +10,10 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment
+from openenv.examples.echo import EchoEnv, EchoEnvironment
 from tests.test_server_app import RawWebSocket
 from transports._public_io import PUBLIC_IO_ENV, public_io_only
 from transports.runner import serve
-from transports.websocket._asyncio_connection import AsyncioConnection
 from transports.websocket._socket_loan import SOCKET_LOAN
 
 pytestmark = pytest.mark.anyio
@@ -77,18 +75,3 @@ async def test_trio_serves_on_plain_hypercorn(
                 async with EchoEnv(server.url) as env:
                     await env.reset()
         assert "serving on plain hypercorn, not hypercorn+websockets" in caplog.text
-
-
-async def test_a_client_connects_without_websockets_asyncio_internals(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def not_this_one(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the asyncio connection subclasses websockets' internals")
-
-    monkeypatch.setattr(AsyncioConnection, "open", not_this_one)
-    monkeypatch.setenv(PUBLIC_IO_ENV, "1")
-    with anyio.fail_after(LIMIT):
-        async with serve(EchoEnvironment) as server, EchoEnv(server.url) as env:
-            await env.reset()
-            action = CallToolAction(tool_name="echo_message", arguments={"message": "public"})
-            assert (await env.step(action)).observation.echoed_message == "public"

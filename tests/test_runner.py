@@ -191,7 +191,7 @@ async def test_a_step_outliving_the_shutdown_grace_is_ended_with_the_reason(
             client: openenv.EnvClient[object, object, object] = openenv.EnvClient(
                 server.url.replace("http", scheme, 1), timeout=None
             )
-            await client.__aenter__()
+            await client.connect()  # closed from another task: no owner block
             task_group.start_soon(step_forever, client)
             await EndlessStepEnv.stepping.wait()
     assert len(errors) == 1

@@ -28,7 +28,6 @@ import transports._uvicorn_driver
 from openenv import Action, Observation, State
 from openenv.server import Environment
 from tests.helpers import wait_until
-from tests.test_hostile_clients import resumable_ws
 from tests.test_server_app import RawWebSocket, registry_of
 from transports.runner import RunningServer, current_backend, serve
 from transports.websocket._quick_frames import server_data_frame
@@ -852,60 +851,6 @@ async def test_a_client_gone_while_its_socket_is_lent_frees_its_slot(loans: list
                 assert (await step(ws, "next"))["data"]["observation"]["echoed"] == "next"
                 await ws.close()
             check_lent(loans)
-
-
-@pytest.mark.speed_path
-@pytest.mark.anyio
-@pytest.mark.parametrize("pending", [None, "sent", "running"], ids=["nothing-pending", "a-step-sent", "a-step-running"])
-async def test_a_resumable_session_taken_over_while_lent_loses_nothing(
-    loans: list[SocketLoan], pending: str | None
-) -> None:
-    with anyio.fail_after(WAIT):
-        async with plain_server() as server, resumable_ws(server.ws_url) as old:
-            token = (await old.receive_json())["data"]["resume_token"]
-            assert (await old.request('{"type":"reset","id":1,"data":{}}'))["id"] == 1
-            assert (await step(old, "two", 2))["id"] == 2
-            await lent_now(loans)
-            lent_before = len(loans) if lends() else 0
-            old_loan = loans[-1] if lends() else None
-            if pending == "sent":  # its reply not read: the takeover races with its step
-                await old.send_text('{"type":"step","id":3,"data":{"message":"three"}}')
-            elif pending == "running":  # the takeover comes mid-step: the reply must go to the new connection
-                await old.send_text('{"type":"step","id":3,"data":{"message":"three","block":true}}')
-                await anyio.to_thread.run_sync(PlainEnv.entered.wait, WAIT)
-            async with resumable_ws(server.ws_url, token) as new:
-                session = await new.receive_json()
-                assert session["type"] == "session"
-                if old_loan is not None:  # taken from the old connection's thread before anything is sent
-                    assert old_loan.stopped
-                last = session["data"]["last_request_id"]
-                replayed = await new.receive_json()  # the last reply
-                if pending == "running":
-                    assert (last, replayed["id"]) == (3, 2)
-                    PlainEnv.gate.set()
-                    replayed = await new.receive_json()
-                elif pending == "sent" and last == 3 and replayed["id"] == 2:  # taken over mid-step
-                    replayed = await new.receive_json()
-                elif pending == "sent" and last == 2:  # the step arrived after the takeover: sent again
-                    assert replayed["id"] == 2
-                    replayed = await step(new, "three", 3)
-                else:
-                    assert replayed["id"] == last
-                if pending:
-                    assert (replayed["id"], replayed["data"]["observation"]["echoed"]) == (3, "three")
-                    # Sent again anyway: answered from the kept reply, not run again.
-                    assert await step(new, "three", 3) == replayed
-                four = await step(new, "four", 4)
-                assert four["id"] == 4
-                await lent_now(loans, count=lent_before + 1)  # the new connection's socket is lent
-                assert await step(new, "four", 4) == four  # the same, on the lent socket
-                state = await new.request('{"type":"state","id":5}')
-                assert state["data"]["step_count"] == (3 if pending else 2)
-                assert PlainEnv.built[0].steps == (["two", "three", "four"] if pending else ["two", "four"])
-                assert len(PlainEnv.built) == 1
-                check_lent(loans)
-                await new.send_text('{"type":"close"}')
-                await new.close()
 
 
 def session_threads() -> set[threading.Thread]:

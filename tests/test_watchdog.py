@@ -1,4 +1,4 @@
-"""`openenv._watchdog.Watchdog`: the client's one task that cancels its calls' scopes at their deadlines."""
+"""`openenv._watchdog.Watchdog`: the one task (its owner's) that cancels a client's calls' scopes at their deadlines."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ pytestmark = pytest.mark.anyio
 async def test_each_armed_scope_is_cancelled_at_its_own_deadline_and_a_disarmed_one_never() -> None:
     clock = ManualClock()
     with anyio.fail_after(5):
-        watchdog = await Watchdog.start(clock)
-        try:
+        watchdog = Watchdog(clock)
+        async with anyio.create_task_group() as owner:
+            owner.start_soon(watchdog.run)
             late, early, disarmed = anyio.CancelScope(), anyio.CancelScope(), anyio.CancelScope()
             watchdog.arm(late, 10.0)
             watchdog.arm(early, 2.0)  # earlier than the deadline the task sleeps towards
@@ -33,16 +34,16 @@ async def test_each_armed_scope_is_cancelled_at_its_own_deadline_and_a_disarmed_
             await anyio.wait_all_tasks_blocked()
             assert late.cancel_called
             assert not disarmed.cancel_called
-        finally:
-            await watchdog.stop()
+            owner.cancel_scope.cancel()
 
 
 async def test_a_deadline_armed_again_later_moves() -> None:
     """Re-arming a scope replaces its deadline: later (a send's grace) or earlier (back to the call's own)."""
     clock = ManualClock()
     with anyio.fail_after(5):
-        watchdog = await Watchdog.start(clock)
-        try:
+        watchdog = Watchdog(clock)
+        async with anyio.create_task_group() as owner:
+            owner.start_soon(watchdog.run)
             scope = anyio.CancelScope()
             watchdog.arm(scope, 1.0)
             watchdog.arm(scope, 3.0)
@@ -52,14 +53,19 @@ async def test_a_deadline_armed_again_later_moves() -> None:
             watchdog.arm(scope, 2.0)  # already past: cancelled at once
             await anyio.wait_all_tasks_blocked()
             assert scope.cancel_called
-        finally:
-            await watchdog.stop()
+            owner.cancel_scope.cancel()
 
 
-async def test_stop_ends_the_task_and_may_be_repeated() -> None:
+async def test_it_stands_guard_only_while_it_runs() -> None:
+    clock = ManualClock()
     with anyio.fail_after(5):
-        watchdog = await Watchdog.start(ManualClock())
-        await watchdog.stop()
-        await watchdog.stop()
-        assert watchdog._task is not None
-        assert watchdog._task.done.is_set()
+        watchdog = Watchdog(clock)
+        scope = anyio.CancelScope()
+        watchdog.arm(scope, 1.0)
+        async with anyio.create_task_group() as owner:
+            owner.start_soon(watchdog.run)
+            await anyio.wait_all_tasks_blocked()
+            owner.cancel_scope.cancel()  # its owner is done
+        clock.advance(5.0)
+        await anyio.wait_all_tasks_blocked()
+        assert not scope.cancel_called

@@ -30,10 +30,16 @@ from websockets.typing import Subprotocol
 import transports.websocket as websocket_package
 from openenv import ClientStateError, ConnectError, ConnectionClosed, Dialect, ProtocolError
 from tests.helpers import ManualClock, wait_until
-from transports.websocket import JSON_SUBPROTOCOL, MSGPACK_SUBPROTOCOL, SUBPROTOCOLS, WebSocketTransport
-from transports.websocket._asyncio_connection import AsyncioConnection
+from transports.websocket import (
+    JSON_SUBPROTOCOL,
+    LINK_JSON_SUBPROTOCOL,
+    LINK_MSGPACK_SUBPROTOCOL,
+    MSGPACK_SUBPROTOCOL,
+    SUBPROTOCOLS,
+    WebSocketTransport,
+)
 from transports.websocket._client import websocket_url
-from transports.websocket._connection import RECEIVE_BUFFER, Connection
+from transports.websocket._link import RECEIVE_BUFFER
 
 pytestmark = pytest.mark.anyio
 
@@ -191,6 +197,17 @@ async def serve(
         task_group.cancel_scope.cancel()
 
 
+@asynccontextmanager
+async def kept(transport: WebSocketTransport) -> AsyncIterator[WebSocketTransport]:
+    """Run the transport's idle work for the block's length, as its owner (an `async with` client) does."""
+    async with anyio.create_task_group() as owner:
+        owner.start_soon(transport.keep)
+        try:
+            yield transport
+        finally:
+            owner.cancel_scope.cancel()
+
+
 async def echo_handler(connection: ServerConnection) -> None:
     await connection.accept(JSON_SUBPROTOCOL)
     await connection.flush()
@@ -259,8 +276,8 @@ async def test_json_dialect_echo_round_trip() -> None:
             request = server.connections[0].request
             assert request is not None
             assert request.path == "/ws"
-            # The resumable variant first: this server does not speak it, so it selects the plain one.
-            assert request.headers["Sec-WebSocket-Protocol"] == f"{JSON_SUBPROTOCOL}.resumable, {JSON_SUBPROTOCOL}"
+            # The link subprotocol first: this server does not speak it, so it selects the one-session one.
+            assert request.headers["Sec-WebSocket-Protocol"] == f"{LINK_JSON_SUBPROTOCOL}, {JSON_SUBPROTOCOL}"
             assert "permessage-deflate" in request.headers["Sec-WebSocket-Extensions"]
             assert request.headers["User-Agent"].startswith("openenv/")
 
@@ -287,8 +304,7 @@ async def test_msgpack_dialect_sends_binary_frames() -> None:
             request = server.connections[0].request
             assert request is not None
             assert request.headers["Sec-WebSocket-Protocol"] == (
-                f"{MSGPACK_SUBPROTOCOL}.resumable, {MSGPACK_SUBPROTOCOL}, "
-                f"{JSON_SUBPROTOCOL}.resumable, {JSON_SUBPROTOCOL}"
+                f"{LINK_MSGPACK_SUBPROTOCOL}, {LINK_JSON_SUBPROTOCOL}, {MSGPACK_SUBPROTOCOL}, {JSON_SUBPROTOCOL}"
             )
     assert opcodes == [Opcode.BINARY]
 
@@ -498,7 +514,7 @@ async def test_server_close_ends_receive_after_queued_frames() -> None:
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url) as transport:
+            async with WebSocketTransport(server.url) as transport, kept(transport):
                 await closed.wait()
                 assert await transport.receive() == b"one"
                 assert await transport.receive() == b"two"
@@ -568,7 +584,7 @@ async def test_server_ping_is_answered_while_the_client_is_idle() -> None:
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=None):
+            async with WebSocketTransport(server.url, ping_interval=None) as transport, kept(transport):
                 await pong.wait()  # nobody calls receive(): the reader answered
 
 
@@ -588,7 +604,7 @@ async def test_server_ping_is_answered_when_the_client_goes_idle_after_a_busy_sp
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=None) as transport:
+            async with WebSocketTransport(server.url, ping_interval=None) as transport, kept(transport):
                 for n in range(200):
                     await transport.send(b"%d" % n)
                     assert await transport.receive() == b"%d" % n
@@ -615,19 +631,17 @@ async def test_server_ping_is_answered_while_the_caller_is_busy_between_send_and
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=None) as transport:
+            async with WebSocketTransport(server.url, ping_interval=None) as transport, kept(transport):
                 await transport.send(b'{"type": "step"}')
                 await pong.wait()  # busy elsewhere: the background task answered
                 assert await transport.receive() == b'{"type": "step"}'
 
 
 def _reading_paused(transport: WebSocketTransport) -> bool:
-    """Whether the transport's connection stopped reading the socket, its receive buffer full."""
-    connection = transport._connection
-    if isinstance(connection, AsyncioConnection):  # websockets' own: its message assembler pauses the socket
-        return connection._websocket.recv_messages.paused
-    assert isinstance(connection, Connection)
-    return len(connection._messages) >= RECEIVE_BUFFER
+    """Whether the keeper stopped reading the socket, the session's frames unread up to the buffer."""
+    channel = transport._channel
+    assert channel is not None
+    return len(channel.frames) >= RECEIVE_BUFFER
 
 
 async def test_messages_read_while_idle_are_kept_in_order_beyond_the_buffer() -> None:
@@ -643,7 +657,7 @@ async def test_messages_read_while_idle_are_kept_in_order_beyond_the_buffer() ->
 
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url) as transport:
+            async with WebSocketTransport(server.url) as transport, kept(transport):
                 # Idle: the connection reads until its buffer is full, then stops reading.
                 await wait_until(lambda: _reading_paused(transport), what="the receive buffer to fill")
                 received = [await transport.receive() for _ in range(count)]
@@ -671,7 +685,7 @@ async def test_concurrent_receivers_share_the_messages() -> None:
 async def test_a_reply_after_an_idle_spell_is_handed_over() -> None:
     async with serve(echo_handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url) as transport:
+            async with WebSocketTransport(server.url) as transport, kept(transport):
                 for _ in range(3):
                     await anyio.wait_all_tasks_blocked()  # idle: only the background task waits on the socket
                     await transport.send(b"{}")
@@ -697,7 +711,10 @@ async def test_client_keepalive_pings_are_sent() -> None:
     clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=10, ping_timeout=1000, clock=clock) as transport:
+            async with (
+                WebSocketTransport(server.url, ping_interval=10, ping_timeout=1000, clock=clock) as transport,
+                kept(transport),
+            ):
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(clock.keep_advancing, 10)
                     await enough.wait()
@@ -714,9 +731,12 @@ async def test_keepalive_timeout_ends_the_connection() -> None:
     clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(
-                server.url, ping_interval=10, ping_timeout=20, close_timeout=0.2, clock=clock
-            ) as transport:
+            async with (
+                WebSocketTransport(
+                    server.url, ping_interval=10, ping_timeout=20, close_timeout=0.2, clock=clock
+                ) as transport,
+                kept(transport),
+            ):
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(clock.keep_advancing, 10)
                     with pytest.raises(ConnectionClosed, match="keepalive"):
@@ -740,7 +760,10 @@ async def test_keepalive_timeout_while_the_caller_is_idle() -> None:
     clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            async with WebSocketTransport(server.url, ping_interval=10, ping_timeout=20, clock=clock) as transport:
+            async with (
+                WebSocketTransport(server.url, ping_interval=10, ping_timeout=20, clock=clock) as transport,
+                kept(transport),
+            ):
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(clock.keep_advancing, 10)
                     await hung_up.wait()  # nobody reads but the background task, which gave up on the pong
@@ -783,29 +806,10 @@ async def test_invalid_frame_is_a_protocol_error() -> None:
                     await transport.receive()
 
 
-# -- the quick read of whole data frames (asyncio) -------------------------------
+# -- whole frames, control frames among them -------------------------------------
 
 
-def _parser_reads(transport: WebSocketTransport, monkeypatch: pytest.MonkeyPatch) -> list[bytes] | None:
-    """The socket reads websockets' parser gets from now on; ``None`` where there is no quick read (trio)."""
-    connection = transport._connection
-    if not isinstance(connection, AsyncioConnection):
-        return None
-    protocol = connection._websocket.protocol
-    reads: list[bytes] = []
-    receive_data = protocol.receive_data
-
-    def counted(data: bytes | bytearray) -> None:
-        reads.append(bytes(data))
-        receive_data(data)
-
-    monkeypatch.setattr(protocol, "receive_data", counted)
-    return reads
-
-
-async def test_whole_data_frames_skip_the_parser_and_control_frames_between_them_still_work(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_whole_data_frames_and_control_frames_between_them() -> None:
     """Each of the server's writes answers a b"next" from the client and reaches it in one read."""
     pongs: list[bytes] = []
     six = Frame(Opcode.BINARY, b"six" * 100).serialize(mask=False)
@@ -842,21 +846,16 @@ async def test_whole_data_frames_skip_the_parser_and_control_frames_between_them
     async with serve(handler, compression=False) as server:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url, compression=False, ping_interval=None) as transport:
-                reads = _parser_reads(transport, monkeypatch)
 
                 async def next_messages(count: int) -> list[bytes]:
                     await transport.send(b"next")
                     return [await transport.receive() for _ in range(count)]
 
                 assert await next_messages(2) == [b"one", b"two"]
-                assert reads in ([], None)  # the quick read took them
                 assert await next_messages(2) == [b"three", b"four"]
-                assert reads is None or len(reads) == 1  # a ping among them: the parser's
                 assert await next_messages(1) == [b"five"]
                 assert await next_messages(1) == [b"six" * 100]
-                assert reads is None or len(reads) == 3  # a partial frame, then its rest: the parser's
                 assert await next_messages(1) == [b"seven"]
-                assert reads is None or len(reads) == 3  # back at a frame's start: the quick read's
                 assert await next_messages(1) == [b"eight"]
                 with pytest.raises(ConnectionClosed, match=r"1001.*going away"):
                     await transport.receive()

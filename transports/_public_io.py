@@ -4,10 +4,10 @@ openenv's speed paths reach past the public APIs of uvicorn, websockets and
 hypercorn (``tests/test_fences.py`` names every attribute). With the switch
 on, a server runs on hypercorn by default on both backends (not uvicorn with
 openenv's WebSocket protocol, not hypercorn+websockets; uvicorn asked for by
-name runs its stock WebSocket protocol), and a client on asyncio drives
-websockets' sans-I/O protocol over an anyio stream, as on trio, instead of
-subclassing websockets' asyncio connection: slower, and independent of those
-internals, for the time between an upgrade that breaks one and its mend. Two
+name runs its stock WebSocket protocol): slower, and independent of those
+internals, for the time between an upgrade that breaks one and its mend. (The
+client needs no switch: it drives websockets' sans-I/O protocol through its
+public API on both backends.) Two
 fixes that reach into internals for safety stay on (uvicorn's header timeout,
 the crash mended in hypercorn on trio): without them a server is not bounded.
 """

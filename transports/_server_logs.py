@@ -9,13 +9,13 @@ from typing import Any
 __all__ = ["configure_console_logging", "redact_access_logs"]
 
 
-# A session id in a logged path: the id, not its key, but ids stay out of logs anyway.
-# HTTP long-polling sessions' ids in their paths, MCP sessions' in /ws?session_id=…
-_SESSION_IN_PATH = re.compile(r"(/poll/sessions/|[?&]session_id=)[^/\s?&\"]+")
+# A session's or link's id in a logged path: the id, not its key, but ids stay out of logs anyway.
+# HTTP long-polling sessions' and links' ids in their paths, MCP sessions' in /ws?session_id=…
+_SESSION_IN_PATH = re.compile(r"(/poll/(?:sessions|links)/|[?&]session_id=)[^/\s?&\"]+")
 
 
 class _RedactSessionIds(logging.Filter):
-    """Replaces HTTP session ids in the servers' access-log lines with ``...``."""
+    """Replaces HTTP session and link ids in the servers' access-log lines with ``...``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args

@@ -4,6 +4,7 @@
 
 - ``/ws``: the WebSocket endpoint (`transports.websocket._server.WebSocketEndpoint`);
 - ``/poll/sessions``…: the HTTP long-polling endpoint (`transports.http.HTTPPollingEndpoint`);
+- ``/poll/links``…: its links, many sessions over one client's requests (`transports.http.HTTPLinkEndpoint`);
 - ``GET /health`` → ``{"status": "healthy"}``;
 - ``GET /schema`` → ``{"action", "observation", "state", "reset_observation"}`` JSON Schemas;
 - ``GET /metadata`` → the environment's `openenv.EnvironmentMetadata`;
@@ -12,7 +13,7 @@
   sessions of ``POST /mcp`` (`transports._mcp_sessions`), and its Task API
   (`transports.task_api`).
 
-Its lifespan runs the idle-session reaper and the HTTP sessions' host task.
+Its lifespan runs the idle-session reaper and the host tasks of the HTTP sessions and links.
 Everything a further transport's routes need is kept on ``app.state``:
 ``app.state.sessions`` (the one `SessionRegistry`, shared by every transport, so
 ``max_sessions`` counts all sessions), ``app.state.factory``,
@@ -59,10 +60,12 @@ from ._deprecated import renamed_option
 from ._guard import RequestGuard, auth_tokens_from, normalized_origins
 from ._mcp_sessions import MCPSessions
 from ._sessions import MONOTONIC_CLOCK, SessionRegistry
+from .http._link_server import HTTPLinkEndpoint
 from .http._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
     IDEMPOTENCY_KEY_HEADER,
+    LINK_KEY_HEADER,
     RECEIVED_HEADER,
     SEQ_HEADER,
     SESSION_KEY_HEADER,
@@ -194,7 +197,8 @@ def create_app(
         `transports.runner.run`, or any ASGI server. Its ``state`` holds
         ``config`` (the checked `openenv.ServerConfig`), ``sessions`` (the
         `SessionRegistry`), ``http_polling`` (the
-        `transports.http.HTTPPollingEndpoint`), ``websocket`` (the
+        `transports.http.HTTPPollingEndpoint`), ``http_links`` (its links,
+        `transports.http.HTTPLinkEndpoint`), ``websocket`` (the
         ``/ws`` endpoint), ``mcp_sessions`` (the sessions made over ``POST
         /mcp``: OpenEnv 0.10's MCP production mode), ``factory``, ``schemas``,
         ``metadata``, ``metrics`` (the ``ServerMetrics``, or ``None``) and
@@ -238,6 +242,13 @@ def create_app(
         error_details=config.error_details,
         metrics=counted,
     )
+    links = HTTPLinkEndpoint(
+        env_factory,
+        registry=registry,
+        max_message_size=config.max_message_size,
+        error_details=config.error_details,
+        metrics=counted,
+    )
     schemas = environment_schemas(env_factory)
     meta = metadata if metadata is not None else environment_metadata(env_factory)
 
@@ -269,12 +280,15 @@ def create_app(
         registry=registry,
         error_details=config.error_details,
         metrics=counted,
+        max_message_size=config.max_message_size,
+        resume_timeout=config.resume_timeout,
         attach=mcp_sessions.attach,
     )
     routes: list[BaseRoute] = [
         # The two transports' hot paths first: the router tries routes in order.
         WebSocketRoute("/ws", websocket, name="ws"),
         *polling.routes(),
+        *links.routes(),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/schema", schema, methods=["GET"], name="schema"),
         Route("/metadata", metadata_endpoint, methods=["GET"], name="metadata"),
@@ -313,6 +327,7 @@ def create_app(
                     WAIT_HEADER,
                     IDEMPOTENCY_KEY_HEADER,
                     SESSION_KEY_HEADER,
+                    LINK_KEY_HEADER,
                 ],
                 expose_headers=[SEQ_HEADER, RECEIVED_HEADER, ERROR_HEADER, "Location", "Retry-After"],
             )
@@ -320,9 +335,10 @@ def create_app(
     # /openapi.json is ours (from the msgspec schemas), not Starlette's.
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.config = config
-    app.state.lifespan_tasks = [registry.run_reaper, polling.run, mcp_sessions.run]
+    app.state.lifespan_tasks = [registry.run_reaper, polling.run, links.run, mcp_sessions.run]
     app.state.sessions = registry
     app.state.http_polling = polling
+    app.state.http_links = links
     app.state.websocket = websocket
     app.state.mcp_sessions = mcp_sessions
     app.state.factory = env_factory

@@ -3,8 +3,12 @@
 For unit tests and local runs. Nothing crosses a process, but every message is
 still encoded and decoded as it would be on a network, so a test that passes
 in-process also proves the messages serialise. The server side runs as a task of
-its own, exactly as a network server's session would, so timeouts, late replies
-and cancellation behave as they do over a socket.
+its own (`InProcessTransport.keep`, in the task group of the client's owner),
+exactly as a network server's session would, so timeouts, late replies and
+cancellation behave as they do over a socket. A client without an owner (opened
+with ``await client.connect()``) has its requests served in its own task, each
+shielded from the caller's cancellation: a timeout then takes effect once the
+environment has answered, and the late reply is dropped as over a socket.
 
 URL form: ``inproc://package.module:Factory`` (the ``module:attribute`` form
 uvicorn uses); or pass ``factory=`` directly.
@@ -12,20 +16,24 @@ uvicorn uses); or pass ``factory=`` directly.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
-from openenv._background import BackgroundTask, start_background
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import host_session, load_factory
+from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
 
 from ._deprecated import renamed_option
 
 __all__ = ["InProcessTransport"]
+
+logger = logging.getLogger("openenv.server")
 
 SCHEME = "inproc://"
 """The prefix of the URLs this transport takes."""
@@ -73,6 +81,8 @@ class InProcessTransport(Transport):
         ValueError: Neither ``url`` nor ``factory`` was given.
     """
 
+    send_waits = False  # a frame is written, or queued for the next receive: never an answer awaited
+
     def __init__(
         self,
         url: str | None = None,
@@ -90,11 +100,14 @@ class InProcessTransport(Transport):
         self.dialect = dialect
         self.close_timeout = close_timeout
         self._factory = factory
-        self._session: BackgroundTask | None = None
+        self._session: ServerSession | None = None
         # Unbounded queues are safe here: the client sends one request at a time
         # (plus a close, and any it abandoned), and the session one reply for each.
         self._to_server: FrameQueue[bytes] | None = None
         self._from_server: FrameQueue[bytes] | None = None
+        self._serving = False  # a request is being handled (by `keep`'s task, or inline)
+        self._kept = False  # `keep` serves the session
+        self._idle = anyio.Event()  # set when no request is being handled
 
     def _load_factory(self) -> Callable[[], Any]:
         if self._factory is not None:
@@ -108,7 +121,10 @@ class InProcessTransport(Transport):
             raise ConnectError(f"cannot load the environment factory of {self.url!r}: {exc}") from exc
 
     async def __aenter__(self) -> InProcessTransport:
-        """Start the session task, which builds the environment.
+        """Build the environment: the session starts.
+
+        A factory that raises gives the client a ``FACTORY_ERROR`` frame, read
+        at its first request, then the channel ends.
 
         Returns:
             The transport itself.
@@ -118,31 +134,60 @@ class InProcessTransport(Transport):
                 cannot be imported or is not callable.
         """
         factory = self._load_factory()
-        to_server, from_server = self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
-        # A task of the loop's, not of the caller's: the transport may be closed from any task.
-        self._session = await start_background(lambda: self._run_session(factory, to_server, from_server))
+        self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
+        self._idle.set()
+        try:
+            env = factory()
+        except Exception as exc:
+            logger.exception("environment factory failed")
+            message = f"Failed to create environment: {type(exc).__name__}: {exc}"
+            self._from_server.put(
+                encode_fatal_error(self.dialect, "FACTORY_ERROR", message, factory_name=factory_name(factory))
+            )
+            self._from_server.close()
+            self._to_server.close()
+            return self
+        self._session = ServerSession(env, dialect=self.dialect)
         return self
 
-    async def _run_session(
-        self, factory: Callable[[], Any], inbox: FrameQueue[bytes], outbox: FrameQueue[bytes]
-    ) -> None:
-        async def receive() -> bytes:
-            try:
-                return await inbox.get()
-            except QueueClosed:
-                raise ConnectionClosed("the client closed the session") from None
-
-        async def send(frame: bytes) -> None:
-            try:
-                outbox.put(frame)
-            except QueueClosed:
-                raise ConnectionClosed("the client went away") from None
-
+    async def keep(self) -> None:
+        """Serve the session's requests as they come, as a server's task would, until the channel closes."""
+        inbox = self._to_server
+        if inbox is None or self._session is None:
+            return
+        self._kept = True
         try:
-            await host_session(factory, receive, send, dialect=self.dialect)
+            while True:
+                try:
+                    frame = await inbox.get()
+                except QueueClosed:
+                    return
+                await self._serve(frame)
         finally:
-            inbox.close()
-            outbox.close()
+            self._kept = False
+
+    async def _serve(self, frame: bytes) -> None:
+        """Handle one request, queue its reply; end the channel at the close request."""
+        session, outbox = self._session, self._from_server
+        if session is None or outbox is None or session.closed:
+            return  # the channel was closed meanwhile: the request has nobody to answer
+        self._serving = True
+        self._idle = anyio.Event()
+        try:
+            reply = await session.handle(frame)
+        finally:
+            self._serving = False
+            self._idle.set()
+        if reply is not None:
+            with contextlib.suppress(QueueClosed):
+                outbox.put(reply)
+        if session.closed:
+            self._end()
+
+    def _end(self) -> None:
+        for queue in (self._to_server, self._from_server):
+            if queue is not None:
+                queue.close()
 
     async def send(self, frame: bytes) -> None:
         """Queue one frame for the session; never blocks.
@@ -160,8 +205,40 @@ class InProcessTransport(Transport):
         except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue one frame for the session (what `send` does, without the await).
+
+        Raises:
+            ConnectionClosed: The transport is not connected, or the session has ended.
+        """
+        if self._to_server is None:
+            raise ConnectionClosed("the transport is not connected")
+        try:
+            self._to_server.put(frame)
+        except QueueClosed:
+            raise ConnectionClosed("the in-process session has ended") from None
+
+    def receive_nowait(self) -> bytes:
+        """A reply the session has queued already.
+
+        Raises:
+            anyio.WouldBlock: None is queued (or no task serves the session: then `receive` does).
+            ConnectionClosed: The session has ended and every frame it sent was returned.
+        """
+        outbox = self._from_server
+        if outbox is None:
+            raise ConnectionClosed("the transport is not connected")
+        if outbox:
+            return outbox.get_nowait()
+        if outbox.closed:
+            raise ConnectionClosed("the in-process session has ended")
+        raise anyio.WouldBlock
+
     async def receive(self) -> bytes:
         """Return the session's next frame, waiting for it.
+
+        Without a `keep` task serving the session, the requests queued are
+        handled here first, shielded from the caller's cancellation.
 
         Returns:
             The reply frame.
@@ -170,29 +247,35 @@ class InProcessTransport(Transport):
             ConnectionClosed: The transport is not connected, or the session has
                 ended and every frame it sent was returned.
         """
-        if self._from_server is None:
+        inbox, outbox = self._to_server, self._from_server
+        if outbox is None or inbox is None:
             raise ConnectionClosed("the transport is not connected")
+        if not self._kept and not outbox and inbox and not self._serving:
+            with anyio.CancelScope(shield=True):
+                while not self._kept and not outbox and inbox and not self._serving:
+                    await self._serve(await inbox.get())
+            # A timeout or cancellation that came meanwhile takes effect now; the reply is then late.
+            await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            return await self._from_server.get()
+            return await outbox.get()
         except QueueClosed:
             raise ConnectionClosed("the in-process session has ended") from None
 
     async def aclose(self) -> None:
         """End the channel: the session sees end-of-stream after its current request. Idempotent."""
-        for queue in (self._to_server, self._from_server):
-            if queue is not None:
-                queue.close()
+        self._end()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close, give the session `close_timeout` seconds to finish, then cancel it.
+        """Close, give the session `close_timeout` seconds to finish its request, then close its environment.
 
         Args:
             *exc_info: The exception that ended the block, if any (unused).
         """
         await self.aclose()
-        session, self._session = self._session, None
+        session = self._session
         if session is None:
             return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout):
-            await session.done.wait()
-        await session.stop()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.close_timeout):
+                await self._idle.wait()
+            await session.aclose()

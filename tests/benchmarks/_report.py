@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.benchmarks import _fleet_report
+
 ONE_COMMAND = (
     'python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]"'
     " && .venv/bin/python -m tests.benchmarks.compare"
@@ -192,6 +194,8 @@ def _machine(meta: dict[str, Any]) -> list[str]:
     second = ", ".join(f"{name} {version}" for name, version in meta.get("second_reference_packages", {}).items())
     load = " ".join(f"{x:.2f}" for x in machine["load_average"])
     after = " ".join(f"{x:.2f}" for x in machine.get("load_average_after", []))
+    parts = {"echo": "echo", "blob": "1 MiB", "scale": "scale", "pool": "EnvPool", "fleet": "fleet"}
+    durations = ", ".join(f"{parts.get(part, part)} {took:.0f} s" for part, took in meta["durations_s"].items())
     return [
         f"- CPU: {machine['cpu']}, {machine['cores']} cores; {machine['memory_gib']} GiB RAM",
         f"- OS: {machine['os']}; Python {machine['python']}",
@@ -199,17 +203,15 @@ def _machine(meta: dict[str, Any]) -> list[str]:
         f"- the reference's venv: {reference}",
         *([f"- the second reference's venv: {second}"] if second else []),
         f"- load average before: {load}; after: {after or '-'}",
-        f"- date: {meta['date']}; `{meta['command']}` took {meta.get('total_s', 0) / 60:.1f} min "
-        f"(echo {meta['durations_s']['echo']:.0f} s, 1 MiB {meta['durations_s']['blob']:.0f} s, "
-        f"scale {meta['durations_s']['scale']:.0f} s"
-        + (f", EnvPool {meta['durations_s']['pool']:.0f} s" if "pool" in meta["durations_s"] else "")
-        + ")",
+        f"- date: {meta['date']}; `{meta['command']}` took {meta.get('total_s', 0) / 60:.1f} min ({durations})",
     ]
 
 
 def render(results: dict[str, Any], image: str) -> str:
     """The whole page, in Markdown; ``image`` is the plot's path relative to the page."""
     meta = results["meta"]
+    if "echo" not in results:  # a --fleet-only run
+        return _fleet_report.fleet_page(results, _machine(meta))
     quick = (
         [
             '!!! warning "A quick smoke run"',
@@ -241,6 +243,7 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         *_headline(results),
         "",
+        *_fleet_report.goals_section(results),
         # A link to the image itself: the full size, a click away.
         f"[![Steps per second normalised to the reference; MB/s of 1 MiB observations; aggregate steps/s "
         f"and p99 against sessions]({image})]({image})",
@@ -255,10 +258,13 @@ def render(results: dict[str, Any], image: str) -> str:
         ONE_COMMAND,
         "```",
         "",
-        "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1, 16 and 1024 sessions), `--runs N` (runs per figure,",
-        "the median kept; default 5), `--seconds S` (per echo and 1 MiB run; default 3),",
-        "`--scale-seconds S` (per scale run; default 5), `--scale-runs N` (default 3),",
-        "`--sessions 1,16,64,256,1024`, `--out DIR`, and",
+        "Options: `--quick` (a smoke run: 0.5 s, 1 run, 1, 16 and 1024 sessions; fleets at 256, and at 1024",
+        "for the goals' rows), `--runs N` (runs per figure, the median kept; default 5), `--seconds S` (per",
+        "echo and 1 MiB run; default 3), `--scale-seconds S` (per scale run; default 5), `--scale-runs N`",
+        "(default 3), `--sessions 1,16,64,256,1024`, `--out DIR`, `--fleet-only` (only the fleet rows),",
+        "`--no-fleet`, `--fleet-sessions 64,256,1024,4096`, `--fleet-runs N` (runs up to 256 sessions;",
+        "default 3), `--fleet-seconds S` (default 1.5), `--fleet-big-seconds S` (above 256 sessions;",
+        "default 3), `--fleet-rows TEXT` (only the fleet rows whose key holds TEXT: `ws-pool`, `reference`), and",
         "`--from-json docs/benchmarks.json` to rewrite this page and the plot from the raw figures",
         "without measuring again.",
         "",
@@ -315,6 +321,7 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         *_scale_table(results["scale"]),
         "",
+        *_fleet_report.fleet_section(results),
         *_pool_section(results.get("pool")),
     ]
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.benchmarks._procfs import cpu_seconds as cpu_seconds  # re-exported: the benchmarks take it from here
 from tests.interop.reference_venv import ReferenceServer, reference_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,12 +72,6 @@ def our_env(tree: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree)
     return env
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds process ``pid`` has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

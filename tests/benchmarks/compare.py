@@ -7,8 +7,10 @@ Not a test. From a fresh clone:
     python -m tests.benchmarks.compare --quick            # a smoke run: short, 1 run, 1, 16 and 1024 sessions
     python -m tests.benchmarks.compare --runs 5 --seconds 3 --scale-runs 3 --scale-seconds 5 --sessions 1,16,64,256,1024
     python -m tests.benchmarks.compare --from-json docs/benchmarks.json   # only rewrite the page and plot
+    python -m tests.benchmarks.compare --fleet-only --out /tmp/fleet      # only the fleet rows and their goals
+    python -m tests.benchmarks.compare --quick --fleet-only --fleet-rows ws-pool --fleet-sessions 1024  # one row
 
-Four parts, every server and every client a process of its own on loopback
+Five parts, every server and every client a process of its own on loopback
 (the in-process rows excepted), the same echo logic everywhere (action
 ``{message}``, observation ``{echoed_message}``):
 
@@ -23,7 +25,13 @@ Four parts, every server and every client a process of its own on loopback
    for ours, ``reference_bench_client.py --sessions`` for the reference):
    aggregate steps/s, p99 latency, server memory per session, and the client
    process's CPU time per step (its whole run, opening the sessions included).
-4. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
+4. **Fleets**: N sessions from one process (64 to 4,096): an ``EnvPool`` or N
+   independent clients, on a shared connection or a connection per session,
+   async and plain echo, over ws://, http+poll:// and inproc://, beside the
+   reference's clients at the same N (`tests.benchmarks.fleet`): steps/s, p99,
+   errors, TCP connections held, server memory per session, time to open; and
+   issue 21's goals, met or not. ``--fleet-only`` runs this part alone.
+5. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
    ``openenv serve`` against the same pool over ray:// on a local Ray
    (``tests.benchmarks.bench_pool``, in a process and a loopback-only network
    namespace of its own; only with ``--pool``).
@@ -48,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.benchmarks import _machine, _plot, _report
+from tests.benchmarks import _fleet_plot, _machine, _plot, _report
 from tests.benchmarks._memory import PeakRSS, rss_kib
 from tests.benchmarks._pairs import Pair, measure_pairs, our_client, say, with_scheme
 from tests.benchmarks._servers import (
@@ -64,6 +72,7 @@ from tests.benchmarks._servers import (
     ws_floor_server,
 )
 from tests.benchmarks.envs import BLOB_SIZE
+from tests.benchmarks.fleet import COUNTS, GOAL_ROWS, QUICK_COUNTS, measure_fleet, one_session_before
 from tests.interop.reference_venv import OPENENV_0_10, OPENENV_CORE_0_3, ensure_reference_python, reference_versions
 
 REFERENCE = OPENENV_0_10
@@ -313,7 +322,7 @@ def _timer(into: dict[str, Any], key: str) -> Iterator[None]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the four parts; return everything the page and the plot are made from."""
+    """Run the parts; return everything the page and the plot are made from."""
     python = ensure_reference_python(reference=REFERENCE, log=say)
     python_03 = ensure_reference_python(reference=SECOND_REFERENCE, log=say)
     meta: dict[str, Any] = {
@@ -327,6 +336,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }  # fmt: skip
     results: dict[str, Any] = {"meta": meta}
     durations: dict[str, Any] = {}
+    if not args.fleet_only:
+        _measure_classic(args, python, python_03, results, durations)
+    if not args.no_fleet:
+        with _timer(durations, "fleet"):
+            results["fleet"] = measure_fleet(
+                python, args.fleet_sessions, args.fleet_runs, args.fleet_seconds, args.fleet_big_seconds,
+                only=args.fleet_rows, big_only=args.fleet_big_only,
+            )  # fmt: skip
+            results["fleet"]["before"] = one_session_before()
+    if args.pool and not args.fleet_only:  # it starts a local Ray (in a loopback-only network namespace)
+        with _timer(durations, "pool"):
+            results["pool"] = measure_pool(args)
+    meta["durations_s"] = durations
+    meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
+    return results
+
+
+def _measure_classic(
+    args: argparse.Namespace, python: Path, python_03: Path, results: dict[str, Any], durations: dict[str, Any]
+) -> None:
+    """The echo, 1 MiB and scale parts."""
     with _timer(durations, "echo"):
         servers = {
             "ref-sync": reference_server(python),
@@ -352,12 +382,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with _timer(durations, "scale"):
         targets = scale_targets(python, max(args.sessions)) + sync_scale_targets(python, max(args.sessions))
         results["scale"] = measure_scale(targets, args.sessions, args.scale_runs, args.scale_seconds)
-    if args.pool:  # it starts a local Ray (in a loopback-only network namespace)
-        with _timer(durations, "pool"):
-            results["pool"] = measure_pool(args)
-    meta["durations_s"] = durations
-    meta["machine"]["load_average_after"] = _machine.describe({})["load_average"]
-    return results
 
 
 def main() -> None:
@@ -371,6 +395,16 @@ def main() -> None:
         "--sessions", help="session counts for the scale part (default 1,16,64,256,1024; quick 1,16,1024)"
     )
     parser.add_argument("--pool", action="store_true", help="also the EnvPool part: ws:// vs ray:// (starts a Ray)")
+    parser.add_argument("--fleet-only", action="store_true", help="only the fleet rows (and their goals)")
+    parser.add_argument("--no-fleet", action="store_true", help="without the fleet rows")
+    parser.add_argument(
+        "--fleet-sessions",
+        help="session counts of the fleet rows (default 64,256,1024,4096; quick 256, and 1024 for the goals' rows)",
+    )
+    parser.add_argument("--fleet-runs", type=int, help="runs of each fleet row up to 256 sessions (default 3; quick 1)")
+    parser.add_argument("--fleet-seconds", type=float, help="seconds per fleet run up to 256 sessions (default 1.5)")
+    parser.add_argument("--fleet-big-seconds", type=float, help="seconds per fleet run above 256 sessions (default 3)")
+    parser.add_argument("--fleet-rows", help="only the fleet rows whose key holds this (ws-pool, reference, ...)")
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
     parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
     args = parser.parse_args()
@@ -383,15 +417,28 @@ def main() -> None:
         args.scale_runs = args.scale_runs or (1 if args.quick else 3)
         default_sessions = "1,16,1024" if args.quick else "1,16,64,256,1024"
         args.sessions = [int(c) for c in (args.sessions or default_sessions).split(",")]
+        # Quick, without counts given: every row at 256 sessions, the goals' rows at 1,024 too.
+        args.fleet_big_only = GOAL_ROWS if args.quick and not args.fleet_sessions else None
+        fleet_sessions = args.fleet_sessions or ",".join(map(str, QUICK_COUNTS if args.quick else COUNTS))
+        args.fleet_sessions = [int(c) for c in fleet_sessions.split(",")]
+        args.fleet_runs = args.fleet_runs or (1 if args.quick else 3)
+        args.fleet_seconds = args.fleet_seconds or (0.5 if args.quick else 1.5)
+        args.fleet_big_seconds = args.fleet_big_seconds or (0.5 if args.quick else 3.0)
         start = time.monotonic()
         results = measure(args)
         results["meta"]["total_s"] = round(time.monotonic() - start, 1)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "benchmarks.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "img").mkdir(parents=True, exist_ok=True)
-    _plot.plot(results, args.out / "img" / "benchmarks.png")
+    written = [args.out / "benchmarks.md", args.out / "benchmarks.json"]
+    if "echo" in results:  # not after --fleet-only
+        _plot.plot(results, args.out / "img" / "benchmarks.png")
+        written.append(args.out / "img" / "benchmarks.png")
+    if "fleet" in results:
+        _fleet_plot.plot(results, args.out / "img" / "fleet.png")
+        written.append(args.out / "img" / "fleet.png")
     (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
-    say(f"wrote {args.out / 'benchmarks.md'}, {args.out / 'benchmarks.json'}, {args.out / 'img' / 'benchmarks.png'}")
+    say(f"wrote {', '.join(map(str, written))}")
 
 
 if __name__ == "__main__":

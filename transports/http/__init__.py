@@ -1,9 +1,11 @@
 """The HTTP long-polling transport: ``http+poll://`` and ``https+poll://`` URLs.
 
 The client side is `HTTPPollingTransport` (on httpx); the server side is
-`HTTPPollingEndpoint`, which `transports.app.create_app` mounts beside ``/ws``
-(it needs the server extra, and is imported only when asked for). The protocol
-is documented in ``docs/http-polling.md``; its names are in `transports.http._protocol`.
+`HTTPPollingEndpoint` (a session per HTTP session) with `HTTPLinkEndpoint`
+(links: many sessions over one client's requests), which
+`transports.app.create_app` mounts beside ``/ws`` (they need the server extra,
+and are imported only when asked for). The protocol is documented in
+``docs/http-polling.md``; its names are in `transports.http._protocol`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from ._client import HTTPPollingTransport, polling_url
 
 if TYPE_CHECKING:
+    from ._link_server import HTTPLinkEndpoint
     from ._server import HTTPPollingEndpoint
 
-__all__ = ["HTTPPollingEndpoint", "HTTPPollingTransport", "polling_url"]
+__all__ = ["HTTPLinkEndpoint", "HTTPPollingEndpoint", "HTTPPollingTransport", "polling_url"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from ._server import HTTPPollingEndpoint
 
         return HTTPPollingEndpoint
+    if name == "HTTPLinkEndpoint":
+        from ._link_server import HTTPLinkEndpoint
+
+        return HTTPLinkEndpoint
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

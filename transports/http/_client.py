@@ -1,5 +1,11 @@
 """The HTTP long-polling transport, client side: ``http+poll://`` and ``https+poll://`` URLs, on httpx.
 
+By default a session rides the link this event loop shares with every session
+to the same server and options (`transports.http._link`): its frames travel in
+envelopes with the others', a request per batch. Against a server without links
+(an older openenv), or with ``share=False``, it has a session of its own on the
+server, spoken to as follows (the per-session protocol).
+
 One HTTP request per step in the common case: `HTTPPollingTransport.send` POSTs
 the request frame, and the server holds the response until the reply is ready
 (up to ``poll_timeout``), so the reply comes back in it. The transport queues it
@@ -45,6 +51,8 @@ from openenv import (
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
 from openenv.channel import FrameQueue
 
+from .._link_client import LinkChannel
+from .._links import Private, forget, join
 from .._network_client import (
     ConnectionEnd,
     HeaderPairs,
@@ -52,16 +60,12 @@ from .._network_client import (
     client_headers,
     connect_once,
     default_ssl_context,
-    describe,
-    error_detail,
-    error_message,
     is_loopback,
-    network_cause,
     no_tls_context,
     not_connected,
     split_url,
-    user_agent,
 )
+from ._link import PollingLink, create_link
 from ._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
@@ -77,22 +81,11 @@ from ._protocol import (
     QueuePlace,
     dialect_for,
 )
+from ._requests import READ_MARGIN, USER_AGENT, RequestFailed, end_reason, error_detail, exchange
 
 __all__ = ["HTTPPollingTransport", "polling_url"]
 
 _SCHEMES = {"http+poll": "http", "https+poll": "https", "http": "http", "https": "https"}
-
-# Seconds a response may take beyond the wait the server was asked for, before
-# the request counts as lost (and is retried).
-_READ_MARGIN = 10.0
-
-# Statuses a proxy or gateway answers with when the server is briefly out of
-# reach; ours never sends them on the frame routes. Retried like network errors.
-_GATEWAY_STATUSES = frozenset({502, 503, 504})
-
-# httpx's failures worth a retry: the request may not have reached the server,
-# or its response may not have reached us; either way, repeating it is safe.
-_RETRYABLE = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
 
 # Headers the protocol owns; a caller cannot set them.
 _OWN_HEADERS = frozenset(
@@ -110,8 +103,6 @@ _OWN_HEADERS = frozenset(
     )
 )
 
-_USER_AGENT = user_agent(f"python-httpx/{httpx.__version__}")
-
 _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
 _WAIT = WAIT_HEADER.encode()
@@ -122,17 +113,6 @@ _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 _decode_created = msgspec.json.Decoder(Created).decode
 _decode_queued = msgspec.json.Decoder(Queued).decode
-
-
-class _RequestFailed(Exception):
-    """A request failed for good: after ``attempts`` tries, the last one for ``reason``."""
-
-    def __init__(self, reason: str, attempts: int, cause: BaseException | None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.attempts = attempts
-        # What the transport's own error is raised from: without the I/O libraries' frames when the network failed.
-        self.cause = network_cause(cause) if cause is not None else None
 
 
 def polling_url(url: str) -> tuple[str, str]:
@@ -187,19 +167,6 @@ class _Answer:
         self.sets_cookie = sets_cookie
 
 
-def _error_detail(response: httpx.Response) -> str:
-    """What an error response says, in a line: our JSON error's message, or the start of the body."""
-    return error_detail(response.content)
-
-
-def _end_reason(response: httpx.Response) -> str:
-    """Why the server says the session ended (a 410), without the server's own "the session has ended: "."""
-    error = error_message(response.content)
-    if error is None:
-        return _error_detail(response)
-    return error[1].removeprefix("the session has ended: ")
-
-
 class HTTPPollingTransport(Transport):
     """OpenEnv frames over plain HTTP requests: ``http+poll://`` and ``https+poll://``.
 
@@ -210,6 +177,13 @@ class HTTPPollingTransport(Transport):
     and ``docs/http-polling.md``). The URL is the server's base URL with the
     scheme ``http+poll`` (or ``https+poll``); plain ``http://`` stays WebSocket.
 
+    The sessions an event loop opens to one server with the same options share
+    a link: the frames they send in one turn of the event loop leave in one
+    request, and one long poll brings the replies of all of them. Its requests
+    are made by the calls waiting on it, and while nobody waits by its keeper
+    (`keep`, which the client's owner runs). A server without links gets a
+    session of its own per transport, as before.
+
     Examples:
         ```python
         import httpx
@@ -218,7 +192,7 @@ class HTTPPollingTransport(Transport):
 
         async with EchoEnv("http+poll://127.0.0.1:8000", poll_timeout=10.0) as env:
             await env.reset()
-            print(env.transport.session_id is not None)  # True
+            print(env.transport.shared)  # True: on the link every session here shares
 
         # Your own httpx client: its proxy (proxy="http://proxy:3128"), TLS
         # settings, auth, headers and cookies apply to every request.
@@ -252,13 +226,16 @@ class HTTPPollingTransport(Transport):
             gateway's 502, 503 or 504) is tried again, with a short backoff,
             before the channel counts as broken.
         close_timeout: Seconds `aclose` waits for the server to delete the session.
+        share: Ride the link this event loop shares with other sessions to the
+            same server (``False``: a session of its own, in the per-session protocol).
         clock: Where the connect timeout and the retries' backoff are measured
             (a test's clock, say); the event loop's time by default. The close
             is bounded on the event loop's time, always.
 
     Attributes:
         url: The server's HTTP base URL.
-        session_id: The session's id, once connected.
+        session_id: The session's id, once connected; ``None`` on a link.
+        shared: Whether the session rides a link; set on connect.
         dialect: How frames are written: the ``encoding``, with request ids.
 
     Raises:
@@ -279,6 +256,7 @@ class HTTPPollingTransport(Transport):
         retries: int = DEFAULT_RETRIES,
         close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
         auth_token: str | None = None,
+        share: bool = True,
         clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:
         self.url, self._query = polling_url(url)
@@ -299,7 +277,11 @@ class HTTPPollingTransport(Transport):
         self.poll_timeout = poll_timeout
         self.retries = retries
         self.close_timeout = close_timeout
+        self.share = share
+        self.shared = False
         self.session_id: str | None = None
+        self._link: PollingLink | None = None
+        self._channel: LinkChannel | None = None
         self._session_key: str | None = None
         self._headers = pairs
         self._clock = clock
@@ -357,18 +339,11 @@ class HTTPPollingTransport(Transport):
         connect_once(self._entered or self._end.by_client, self)
         self._entered = True
         self._send_lock = anyio.Lock(fast_acquire=True)
+        if self.share and await self._join_link():
+            return self
         client = self._given_client
         if client is None:
-            client = httpx.AsyncClient(
-                headers={"User-Agent": _USER_AGENT},
-                # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY apply (httpx's trust_env), but
-                # never to this machine, which a proxy elsewhere cannot reach (as over WebSocket).
-                trust_env=not is_loopback(httpx.URL(self.url).host),
-                verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
-                # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
-                # so that the client gives up an idle connection before the server closes it.
-                limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
-            )
+            client = self._new_client()
         self._client = client
         try:
             # A new session's key: a creation retried (its response lost) or asked
@@ -398,6 +373,64 @@ class HTTPPollingTransport(Transport):
             raise
         return self
 
+    def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            headers={"User-Agent": USER_AGENT},
+            # HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY apply (httpx's trust_env), but
+            # never to this machine, which a proxy elsewhere cannot reach (as over WebSocket).
+            trust_env=not is_loopback(httpx.URL(self.url).host),
+            verify=default_ssl_context() if self.url.startswith("https:") else no_tls_context(),
+            # Below the servers' keep-alive timeouts (uvicorn's and hypercorn's are 5 s),
+            # so that the client gives up an idle connection before the server closes it.
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=4.0),
+        )
+
+    async def _join_link(self) -> bool:
+        """Open the session on the link this event loop shares with the server; whether the server offers links."""
+        key = (
+            "http+poll",
+            self.url,
+            self._query,
+            tuple(self._headers),
+            self.dialect.encoding,
+            self._given_client,
+            self.poll_timeout,
+            self.retries,
+            self.connect_timeout,
+            self.close_timeout,
+            self._clock,
+        )
+
+        async def connect() -> PollingLink | Private:
+            given = self._given_client
+            return await create_link(
+                self._new_client() if given is None else given,
+                owns_client=given is None,
+                url=self.url,
+                query=self._query,
+                headers=self._headers,
+                encoding=self.dialect.encoding,
+                media_type=self._media_type,
+                poll_timeout=self.poll_timeout,
+                retries=self.retries,
+                connect_timeout=self.connect_timeout,
+                close_timeout=self.close_timeout,
+                clock=self._clock,
+                on_idle=lambda link: forget(key, link),
+            )
+
+        link = await join(key, connect)
+        if link is None:
+            return False
+        try:
+            self._channel = link.open()
+        except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
+            raise ConnectError(f"cannot open a session on the link to {self.url}: {exc}") from exc
+        self._link = link
+        self.shared = True
+        self.send_waits = False  # a frame is posted, and leaves with the next receive's request
+        return True
+
     async def _create_session(self, client: httpx.AsyncClient, creation: str) -> httpx.Response | QueuePlace:
         """Ask for the session once (retrying network failures): the answer, or where it waits in the queue."""
         url = f"{self.url}{SESSIONS_PATH}{self._query}"
@@ -413,7 +446,7 @@ class HTTPPollingTransport(Transport):
         )
         try:
             response = await self._exchange(request, owned_by_protocol=ERROR_HEADER)
-        except _RequestFailed as exc:
+        except RequestFailed as exc:
             raise ConnectError(f"cannot create a session at {self.url}: {exc.reason}") from exc.cause
         if response.status_code == 202:
             try:
@@ -431,13 +464,13 @@ class HTTPPollingTransport(Transport):
             self._finish(ConnectionClosed(reason))
             return
         if status == 401:
-            refusal = f"HTTP 401 {response.reason_phrase}: {_error_detail(response)}"
+            refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
             raise authentication_error(self.url, refusal, token_sent="authorization" in response.request.headers)
         if status != 201:
             hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
             raise ConnectError(
                 f"the server at {self.url} refused to create a session: HTTP {status} {response.reason_phrase}: "
-                f"{_error_detail(response)}{hint}"
+                f"{error_detail(response)}{hint}"
             )
         try:
             created = _decode_created(response.content)
@@ -480,7 +513,7 @@ class HTTPPollingTransport(Transport):
             connect = self.connect_timeout
             timeout = self._timeouts[wait] = {
                 "connect": connect,
-                "read": wait + _READ_MARGIN,
+                "read": wait + READ_MARGIN,
                 "write": None,
                 "pool": connect,
             }
@@ -532,7 +565,7 @@ class HTTPPollingTransport(Transport):
             with scope:
                 try:
                     response = await self._exchange(request, owned_by_protocol=RECEIVED_HEADER)
-                except _RequestFailed as exc:
+                except RequestFailed as exc:
                     tries = f" {exc.attempts} times; the last time" if exc.attempts > 1 else ""
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
@@ -547,42 +580,12 @@ class HTTPPollingTransport(Transport):
         raise self._end.closed_by_client_error()
 
     async def _exchange(self, request: httpx.Request, *, owned_by_protocol: str) -> httpx.Response:
-        """Send one request, trying again after network failures and gateways' errors: the one retry loop.
-
-        Args:
-            request: The request, sent as it is each time.
-            owned_by_protocol: A header only our server sets: a 502, 503 or 504
-                with it is the server's answer, not a gateway's, and is returned.
-
-        Returns:
-            The response (of any other status).
-
-        Raises:
-            _RequestFailed: The request failed ``retries + 1`` times, or for a
-                reason a retry cannot mend (a closed client, say).
-        """
+        """Send one request with the retry loop (`transports.http._requests.exchange`)."""
         client = self._client
         assert client is not None
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                response = await client.send(request, follow_redirects=False)
-            except _RETRYABLE as exc:
-                failure: str = describe(exc)
-                cause: BaseException | None = exc
-            except (httpx.HTTPError, httpx.StreamError, httpx.InvalidURL, RuntimeError) as exc:
-                # Not the network's doing: a closed client (RuntimeError), a decoding failure, ...
-                raise _RequestFailed(describe(exc), 1, exc) from None
-            else:
-                if response.status_code not in _GATEWAY_STATUSES or owned_by_protocol in response.headers:
-                    return response
-                detail = _error_detail(response)
-                failure = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
-                cause = None
-            if attempt > self.retries:
-                raise _RequestFailed(failure, attempt, cause)
-            await self._clock.sleep(_backoff(attempt))
+        return await exchange(
+            client, request, retries=self.retries, clock=self._clock, owned_by_protocol=owned_by_protocol
+        )
 
     def _confirm(self, answer: _Answer) -> None:
         """Forget the request frames the server says it has (``OpenEnv-Received``)."""
@@ -628,7 +631,7 @@ class HTTPPollingTransport(Transport):
 
     def _refusal(self, answer: _Answer, what: str) -> str:
         response = answer.response
-        return f"the server at {self.url} refused {what}: HTTP {response.status_code} {_error_detail(response)}"
+        return f"the server at {self.url} refused {what}: HTTP {response.status_code} {error_detail(response)}"
 
     # -- the Transport API -----------------------------------------------------
 
@@ -647,6 +650,11 @@ class HTTPPollingTransport(Transport):
                 broken (the network failed ``retries + 1`` times; the server
                 refused the frame, e.g. ``413`` for one over its size limit).
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            link.post(self._channel, frame)
+            return
         lock = self._send_lock
         if self._end.by_client or self._client is None or lock is None:
             raise not_connected("HTTP long-polling", self.url)
@@ -707,7 +715,8 @@ class HTTPPollingTransport(Transport):
                 self._deliver(answer)
         elif status == 410:
             self._confirm(answer)
-            reason = f"the session at {self.url} has ended: {_end_reason(answer.response)}"
+            why = end_reason(answer.response, "the session has ended: ")
+            reason = f"the session at {self.url} has ended: {why}"
             if seq is None:
                 self._finish(ConnectionClosed(reason))
                 return
@@ -749,6 +758,10 @@ class HTTPPollingTransport(Transport):
                 the end was returned), the channel broke, or `aclose` was called.
             ProtocolError: The server answered something that is not the protocol.
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            return await link.receive(self._channel)
         inbox = self._inbox
         while True:
             if self._end.by_client:
@@ -791,6 +804,42 @@ class HTTPPollingTransport(Transport):
                 self._polling = False
                 self._settle()
 
+    def send_nowait(self, frame: bytes) -> None:
+        """Post a frame on the link, to leave with the next request (a session of its own POSTs: it cannot).
+
+        Raises:
+            anyio.WouldBlock: The session is not on a link: await `send` instead.
+            ConnectionClosed: The session has ended, or the frame was refused (see `send`).
+        """
+        link = self._link
+        if link is None:
+            raise anyio.WouldBlock
+        assert self._channel is not None
+        link.post(self._channel, frame)
+
+    def receive_nowait(self) -> bytes:
+        """A reply that came already, on a link (a session of its own: await `receive`).
+
+        Raises:
+            anyio.WouldBlock: None came, or the session is not on a link.
+            ConnectionClosed: The session has ended and every frame was returned.
+            ProtocolError: The server broke the protocol.
+        """
+        link = self._link
+        if link is None:
+            raise anyio.WouldBlock
+        assert self._channel is not None
+        return link.receive_nowait(self._channel)
+
+    async def keep(self) -> None:
+        """Keep the link while nobody calls: long-poll it, so it stays alive and the server's news arrives.
+
+        Its owner runs it in a task of its own from connect to close (see
+        `openenv.Transport.keep`); a session of its own has no idle work.
+        """
+        if self._link is not None:
+            await self._link.keep()
+
     async def aclose(self) -> None:
         """Delete the session on the server, and close the client if it is the transport's own.
 
@@ -798,6 +847,12 @@ class HTTPPollingTransport(Transport):
         safe on a broken channel. Requests in flight end; afterwards `send` and
         `receive` raise `ConnectionClosed`.
         """
+        link = self._link
+        if link is not None:
+            assert self._channel is not None
+            self._end.close_by_client()
+            await link.leave(self._channel)
+            return
         if self._end.by_client:
             return
         self._end.close_by_client()
@@ -824,14 +879,3 @@ class HTTPPollingTransport(Transport):
             if self._given_client is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
-
-
-def _backoff(attempt: int) -> float:
-    """Seconds to wait before retry number ``attempt``.
-
-    None before the first (a keep-alive connection the server closed is
-    routine), then 0.1 s, tripling up to 5 s.
-    """
-    if attempt <= 1:
-        return 0.0
-    return float(min(0.1 * 3 ** (attempt - 2), 5.0))

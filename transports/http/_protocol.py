@@ -9,12 +9,23 @@ server's base path:
 | ``POST   /poll/sessions/{id}/frames`` | send one request frame (``OpenEnv-Seq``), get a reply |
 | ``GET    /poll/sessions/{id}/frames`` | long-poll for the next reply frame                |
 | ``DELETE /poll/sessions/{id}``     | end the session                                     |
+| ``POST   /poll/links``             | create a link (many sessions); ``201`` with its id  |
+| ``POST   /poll/links/{id}``        | send an envelope (``OpenEnv-Seq``), get what is there |
+| ``GET    /poll/links/{id}``        | long-poll for the link's next entries              |
+| ``DELETE /poll/links/{id}``        | end the link and every session on it               |
 
-Frames travel as whole HTTP bodies, exactly the bytes the other transports carry.
-Each frame is numbered in its direction (``OpenEnv-Seq``); the client
-acknowledges the replies it holds (``OpenEnv-Ack``), and the server keeps every
-reply until it is acknowledged, so a request retried after a network error is
-never executed twice and a reply is never lost.
+On the session routes frames travel as whole HTTP bodies, exactly the bytes the
+other transports carry. Each frame is numbered in its direction
+(``OpenEnv-Seq``); the client acknowledges the replies it holds
+(``OpenEnv-Ack``), and the server keeps every reply until it is acknowledged,
+so a request retried after a network error is never executed twice and a reply
+is never lost.
+
+On the link routes bodies are envelopes (`transports._envelope`): the frames of
+many sessions, each on its channel. The client numbers its messages
+(``OpenEnv-Seq``), the server numbers every entry it sends with its place in the
+link's outgoing log and answers each request with every entry past the client's
+acknowledgement (``OpenEnv-Ack``); the same two rules hold.
 """
 
 from __future__ import annotations
@@ -34,6 +45,10 @@ __all__ = [
     "ERROR_HEADER",
     "FRAMES_PATH",
     "IDEMPOTENCY_KEY_HEADER",
+    "LINKS_PATH",
+    "LINK_KEY_HEADER",
+    "LINK_PATH",
+    "LinkCreated",
     "MEDIA_TYPES",
     "RECEIVED_HEADER",
     "SEQ_HEADER",
@@ -51,10 +66,17 @@ SESSION_PATH: Final = "/poll/sessions/{session_id}"
 FRAMES_PATH: Final = "/poll/sessions/{session_id}/frames"
 """Takes request frames (``POST``) and hands out reply frames (``GET``, and ``POST`` responses)."""
 
+LINKS_PATH: Final = "/poll/links"
+"""Creates a link (``POST``): one client's channel for many sessions."""
+LINK_PATH: Final = "/poll/links/{link_id}"
+"""Takes envelopes (``POST``), hands out the link's entries (``GET``, and ``POST`` responses), ends it (``DELETE``)."""
+
 SEQ_HEADER: Final = "OpenEnv-Seq"
 """The sequence number of the frame in the message's body.
 
-The client's numbering in a request (1, 2, 3, ... per session), the server's in a response.
+The client's numbering in a request (1, 2, 3, ... per session, or per link for
+envelopes), the server's in a response (a reply's number; on a link, the place
+in its log of the response's last entry).
 """
 ACK_HEADER: Final = "OpenEnv-Ack"
 """On a frame request: the highest reply sequence number the client holds.
@@ -73,6 +95,8 @@ SESSION_KEY_HEADER: Final = "OpenEnv-Session-Key"
 The session id travels in URLs, which proxies and access logs record; the key
 travels only in this header, so an id seen in a log cannot drive the session.
 """
+LINK_KEY_HEADER: Final = "OpenEnv-Link-Key"
+"""On every request to a link (envelopes, polls, ``DELETE``): the secret key its creation gave."""
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 """On ``POST /poll/sessions``: makes a retried creation return the same session."""
 
@@ -85,6 +109,16 @@ class Created(msgspec.Struct):
 
     session_id: str
     session_key: str | None = None
+    encoding: str = "json"
+    max_body_size: int | None = None
+    max_wait: float | None = None
+
+
+class LinkCreated(msgspec.Struct):
+    """The body of the ``201`` that creates a link (the server fills every field; a client needs the id and key)."""
+
+    link_id: str
+    link_key: str
     encoding: str = "json"
     max_body_size: int | None = None
     max_wait: float | None = None

@@ -293,6 +293,35 @@ class RayTransport(Transport):
             raise ConnectionClosed("the transport is not connected")
         return await self._inner.receive()
 
+    send_waits = False  # as its WebSocket's
+
+    def send_nowait(self, frame: bytes) -> None:
+        """As the WebSocket transport's `WebSocketTransport.send_nowait`.
+
+        Raises:
+            anyio.WouldBlock: The frame must be written now: await `send`.
+            ConnectionClosed: The session has ended, or the transport is not connected.
+        """
+        if self._inner is None:
+            raise ConnectionClosed("the transport is not connected")
+        self._inner.send_nowait(frame)
+
+    def receive_nowait(self) -> bytes:
+        """As the WebSocket transport's `WebSocketTransport.receive_nowait`.
+
+        Raises:
+            anyio.WouldBlock: No frame came yet: await `receive`.
+            ConnectionClosed: The session has ended and every frame was returned.
+        """
+        if self._inner is None:
+            raise ConnectionClosed("the transport is not connected")
+        return self._inner.receive_nowait()
+
+    async def keep(self) -> None:
+        """The WebSocket's idle work (answering the actor's server's pings, resuming a drop)."""
+        if self._inner is not None:
+            await self._inner.keep()
+
     async def aclose(self) -> None:
         """Close the WebSocket; the slot is freed when the transport is exited. Idempotent."""
         if self._inner is not None:

@@ -5,10 +5,21 @@ a client offers and a server may select (see `transports.websocket._subprotocols
 """
 
 from ._client import WebSocketTransport
-from ._subprotocols import JSON_SUBPROTOCOL, MSGPACK_SUBPROTOCOL, SUBPROTOCOLS, offered_subprotocols
+from ._subprotocols import (
+    JSON_SUBPROTOCOL,
+    LINK_JSON_SUBPROTOCOL,
+    LINK_MSGPACK_SUBPROTOCOL,
+    LINK_SUBPROTOCOLS,
+    MSGPACK_SUBPROTOCOL,
+    SUBPROTOCOLS,
+    offered_subprotocols,
+)
 
 __all__ = [
     "JSON_SUBPROTOCOL",
+    "LINK_JSON_SUBPROTOCOL",
+    "LINK_MSGPACK_SUBPROTOCOL",
+    "LINK_SUBPROTOCOLS",
     "MSGPACK_SUBPROTOCOL",
     "SUBPROTOCOLS",
     "WebSocketTransport",

@@ -1,48 +1,24 @@
 """The WebSocket transport, client side: ``ws://``, ``wss://``, ``http://`` and ``https://`` URLs.
 
-websockets' sans-I/O `ClientProtocol` does the protocol work (handshake, framing,
-masking, permessage-deflate, the closing handshake). This module holds the
-options, connects and performs the handshake; what follows, on the open
-connection, is `transports.websocket._connection.Connection`'s on trio and
-`transports.websocket._asyncio_connection.AsyncioConnection`'s on asyncio, and
-on a resumable session `transports.websocket._resumption.ResumableConnection`'s,
-which calls back here to reconnect.
+A `WebSocketTransport` is one session's side of a connection (`transports.websocket._link.Link`):
+of a link shared by every session this event loop opens to the same server with
+the same options (`transports._links`), or of a connection of its own
+where the server does not offer links (OpenEnv's) or the caller asked for one
+(``share=False``). Opening the connection, and its handshake, is
+`transports.websocket._handshake`'s.
 """
 
 from __future__ import annotations
 
-import functools
+import math
 import ssl
-from collections.abc import Sequence
-from typing import Literal, NoReturn
+from collections.abc import Hashable, Sequence
+from typing import Literal
 
-import anyio
-import sniffio
-from anyio.abc import ByteStream
-from websockets.client import ClientProtocol
-from websockets.datastructures import Headers
-from websockets.exceptions import (
-    InvalidHandshake,
-    InvalidMessage,
-    InvalidStatus,
-    InvalidURI,
-    NegotiationError,
-    WebSocketException,
-)
-from websockets.extensions.permessage_deflate import enable_client_permessage_deflate
-from websockets.http11 import USER_AGENT, Response
-from websockets.protocol import Event
-from websockets.typing import Subprotocol
-from websockets.uri import WebSocketURI, parse_uri
+from websockets.exceptions import InvalidURI
+from websockets.uri import parse_uri
 
-from openenv import (
-    EVENT_LOOP_CLOCK,
-    Clock,
-    ConnectError,
-    ConnectionClosed,
-    Dialect,
-    Transport,
-)
+from openenv import EVENT_LOOP_CLOCK, Clock, ConnectError, ConnectionClosed, Dialect, Transport
 from openenv._limits import (
     DEFAULT_CLIENT_CLOSE_TIMEOUT,
     DEFAULT_CLIENT_MAX_MESSAGE_SIZE,
@@ -51,32 +27,17 @@ from openenv._limits import (
     DEFAULT_PING_TIMEOUT,
 )
 
-from .._network_client import (
-    STREAM_ERRORS,
-    HeaderPairs,
-    authentication_error,
-    client_headers,
-    connect_once,
-    default_ssl_context,
-    describe,
-    error_detail,
-    error_message,
-    network_cause,
-    sends_token,
-    split_url,
-    user_agent,
-)
-from .._public_io import public_io_only
-from ._asyncio_connection import AsyncioConnection, HandshakeFailed
-from ._connection import READ_SIZE, Connection, OpenConnection, close_quietly
-from ._resumption import FirstFrameThen, ResumableConnection, SessionRefused, read_session
+from .._envelope import EnvelopeCodec
+from .._links import PRIVATE, Private, forget, join
+from .._network_client import HeaderPairs, client_headers, connect_once, split_url
+from ._handshake import Handshaken, Upgrade, close_quietly, handshake
+from ._link import Link, LinkChannel
 from ._subprotocols import (
-    PLAIN,
-    RESUMABLE_SUBPROTOCOLS,
+    LINK_SUBPROTOCOLS,
+    MAX_MESSAGE_HEADER,
     RESUME_HEADER,
-    SUBPROTOCOLS,
-    QueuedData,
-    SessionData,
+    RESUME_TIMEOUT_HEADER,
+    dialect_of,
     offered_subprotocols,
 )
 
@@ -92,15 +53,13 @@ _HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-extensions",
         "sec-websocket-protocol",
         RESUME_HEADER.lower(),
+        RESUME_TIMEOUT_HEADER.lower(),
+        MAX_MESSAGE_HEADER.lower(),
     }
 )
 
-_USER_AGENT = user_agent(USER_AGENT)
-
-# What may go wrong while connecting: the socket's failures and websockets' own.
-_CONNECT_ERRORS = (*STREAM_ERRORS, WebSocketException)
-
 _SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
+
 
 ENDPOINT_PATH = "/ws"
 """Where a server's WebSocket endpoint is, below its base URL (OpenEnv's and ours)."""
@@ -133,56 +92,6 @@ def websocket_url(url: str) -> str:
     return f"{parts.scheme}://{location}{parts.query}{parts.fragment}"
 
 
-def _connect_error(url: str, exc: BaseException, *, token_sent: bool = False) -> ConnectError:
-    """Translate a failure to connect, most specific class first."""
-    if isinstance(exc, InvalidStatus):
-        response = exc.response
-        detail = error_detail(bytes(response.body)) if response.body else ""
-        refusal = f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else "")
-        if response.status_code == 401:
-            return authentication_error(url, refusal, token_sent=token_sent)
-        hint = ""
-        if response.status_code in (403, 404) and error_message(bytes(response.body)) is None:
-            # What Starlette (ours, OpenEnv's) answers a WebSocket to a path it does not serve.
-            hint = f" (no WebSocket endpoint there? give the server's base URL: the client appends {ENDPOINT_PATH})"
-        return ConnectError(f"the server at {url} refused the WebSocket handshake: {refusal}{hint}")
-    if isinstance(exc, InvalidMessage) and isinstance(exc.__cause__, EOFError):
-        return ConnectError(f"the server at {url} closed the connection during the WebSocket handshake")
-    if isinstance(exc, NegotiationError):
-        return ConnectError(f"the WebSocket handshake with {url} failed to negotiate: {exc}")
-    if isinstance(exc, InvalidHandshake):
-        return ConnectError(f"invalid WebSocket handshake response from {url}: {exc}")
-    if isinstance(exc, (anyio.EndOfStream, anyio.BrokenResourceError)):
-        return ConnectError(f"the connection to {url} was lost while connecting: {describe(exc)}")
-    return ConnectError(f"cannot connect to {url}: {describe(exc)}")
-
-
-def _dialect_of(subprotocol: str | None) -> Dialect:
-    """The dialect a subprotocol selects (one the handshake checked openenv speaks)."""
-    if subprotocol is None:
-        return PLAIN
-    return SUBPROTOCOLS.get(subprotocol) or RESUMABLE_SUBPROTOCOLS[subprotocol]
-
-
-class _NotConnected:
-    """Stands in for the connection before connect: every use says so."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def _raise(self) -> NoReturn:
-        raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
-
-    async def send(self, message: bytes) -> None:
-        self._raise()
-
-    async def receive(self) -> bytes:
-        self._raise()
-
-    async def aclose(self) -> None:
-        pass
-
-
 class WebSocketTransport(Transport):
     """OpenEnv frames over a WebSocket connection (``ws://``, ``wss://``, ``http://``, ``https://``).
 
@@ -190,26 +99,28 @@ class WebSocketTransport(Transport):
     becomes ``ws://``, ``https://`` becomes ``wss://``, and ``/ws`` is appended to
     the path after stripping trailing slashes (see `websocket_url`).
 
-    On connect the transport offers openenv's subprotocols; a server that selects
-    one (ours) is spoken to in its dialect, a server that selects none (OpenEnv's
-    reference) in plain OpenEnv: JSON text frames without request ids. While it is
-    open, the socket is read as data comes (on asyncio by websockets' own asyncio
-    client, on trio by a background task), answering the server's pings whether
-    or not the caller is waiting in `receive`, and a keepalive task pings the
-    server: an idle or busy caller is never dropped for silence, and a dead
-    server is noticed. It may be closed from any task.
+    On connect the transport offers openenv's subprotocols. A server that selects
+    a link subprotocol (ours) carries every session this event loop opens to it
+    with the same options over that one connection, in envelopes: opening a
+    session there costs one small frame, not a handshake, and the frames that
+    sessions send in one turn of the event loop leave as one message. A server
+    that selects a one-session subprotocol (an older openenv) or none (OpenEnv's
+    reference: plain JSON frames without request ids) gets a connection per
+    session, as OpenEnv's client opens.
 
-    With ``resume`` (the default), it offers the resumable variants first, and a
-    server that selects one (ours) keeps the session for a while when the
-    connection drops: the transport then reconnects at once, in the background,
-    takes the same session (the same environment) over, and sends again the
-    requests the server did not receive; the server sends its last reply again
-    if it was lost. A caller waiting in `send` or `receive` waits for the new
-    connection and sees nothing else: no request runs twice, no reply is lost.
-    A connection closed on purpose (by the server: its close frame; or by the
-    client) is not resumed. When resuming fails (the grace period ran out, the
-    server refused the token: it restarted, say), `send` and `receive` raise
-    `ConnectionClosed` saying why.
+    The connection is read by whoever waits on it; while nobody does, by its
+    keeper (`keep`), which its owner runs: the server's pings are answered while
+    the caller thinks, a quiet server is pinged, a drop is noticed. It may be
+    closed from any task.
+
+    With ``resume`` (the default), a link survives a dropped connection: the
+    transport reconnects, the new connection takes every session of the link
+    over (the same environments), and each side sends again what the other did
+    not receive. A caller waiting in `send` or `receive` sees nothing else: no
+    request runs twice, no reply is lost. A connection closed on purpose (by the
+    server: its close frame; or by the client) is not resumed. When resuming
+    fails (the grace period ran out, the server forgot the link: it restarted,
+    say), `send` and `receive` raise `ConnectionClosed` saying why.
 
     Examples:
         Its options are the client's transport options:
@@ -219,7 +130,7 @@ class WebSocketTransport(Transport):
 
         async with EchoEnv("ws://127.0.0.1:8000", encoding="msgpack", auth_token="...") as env:
             await env.reset()
-            print(env.transport.subprotocol)  # openenv.v1.msgpack.resumable
+            print(env.transport.subprotocol)  # openenv.v2.msgpack
         ```
 
         On its own, it carries frames (here, plain OpenEnv: no subprotocol):
@@ -238,7 +149,8 @@ class WebSocketTransport(Transport):
             the WebSocket handshake (``None``: no limit).
         max_message_size: The largest message accepted from the server, in bytes
             (``None``: no limit). The default, 100 MiB, is OpenEnv's.
-        ping_interval: Seconds between keepalive pings (``None``: no pings).
+        ping_interval: Seconds of silence from the server after which the
+            connection's keeper pings it (``None``: no pings).
         ping_timeout: Seconds to wait for the pong to a keepalive ping before the
             connection is declared dead (``None``: wait forever).
         headers: Extra HTTP headers for the handshake, as a mapping or as
@@ -256,12 +168,13 @@ class WebSocketTransport(Transport):
             system's defaults when ``None``.
         close_timeout: Seconds to wait for the server to complete the closing
             handshake before the socket is closed anyway.
-        resume: Offer resumable sessions: a dropped connection is replaced
-            without ending the session (see above). ``False`` offers only the
-            plain subprotocols: the session ends with its connection.
+        share: Ride the link this event loop shares with other sessions to the
+            same server (``False``: a connection of its own).
+        resume: Resume a link whose connection dropped (see above); ``False``:
+            the sessions end with the connection.
         resume_timeout: Seconds to keep trying to resume after a drop;
-            ``None``: as long as the server keeps the session (its ``session``
-            frame says; 30 s on ours by default).
+            ``None``: as long as the server keeps the sessions (30 s on ours by
+            default).
         clock: Where the timeouts, the keepalive and the resumption's grace are
             measured (a test's clock, say); the event loop's time by default.
 
@@ -269,14 +182,16 @@ class WebSocketTransport(Transport):
         url: The WebSocket URL the transport connects to.
         subprotocol: The subprotocol the server selected, or ``None``; set on connect.
         dialect: How frames are written on this connection; set on connect.
-        resumable: Whether the session survives a dropped connection (the
-            server selected a resumable subprotocol); set on connect.
+        shared: Whether the session rides a link (``v2`` subprotocol); set on connect.
+        resumable: Whether the session survives a dropped connection; set on connect.
 
     Raises:
         ValueError: An unsupported URL scheme, an unknown encoding, a TLS context
             for a plain-text URL, an invalid header, or both ``auth_token`` and
             an ``Authorization`` header.
     """
+
+    send_waits = False  # a frame is written, or queued for the next receive: never an answer awaited
 
     def __init__(
         self,
@@ -293,14 +208,13 @@ class WebSocketTransport(Transport):
         ssl_context: ssl.SSLContext | None = None,
         close_timeout: float = DEFAULT_CLIENT_CLOSE_TIMEOUT,
         auth_token: str | None = None,
+        share: bool = True,
         resume: bool = True,
         resume_timeout: float | None = None,
         clock: Clock = EVENT_LOOP_CLOCK,
     ) -> None:
         self.url = websocket_url(url)
-        offer = offered_subprotocols(encoding, resume=resume)
-        if subprotocols is not None:
-            offer = list(subprotocols)
+        offer = offered_subprotocols(encoding) if subprotocols is None else list(subprotocols)
         if ssl_context is not None and not self.url.startswith("wss://"):
             raise ValueError(f"an ssl_context was given for {url!r}, which is not a TLS URL")
         pairs = client_headers(headers, auth_token, reserved=_HANDSHAKE_HEADERS, owner="the WebSocket handshake")
@@ -311,28 +225,50 @@ class WebSocketTransport(Transport):
         self.compression = compression
         self.close_timeout = close_timeout
         self.ssl_context = ssl_context
+        self.share = share
+        self.resume = resume
         self.resume_timeout = resume_timeout
         self._clock = clock
-        self.subprotocol: str | None = None
-        self.resumable = False
-        self._offer = [Subprotocol(name) for name in offer]
+        self._offer = offer
         self._headers = pairs
+        self.subprotocol: str | None = None
+        self.shared = False
         self._entered = False
-        self._uri: WebSocketURI | None = None
-        self._connection: OpenConnection | ResumableConnection | FirstFrameThen | _NotConnected
-        self._connection = _NotConnected(self.url)
+        self._link: Link | None = None
+        self._channel: LinkChannel | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
     @property
+    def resumable(self) -> bool:
+        """Whether the session survives a dropped connection (it rides a link, and ``resume`` is on)."""
+        return self.shared and self.resume
+
+    @property
     def resumes(self) -> int:
-        """How many times the session was resumed on a new connection after a drop."""
-        connection = self._connection
-        return connection.resumes if isinstance(connection, ResumableConnection) else 0
+        """How many times the session's link was resumed on a new connection after a drop."""
+        return 0 if self._link is None else self._link.resumes
+
+    def _key(self) -> Hashable:
+        """What two transports must share to share a link: the URL and every option of the connection."""
+        return (
+            self.url,
+            tuple(self._headers),
+            tuple(self._offer),
+            self.compression,
+            self.max_message_size,
+            self.ping_interval,
+            self.ping_timeout,
+            self.close_timeout,
+            self.ssl_context,
+            self.resume,
+            self.resume_timeout,
+            self._clock,
+        )
 
     async def __aenter__(self) -> WebSocketTransport:
-        """Connect and perform the WebSocket handshake.
+        """Open the session: on the shared link to the server, or on a connection of its own.
 
         Returns:
             The transport itself, with `dialect` and `subprotocol` set.
@@ -342,281 +278,197 @@ class WebSocketTransport(Transport):
             ConnectError: The URL is invalid, the server is unreachable or refused
                 the connection, TLS failed, the handshake was rejected (the message
                 gives the HTTP status) or invalid, the server selected a
-                subprotocol that was not offered, or `connect_timeout` elapsed
-                (or, on a resumable session, passed again before the server's
-                ``session`` frame came).
+                subprotocol that was not offered, or `connect_timeout` elapsed.
             ClientStateError: The transport was entered before; create a new one.
         """
         connect_once(self._entered, self)
         self._entered = True
         try:
-            self._uri = parse_uri(self.url)
+            upgrade = Upgrade(
+                self.url,
+                parse_uri(self.url),
+                self._headers,
+                self.compression,
+                self.max_message_size,
+                self.ssl_context,
+            )
         except (InvalidURI, ValueError) as exc:
             raise ConnectError(f"invalid WebSocket URL {self.url!r}: {exc}") from exc
-        connection, selected = await self._open(self._offer)
-        self.subprotocol = selected
-        self.dialect = _dialect_of(selected)
-        self.resumable = selected in RESUMABLE_SUBPROTOCOLS
-        if not self.resumable:
-            self._connection = connection
-            return self
-        binary = self.dialect.encoding == "msgpack"
+        link: Link | None = None
+        if self.share:
+            key = self._key()
+            private: list[Link] = []
+
+            async def connect() -> Link | Private:
+                opened = await self._open(upgrade, key)
+                if opened.shared:
+                    return opened
+                private.append(opened)  # ours alone, as the server carries one session per connection
+                return PRIVATE
+
+            link = await join(key, connect)
+            if link is None:
+                link = private[0] if private else await self._open(upgrade, None)
+        else:
+            link = await self._open(upgrade, None)
+        self._link = link
         try:
-            queued: QueuedData | None = None
-            while True:
-                # A server at capacity that queues the session says so: then the
-                # session frame may take as long as its queue keeps a session waiting.
-                wait = self.connect_timeout
-                if queued is not None and wait is not None:
-                    wait += queued.queue_timeout
-                first: SessionData | QueuedData | None = None
-                with self._clock.move_on_after(wait):
-                    first = await read_session(connection, binary=binary)
-                if first is None:
-                    waited = f", queued at place {queued.position} for a slot," if queued is not None else ""
-                    raise ConnectError(f"timed out after {wait} s{waited} waiting for {self.url}'s session frame")
-                if isinstance(first, SessionData):
-                    session = first
-                    break
-                queued = first
-        except SessionRefused as exc:
-            # Turned away (CAPACITY_REACHED, say): the caller reads it as a reply, as on any subprotocol.
-            self.resumable = False
-            self._connection = FirstFrameThen(connection, exc.frame)
-            return self
-        except ConnectionClosed:
-            self.resumable = False  # closed at once: the caller's first call says how
-            self._connection = connection
-            return self
-        except BaseException:
-            await connection.aclose()
-            raise
-        self._connection = await ResumableConnection.start(
-            connection,
-            session,
-            url=self.url,
-            binary=binary,
-            reconnect=self._reconnect,
-            resume_timeout=self.resume_timeout,
-            clock=self._clock,
-        )
+            self._channel = link.open()
+        except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
+            raise ConnectError(f"cannot open a session on the connection to {self.url}: {exc}") from exc
+        self.shared = link.shared
+        self.subprotocol = link.subprotocol
+        self.dialect = dialect_of(link.subprotocol)
         return self
 
-    async def _open(
-        self, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]] = ()
-    ) -> tuple[OpenConnection, str | None]:
-        """Connect, perform the handshake, start the connection; return it and the subprotocol selected.
+    async def _open(self, upgrade: Upgrade, key: Hashable | None) -> Link:
+        """Connect, perform the handshake, and make a link of the connection.
 
-        On asyncio the connection is websockets' own asyncio client (`AsyncioConnection`,
-        the cheaper there); on trio, ours over an anyio stream (`Connection`).
+        ``key`` is the registry's key of a shared link (``None``: the connection is private).
         """
-        uri = self._uri
-        assert uri is not None
-        if sniffio.current_async_library() == "asyncio" and not public_io_only():
-            return await self._open_on_asyncio(uri, offer, extra_headers)
-        handshaken: tuple[ByteStream, ClientProtocol, list[Event]] | None = None
+        handshaken: Handshaken | None = None
+        limit = self._limit_header()
+        link: Link | None = None
         with self._clock.move_on_after(self.connect_timeout):
-            handshaken = await self._connect(uri, offer, extra_headers)
-        if handshaken is None:
-            raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
-        stream, protocol, early_events = handshaken
-        selected = protocol.subprotocol
-        connection = await Connection.open(
-            stream,
-            protocol,
-            early_events,
+            handshaken = await handshake(upgrade, self._offer, limit)
+            link = self._link_of(handshaken, upgrade, key, limit)
+            try:
+                await link.start()  # a shared link's Hello: its token and the server's message limit
+            except BaseException:
+                await link.aclose()
+                raise
+            return link
+        if handshaken is not None:
+            await close_quietly(handshaken.stream)
+        raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
+
+    def _limit_header(self) -> list[tuple[str, str]]:
+        """The handshake headers that tell a link's server this client's limits: its messages, its resuming."""
+        headers = [] if self.max_message_size is None else [(MAX_MESSAGE_HEADER, str(self.max_message_size))]
+        if not self.resume:
+            headers.append((RESUME_TIMEOUT_HEADER, "0"))  # it never comes back: end the sessions with the connection
+        elif self.resume_timeout is not None:
+            headers.append((RESUME_TIMEOUT_HEADER, str(math.ceil(self.resume_timeout))))
+        return headers
+
+    def _link_of(
+        self, handshaken: Handshaken, upgrade: Upgrade, key: Hashable | None, limit: list[tuple[str, str]]
+    ) -> Link:
+        """Make a link of a connection past its handshake."""
+        selected = handshaken.protocol.subprotocol
+        shared = selected in LINK_SUBPROTOCOLS
+        dialect: Dialect = dialect_of(selected)
+
+        async def reconnect(token: str) -> Handshaken:
+            opened: Handshaken | None = None
+            with self._clock.move_on_after(self.connect_timeout):
+                opened = await handshake(upgrade, [selected] if selected else [], [(RESUME_HEADER, token), *limit])
+            if opened is None:
+                raise ConnectError(f"timed out after {self.connect_timeout} s reconnecting to {self.url}")
+            if opened.protocol.subprotocol != selected:
+                await close_quietly(opened.stream)
+                raise ConnectionClosed(
+                    f"the server no longer speaks {selected} (it selected {opened.protocol.subprotocol!r})"
+                )
+            return opened
+
+        return Link(
+            handshaken,
             url=self.url,
-            binary=_dialect_of(selected).encoding == "msgpack",
-            tls=uri.secure,
+            subprotocol=selected,
+            envelope=EnvelopeCodec(dialect.encoding) if shared else None,
+            binary=dialect.encoding == "msgpack",
             close_timeout=self.close_timeout,
             ping_interval=self.ping_interval,
             ping_timeout=self.ping_timeout,
+            reconnect=reconnect if shared and self.resume else None,
+            resume_timeout=self.resume_timeout,
             clock=self._clock,
+            on_idle=(lambda link: forget(key, link)) if key is not None else lambda link: None,
         )
-        return connection, selected
-
-    async def _open_on_asyncio(
-        self, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
-    ) -> tuple[AsyncioConnection, str | None]:
-        """`_open` on asyncio: websockets' ``connect`` with this transport's handshake and errors."""
-        connection: AsyncioConnection | None = None
-        with self._clock.move_on_after(self.connect_timeout):
-            try:
-                connection = await AsyncioConnection.open(
-                    self.url,
-                    offer,
-                    set_headers=functools.partial(self._set_headers, extra_headers=extra_headers),
-                    compression=self.compression,
-                    max_message_size=self.max_message_size,
-                    ping_interval=self.ping_interval,
-                    ping_timeout=self.ping_timeout,
-                    close_timeout=self.close_timeout,
-                    ssl_context=(self.ssl_context or default_ssl_context()) if uri.secure else None,
-                    clock=self._clock,
-                )
-            except HandshakeFailed as exc:
-                events: list[Event] = [exc.response] if exc.response is not None else []
-                self._check_selected_subprotocol(events, offer)
-                raise _connect_error(self.url, exc.reason, token_sent=sends_token(self._headers)) from exc.reason
-            except _CONNECT_ERRORS as exc:
-                raise _connect_error(self.url, exc) from network_cause(exc)
-        if connection is None:
-            raise ConnectError(f"timed out after {self.connect_timeout} s connecting to {self.url}")
-        selected = connection.subprotocol
-        try:
-            self._check_speaks(selected)
-        except BaseException:
-            await connection.aclose()
-            raise
-        if _dialect_of(selected).encoding == "msgpack":
-            connection.use_binary()
-        return connection, selected
-
-    async def _reconnect(self, token: str) -> OpenConnection:
-        """A new connection to the session, presenting its resume token (for `ResumableConnection`).
-
-        Raises:
-            ConnectError: As on connect; the server did not take the resumable subprotocol again.
-        """
-        assert self.subprotocol is not None
-        connection, selected = await self._open([Subprotocol(self.subprotocol)], [(RESUME_HEADER, token)])
-        if selected != self.subprotocol:
-            await connection.aclose()
-            raise SessionRefused(f"the server no longer speaks {self.subprotocol} (it selected {selected!r})", b"")
-        return connection
-
-    async def _connect(
-        self, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
-    ) -> tuple[ByteStream, ClientProtocol, list[Event]]:
-        """Open the socket and perform the handshake; return them and the events behind the response."""
-        try:
-            stream = await self._connect_tcp(uri)
-        except _CONNECT_ERRORS as exc:
-            raise _connect_error(self.url, exc) from network_cause(exc)
-        try:
-            protocol, early_events = await self._handshake(stream, uri, offer, extra_headers)
-        except BaseException as exc:
-            await close_quietly(stream)
-            if isinstance(exc, _CONNECT_ERRORS) and not isinstance(exc, ConnectError):
-                raise _connect_error(self.url, exc, token_sent=sends_token(self._headers)) from network_cause(exc)
-            raise
-        return stream, protocol, early_events
-
-    async def _connect_tcp(self, uri: WebSocketURI) -> ByteStream:
-        if not uri.secure:
-            return await anyio.connect_tcp(uri.host, uri.port)
-        return await anyio.connect_tcp(
-            uri.host,
-            uri.port,
-            tls=True,
-            ssl_context=self.ssl_context or default_ssl_context(),
-            tls_hostname=uri.host,
-            # WebSocket frames carry their own ends, so a peer that skips TLS's
-            # close_notify truncates nothing.
-            tls_standard_compatible=False,
-        )
-
-    def _set_headers(self, headers: Headers, extra_headers: Sequence[tuple[str, str]]) -> None:
-        """Add this transport's headers to an upgrade request's; each replaces any default of its name."""
-        added = list(self._headers)
-        if not any(name.lower() == "user-agent" for name, _ in added):
-            added.append(("User-Agent", _USER_AGENT))
-        added += extra_headers
-        for name in {name for name, _ in added}:
-            if name in headers:
-                del headers[name]
-        for name, value in added:
-            headers[name] = value
-
-    async def _handshake(
-        self, stream: ByteStream, uri: WebSocketURI, offer: list[Subprotocol], extra_headers: Sequence[tuple[str, str]]
-    ) -> tuple[ClientProtocol, list[Event]]:
-        """Send the upgrade request, read the response; return the protocol and any events behind it."""
-        protocol = ClientProtocol(
-            uri,
-            extensions=enable_client_permessage_deflate(None) if self.compression else None,
-            subprotocols=offer or None,
-            max_size=self.max_message_size,
-        )
-        request = protocol.connect()
-        self._set_headers(request.headers, extra_headers)
-        protocol.send_request(request)
-        for data in protocol.data_to_send():
-            if data:
-                await stream.send(data)
-        while True:
-            try:
-                data = await stream.receive(READ_SIZE)
-            except anyio.EndOfStream:
-                data = b""
-                protocol.receive_eof()
-            else:
-                protocol.receive_data(data)
-            events = protocol.events_received()
-            if protocol.handshake_exc is not None:
-                self._check_selected_subprotocol(events, offer)
-                raise protocol.handshake_exc
-            if events and isinstance(events[0], Response):
-                break
-            if not data:
-                raise ConnectError(f"the server at {self.url} closed the connection during the WebSocket handshake")
-        self._check_speaks(protocol.subprotocol)
-        return protocol, events[1:]
-
-    def _check_speaks(self, selected: str | None) -> None:
-        """Raise `ConnectError` if the subprotocol the server selected is not one openenv speaks."""
-        if selected is not None and selected not in SUBPROTOCOLS and selected not in RESUMABLE_SUBPROTOCOLS:
-            raise ConnectError(
-                f"the server at {self.url} selected the subprotocol {selected!r}, which openenv cannot speak"
-            )
-
-    def _check_selected_subprotocol(self, events: list[Event], offer: list[Subprotocol]) -> None:
-        """Name the subprotocol a failed handshake's response selected, if it was never offered."""
-        response = events[0] if events else None
-        if isinstance(response, Response) and response.status_code == 101:
-            selected = response.headers.get("Sec-WebSocket-Protocol")
-            if selected is not None and selected not in offer:
-                offered = ", ".join(offer) or "none"
-                raise ConnectError(
-                    f"the server at {self.url} selected the subprotocol {selected!r}, which was not offered "
-                    f"(offered: {offered})"
-                )
 
     async def send(self, frame: bytes) -> None:
-        """Send one frame: a text frame in a JSON dialect, a binary one for msgpack.
+        """Send one frame (a text message in a JSON dialect, a binary one for msgpack; in an envelope on a link).
+
+        On a link shared with other sessions the frame may wait for the next
+        `receive` of any of them, so that the frames of one turn of the event
+        loop leave as one message.
 
         Args:
             frame: The encoded message.
 
         Raises:
-            ConnectionClosed: The connection is closed or broken, or was never opened.
+            ConnectionClosed: The connection is closed or broken, the server
+                ended the session, or the transport was never opened.
         """
-        await self._connection.send(frame)
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        await link.send(channel, frame)
 
     async def receive(self) -> bytes:
-        """Return the next message from the server.
+        """Return the next frame from the server.
 
-        Messages that arrived before the server closed the connection are returned
-        first; only then does it raise.
+        Frames that arrived before the session ended are returned first; only then does it raise.
 
         Returns:
-            The message's payload, as bytes (text and binary messages alike).
+            The frame, as bytes.
 
         Raises:
-            ConnectionClosed: The server closed the connection (the message gives
-                its close code and reason), the connection broke (EOF, reset,
-                keepalive timeout), or `aclose` was called.
+            ConnectionClosed: The server closed the connection or ended the
+                session (the message says why), the connection broke (EOF,
+                reset, keepalive timeout) and was not resumed, or `aclose` was called.
             ProtocolError: The server broke the WebSocket protocol (an invalid
-                frame, or a message larger than ``max_message_size``); the
-                connection is closed.
+                frame, or a message larger than ``max_message_size``) or the
+                link's; the connection is closed.
         """
-        return await self._connection.receive()
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        return await link.receive(channel)
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Post a frame on a link shared with other sessions, to leave with the next flush.
+
+        Raises:
+            anyio.WouldBlock: The frame must be written now (a connection of one
+                session): await `send` instead.
+            ConnectionClosed: The session has ended, or the transport is not connected.
+        """
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        link.send_nowait(channel, frame)
+
+    def receive_nowait(self) -> bytes:
+        """A frame from the server that came already.
+
+        Raises:
+            anyio.WouldBlock: None has: await `receive` instead.
+            ConnectionClosed: The session has ended and every frame was returned.
+            ProtocolError: The server broke the protocol.
+        """
+        link, channel = self._link, self._channel
+        if link is None or channel is None:
+            raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        return link.receive_nowait(channel)
+
+    async def keep(self) -> None:
+        """Keep the connection while nobody calls: answer pings, ping a quiet server, resume a drop.
+
+        Its owner runs it in a task of its own from connect to close (see `openenv.Transport.keep`).
+        """
+        if self._link is not None:
+            await self._link.keep()
 
     async def aclose(self) -> None:
-        """Close the connection: the closing handshake (code 1000), then the socket.
+        """End the session's use of the connection; the connection closes with its last session.
 
-        Waits at most `close_timeout` seconds for the server's part; idempotent,
-        safe on a broken connection, from any task and under any cancel scope.
-        Afterwards `send` and `receive` raise `ConnectionClosed`.
+        Closing the connection is the closing handshake (code 1000), then the
+        socket, waiting at most `close_timeout` seconds for the server's part.
+        Idempotent, safe on a broken connection, from any task and under any
+        cancel scope. Afterwards `send` and `receive` raise `ConnectionClosed`.
         """
-        await self._connection.aclose()
+        link, channel = self._link, self._channel
+        if link is not None and channel is not None:
+            await link.leave(channel)

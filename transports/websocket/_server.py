@@ -1,12 +1,15 @@
 """The server end of the WebSocket transport: the ``/ws`` endpoint, as a raw ASGI app.
 
-It speaks whatever the client negotiated: a client that offers one of our
-subprotocols (``openenv.v1.json``, ``openenv.v1.msgpack``) gets the first of them
-in its own order of preference; a client that offers none (OpenEnv's reference
-client) gets no subprotocol and plain OpenEnv frames. Then it takes a session
-slot (or sends ``CAPACITY_REACHED`` and closes, as the reference does: the whole
-story is in `transports._sessions`) and runs
-`openenv.server.host_session` over the connection.
+It speaks whatever the client negotiated: a client that offers some of our
+subprotocols gets the first of them in its own order of preference; a client
+that offers none (OpenEnv's reference client) gets no subprotocol and plain
+OpenEnv frames. On a link subprotocol (``openenv.v2.json``,
+``openenv.v2.msgpack``) the connection carries many sessions, or takes a
+dropped link over (``OpenEnv-Resume``): `transports.websocket._link_server`.
+On any other it carries one session: it takes a session slot (or sends
+``CAPACITY_REACHED`` and closes, as the reference does: the whole story is in
+`transports._sessions`) and runs `openenv.server.host_session` over the
+connection.
 
 This is the hot path of a server: it reads and writes ASGI messages directly,
 without Starlette's ``WebSocket`` wrapper, and does as little as it can per frame.
@@ -27,7 +30,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from openenv import ConnectionClosed, Dialect
-from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, host_session
+from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, encode_fatal_error, host_session
 
 from .._asgi import Receive, Scope, Send
 from .._guard import client_of
@@ -39,9 +42,16 @@ from .._sessions import (
     SessionRegistry,
     session_failed_frame,
 )
-from ._resume import DEFAULT_RESUME_TIMEOUT, RESUME_HEADER, Connection, ResumableLink
+from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
 from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import PLAIN, RESUMABLE_SUBPROTOCOLS, SUBPROTOCOLS, QueuedData, QueuedFrame
+from ._subprotocols import (
+    LINK_SUBPROTOCOLS,
+    MAX_MESSAGE_HEADER,
+    RESUME_HEADER,
+    RESUME_TIMEOUT_HEADER,
+    SPOKEN,
+    dialect_of,
+)
 
 __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
@@ -51,6 +61,7 @@ logger = logging.getLogger("openenv.server")
 NORMAL_CLOSURE = 1000
 GOING_AWAY = 1001
 INTERNAL_ERROR = 1011
+_POLICY_VIOLATION = 1008
 
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
@@ -62,6 +73,8 @@ _QUEUED_MESSAGES = 4
 
 
 _RESUME = RESUME_HEADER.lower().encode()
+_MAX_MESSAGE = MAX_MESSAGE_HEADER.lower().encode()
+_RESUME_TIMEOUT = RESUME_TIMEOUT_HEADER.lower().encode()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -69,6 +82,11 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return value  # type: ignore[no-any-return]
     return None
+
+
+def _number(value: bytes | None) -> int | None:
+    """A header's value as a whole number, if it is one."""
+    return int(value) if value is not None and value.isdigit() and len(value) < 20 else None
 
 
 def _session_to_attach(scope: Scope) -> str | None:
@@ -90,7 +108,7 @@ def select_subprotocol(offered: Iterable[str]) -> str | None:
         The first of them that this server speaks, or ``None`` (plain OpenEnv).
     """
     for name in offered:
-        if name in SUBPROTOCOLS or name in RESUMABLE_SUBPROTOCOLS:
+        if name in SPOKEN:
             return name
     return None
 
@@ -122,10 +140,13 @@ def _wrong_frame_error(dialect: Dialect, frame: bytes | str) -> bytes:
 
 
 class WebSocketEndpoint:
-    """The ``/ws`` endpoint: one environment session per WebSocket connection.
+    """The ``/ws`` endpoint: a link of many sessions, or one session, per WebSocket connection.
 
     An ASGI application for ``websocket`` scopes (mount it with Starlette's
-    ``WebSocketRoute``). Per connection it selects the subprotocol, accepts, takes
+    ``WebSocketRoute``). Per connection it selects the subprotocol and accepts.
+    A link (``openenv.v2.*``) is served by `transports.websocket._link_server.ServerLink`,
+    each of its sessions taking a slot as a connection's would. On any other
+    subprotocol it takes
     a slot in ``registry`` (or sends one ``CAPACITY_REACHED`` error frame and
     closes), builds the environment with ``factory`` and serves it until the
     client sends ``close`` (the session ends; the client is expected to close
@@ -143,10 +164,12 @@ class WebSocketEndpoint:
         registry: The app's session registry (capacity and idle reaping).
         error_details: Whether error replies name the server's exceptions (see
             `openenv.server.ServerSession`).
-        resume_timeout: Seconds a resumable session (one whose client offered
-            a resumable subprotocol) waits for its client to come back after
-            its connection drops; see `transports.websocket._resume`.
+        resume_timeout: Seconds a link's sessions wait for their client to
+            come back after its connection drops (less if the client's
+            ``OpenEnv-Resume-Timeout`` says so); see
+            `transports.websocket._link_server`.
         metrics: Where the sessions' requests are counted, or ``None``.
+        max_message_size: The largest message the server takes (a link's client is told it).
         attach: Serves a connection that names a session made elsewhere
             (``/ws?session_id=…``, OpenEnv 0.10's MCP sessions): called with the
             id and the accepted connection's ``receive`` and ``send``, in plain
@@ -161,6 +184,7 @@ class WebSocketEndpoint:
         error_details: bool = True,
         resume_timeout: float = DEFAULT_RESUME_TIMEOUT,
         metrics: SessionMetrics | None = None,
+        max_message_size: int | None = SERVER_DEFAULTS.max_message_size,
         attach: Callable[[str, Receive, Send], Awaitable[None]] | None = None,
     ) -> None:
         self.factory = factory
@@ -168,8 +192,9 @@ class WebSocketEndpoint:
         self.metrics = metrics
         self.error_details = error_details
         self.resume_timeout = resume_timeout
+        self.max_message_size = max_message_size
+        self._links: dict[str, ServerLink] = {}
         self.attach = attach
-        self._resumable: dict[str, ResumableLink] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one WebSocket connection (the ASGI entry point).
@@ -194,26 +219,64 @@ class WebSocketEndpoint:
                 await self.attach(attach_to, receive, send)
             return
         subprotocol = select_subprotocol(scope.get("subprotocols") or ())
-        resumable = subprotocol is not None and subprotocol in RESUMABLE_SUBPROTOCOLS
-        if subprotocol is None:
-            dialect = PLAIN
-        else:
-            dialect = RESUMABLE_SUBPROTOCOLS[subprotocol] if resumable else SUBPROTOCOLS[subprotocol]
+        dialect = dialect_of(subprotocol)
         try:
             await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except OSError:
             return
-        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         client = client_of(scope)
-        if not resumable:
-            await self._serve_connection(receive, send, dialect, lend, client)
+        if subprotocol in LINK_SUBPROTOCOLS:
+            token = _header(scope, _RESUME)
+            await self._serve_link(
+                LinkConnection(receive, send),
+                dialect,
+                None if token is None else token.decode(),
+                _number(_header(scope, _MAX_MESSAGE)),
+                _number(_header(scope, _RESUME_TIMEOUT)),
+                client,
+            )
             return
-        connection = Connection(receive, send, lend)
-        token = _header(scope, _RESUME)
+        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
+        await self._serve_connection(receive, send, dialect, lend, client)
+
+    async def _serve_link(
+        self,
+        connection: LinkConnection,
+        dialect: Dialect,
+        token: str | None,
+        client_limit: int | None,
+        client_resume_timeout: int | None,
+        client: str,
+    ) -> None:
+        """Host a new link on the connection, or (given a token) carry an existing one on it.
+
+        ``client`` (`transports._guard.client_of`) is whom the link's sessions
+        count against, for the per-client quota.
+        """
         if token is None:
-            await self._serve_resumable(connection, dialect, client)
-        else:
-            await self._resume(connection, token.decode("latin-1"), dialect)
+            resume_timeout = self.resume_timeout
+            if client_resume_timeout is not None:  # the client will not try longer (0: it never comes back)
+                resume_timeout = min(resume_timeout, client_resume_timeout)
+            link = ServerLink(
+                self.factory,
+                registry=self.registry,
+                dialect=dialect,
+                error_details=self.error_details,
+                resume_timeout=resume_timeout,
+                max_message_size=self.max_message_size,
+                client_max_message_size=client_limit,
+                metrics=self.metrics,
+                client=client,
+                on_end=lambda ended: self._links.pop(ended.token, None),
+            )
+            self._links[link.token] = link
+            await link.run(connection)
+            return
+        existing = self._links.get(token)
+        if existing is None or existing.dialect != dialect:
+            await _close(connection.send, _POLICY_VIOLATION, "no link to resume: its token is unknown or expired")
+            return
+        await existing.take_over(connection)
 
     async def _serve_connection(
         self, asgi_receive: Receive, asgi_send: Send, dialect: Dialect, lend: LendSocket | None, client: str
@@ -271,159 +334,6 @@ class WebSocketEndpoint:
             elif await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
                 return  # FACTORY_ERROR sent: see _turn_away
         await _close(asgi_send, close_code, reason)
-
-    async def _serve_resumable(self, first: Connection, dialect: Dialect, client: str) -> None:
-        """Host a resumable session: it lives on until its client closes it or fails to come back in time."""
-        registry = self.registry
-        scope = anyio.CancelScope()
-        binary = dialect.encoding == "msgpack"
-
-        async def tell_queued(ticket: QueueTicket) -> None:
-            # The client waits for the session frame: told it is queued, it waits as long as the queue may.
-            place = QueuedData(registry.position(ticket), registry.queue_timeout or 0.0)
-            frame = (msgspec.msgpack if binary else msgspec.json).encode(QueuedFrame("queued", place))
-            with contextlib.suppress(OSError):
-                await _send(first.send, binary, frame)
-
-        admitted = await _admit(registry, first.receive, client=client, on_close=scope.cancel, on_queued=tell_queued)
-        if admitted is None:
-            return  # the client went while it waited for a slot
-        lease, first.receive = admitted
-        if lease is None:
-            await _turn_away(first.receive, first.send, dialect, registry.capacity_reached_frame(dialect, client))
-            return
-        lease.connected = True  # its client away, resume_timeout bounds the wait instead
-        link = ResumableLink(first, dialect, self.resume_timeout)
-        self._resumable[link.token] = link
-        giving_up = GivingUp(registry, lease, scope.cancel)
-        beside: list[TaskGroup] = []  # where the watch runs (the session's own task group)
-        watching: anyio.Event | None = None  # set once the watch's read is done
-        kept: dict[str, Any] | ConnectionClosed | None = None  # what it got
-
-        async def read_while_busy(done: anyio.Event) -> None:
-            # The client's connection may drop and come back meanwhile (link.receive waits for it);
-            # if it closes on purpose, or does not come back in time, the client has gone.
-            nonlocal kept
-            try:
-                while True:
-                    message = await link.receive()
-                    if message is not None and message["type"] == "websocket.receive":
-                        kept = message
-                        return
-            except ConnectionClosed as exc:
-                kept = exc
-                lease.give_up(CLIENT_GONE_REASON)
-            finally:
-                done.set()
-
-        def watch_client() -> None:  # the lease's on_long_step
-            nonlocal watching
-            if watching is None and beside:
-                watching = anyio.Event()
-                beside[0].start_soon(read_while_busy, watching)
-
-        lease.on_long_step = watch_client
-
-        async def next_message() -> dict[str, Any] | None:
-            nonlocal watching, kept
-            if watching is None:
-                return await link.receive()
-            await watching.wait()  # the watch's read is under way, or done: its outcome is the next
-            outcome, kept, watching = kept, None, None
-            if isinstance(outcome, ConnectionClosed):
-                raise outcome
-            return outcome
-
-        async def receive_frame() -> bytes:
-            while True:
-                if lease.close_reason is not None:
-                    raise ConnectionClosed(lease.close_reason)
-                lease.touch()  # waiting for the client: the idle clock runs
-                message = await next_message()
-                lease.mark_busy()
-                if message is None or message["type"] != "websocket.receive":
-                    continue  # replaced, or gone: wait for the next connection
-                frame = message.get("bytes") if binary else message.get("text")
-                if frame is None:
-                    assert link.current is not None
-                    wrong = message.get("text") or "" if binary else message.get("bytes") or b""
-                    await link.send_raw(link.current, _wrong_frame_error(dialect, wrong))
-                    continue
-                data = frame if binary else frame.encode()
-                if await link.take(data):
-                    return data  # type: ignore[no-any-return]
-
-        async def serve_on_thread(session: ServerSession) -> bytes | None:
-            connection = link.current
-            if connection is None or connection.lend is None:
-                return None
-            link.lent = loan = connection.lend()
-            if loan is None:
-                return None
-            try:
-                return await _serve_on_loan(loan, lease, dialect, session, link)
-            finally:
-                link.lent = None
-
-        close_code, reason = NORMAL_CLOSURE, ""
-        try:
-            await link.send_raw(first, link.session_frame())
-            with scope:
-                await _in_own_task(
-                    functools.partial(
-                        host_session,
-                        self.factory,
-                        receive_frame,
-                        link.send,
-                        dialect=dialect,
-                        error_details=self.error_details,
-                        on_end=lease.vacate,
-                        metrics=self.metrics,
-                        serve_on_thread=serve_on_thread if first.lend is not None else None,
-                        on_session=giving_up.hosted,
-                    ),
-                    on_task_group=beside.append,
-                )
-            if lease.close_reason is not None:
-                close_code, reason = GOING_AWAY, lease.close_reason
-        except Exception:
-            logger.exception("WebSocket session failed")
-            close_code, reason = INTERNAL_ERROR, "session error"
-            if link.current is not None:
-                await link.send(session_failed_frame(dialect))
-        finally:
-            lease.release()
-            del self._resumable[link.token]
-            last = link.current
-            link.current = None
-            try:
-                # After a close request the client closes first (see _serve_connection).
-                if last is not None and (
-                    close_code != NORMAL_CLOSURE
-                    or not await _client_closes(last.receive, _CLOSE_GRACE, on_request=False)
-                ):
-                    await _close(last.send, close_code, reason)
-            finally:  # whatever happens, the connection that resumed the session is let go
-                if last is not None:
-                    last.released.set()
-                first.released.set()
-
-    async def _resume(self, connection: Connection, token: str, dialect: Dialect) -> None:
-        """Take a resumable session over on a new connection, until the session ends or moves again."""
-        link = self._resumable.get(token)
-        if link is None or link.dialect != dialect:
-            frame = encode_fatal_error(
-                dialect, "SESSION_ERROR", "no session to resume: its token is unknown or expired"
-            )
-            await _turn_away(connection.receive, connection.send, dialect, frame)
-            return
-        previous = await link.attach(connection)
-        if previous is not None and not previous.disconnected:
-            await _close(previous.send, GOING_AWAY, "the session moved to another connection")
-        await connection.released.wait()
-        if connection.disconnected is False and link.current is not connection:
-            # Replaced by yet another connection: this one is done.
-            await _close(connection.send, GOING_AWAY, "the session moved to another connection")
 
 
 async def _admit(
@@ -522,43 +432,28 @@ async def _serve_on_thread(
 
 
 async def _serve_on_loan(
-    loan: SocketLoan,
-    lease: SessionLease,
-    dialect: Dialect,
-    session: ServerSession,
-    link: ResumableLink | None = None,
+    loan: SocketLoan, lease: SessionLease, dialect: Dialect, session: ServerSession
 ) -> bytes | None:
     """Answer requests on the session's thread with the lent socket until the loan must end; then end it.
 
-    On a resumable session, ``link`` notes each request and keeps each reply,
-    as `ResumableLink.take` and `ResumableLink.send` do on the event loop.
     Returns a reply the loan was stopped before sending (see `SocketLoan.serve`).
     """
     binary = dialect.encoding == "msgpack"
     begin = loan.begin
 
-    def admit(request_id: int | None) -> bool:
-        if link is None:
-            return begin()
-        if not link.is_new(request_id) or not begin():
-            return False  # a request sent again goes to ResumableLink.take
-        link.note(request_id)
-        return True
-
     def on_frame(is_text: bool, payload: bytes) -> bytes | None:
         if is_text is binary:
             return None  # a frame of the wrong kind: the event loop answers it
         lease.mark_busy()
-        return session.handle_on_thread(payload, admit)
+        return session.handle_on_thread(payload, lambda request_id: begin())
 
     def on_idle() -> bool:
         lease.touch()  # before looking at close_reason: see SessionLease.ask_to_end
         return lease.close_reason is None
 
     try:
-        on_sent = None if link is None else link.replied
         unsent: bytes | None = await session.run_on_thread(
-            functools.partial(loan.serve, on_frame, on_idle, on_sent), loan.stop
+            functools.partial(loan.serve, on_frame, on_idle, None), loan.stop
         )
     finally:
         loan.end()

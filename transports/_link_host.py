@@ -1,0 +1,560 @@
+"""The sessions of one link, server side, whatever carries its messages: admitted, stepped in batches, answered.
+
+A `LinkHost` takes the envelopes a client sends on a link (`take`) and posts its
+sessions' replies for the carrier to send (`transports._link_state.ServerLinkState`).
+It admits each session (a slot of the registry, as a connection of its own
+would take), builds its environment, and answers each envelope as one batch:
+
+- an ``async`` environment's reset or step runs in the carrier's task, at once,
+  when it does not wait (`openenv._inline`): no task, no wake-up per session.
+  Whether its calls wait, the host learns from the first `TRIAL_CALLS`, which
+  run in tasks of their own: if none waited, the calls that follow run at once;
+  if one did, every call runs in its session's task from then on, so that
+  waiting steps run concurrently (a session's steps that wait for the others',
+  a rendezvous, never deadlock). A call run at once that waits after all (a
+  rare wait the trials did not see) is finished where it is, the carrier
+  waiting for it, once: from then on the host runs every call in a task;
+- a plain (``def``) environment's calls go to each session's own thread all at
+  once, and the carrier is woken once, when they are done
+  (`openenv._worker.CallBatch`). One that takes longer than `BATCH_WAIT` does
+  not hold the others' replies: it finishes in a task of its own, and its
+  reply follows;
+- every other frame (a close, an MCP call, a frame that does not decode) goes
+  through `openenv.server.ServerSession.handle`, in order with the session's others.
+
+Each session keeps the guarantees of a connection of its own: its frames are
+handled in order, one at a time; one session's bad input, crash or slow step
+reaches no other; its slot, idle timeout and capacity refusal are its own.
+
+The carrier (the WebSocket endpoint's `transports.websocket._link_server.ServerLink`,
+the HTTP long-polling endpoint's `transports.http._link_server.PollingLink`)
+decides when posted entries leave: it is told through ``flush`` once replies
+are posted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import msgspec
+from anyio.abc import TaskGroup
+
+from openenv import Dialect
+from openenv._inline import Suspended, finish, start
+from openenv._worker import Call, CallBatch, wait_for
+from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
+
+from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume, fits
+from ._link_state import ServerLinkState
+from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
+
+__all__ = ["BATCH_WAIT", "MAX_WAITING_FRAMES", "LinkHost"]
+
+logger = logging.getLogger("openenv.server")
+
+BATCH_WAIT: Final = 0.002
+"""Seconds the server waits for a batch's plain steps before it sends the replies of those done."""
+
+TRIAL_CALLS: Final = 32
+"""How many of an ``async`` environment's calls run in tasks of their own before the host runs them at once."""
+
+MAX_WAITING_FRAMES: Final = 4096
+"""Frames a link may hold for sessions still busy before the server stops reading it."""
+
+# WebSocket close codes (RFC 6455), as a connection of its own would end with.
+NORMAL_CLOSURE: Final = 1000
+GOING_AWAY: Final = 1001
+MESSAGE_TOO_BIG: Final = 1009
+INTERNAL_ERROR: Final = 1011
+
+_HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
+
+
+class _Session:
+    """One session of the link: its slot, its environment, and its frames waiting their turn."""
+
+    __slots__ = ("_settled", "frames", "lease", "number", "running", "scope", "session")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.lease: SessionLease | None = None
+        self.session: ServerSession | None = None
+        self.frames: deque[bytes] = deque()  # received, not yet handled (this one is busy, or not admitted yet)
+        self.running = False  # a frame of this session is being handled outside the link's task
+        self.scope: anyio.CancelScope | None = None  # the task handling its frames, or its wait for a slot
+        self._settled: anyio.Event | None = None
+
+    def stop_running(self) -> None:
+        """Its frame is handled: nothing of the session runs outside the link's task now."""
+        self.running = False
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
+
+    async def wait_settled(self) -> None:
+        """Return once nothing of the session runs (its environment may then be closed)."""
+        while self.running:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+
+
+class LinkHost:
+    """The sessions of one link: see the module's docstring.
+
+    Args:
+        factory: Builds one environment per session.
+        registry: The app's session registry.
+        dialect: The dialect of the sessions' frames.
+        error_details: Whether error replies name the server's exceptions.
+        transport: The transport's name, for the registry's leases (``"websocket"``, ``"http"``).
+        flush: Called once replies were posted, to send them.
+        metrics: Where the sessions' requests are counted, or ``None``.
+        client: Who holds the link (`transports._guard.client_of`): its
+            sessions count toward that client's quota; ``None`` for nobody's.
+
+    Attributes:
+        codec: The link's envelope codec.
+        state: The link's numbering, and the entries waiting to be sent.
+        shutting_down: Its last session was ended because the server stops.
+        left_by_client: The client said it closes the link (an `End` on channel 0):
+            its connection's end is no drop, whatever code the server reports.
+        client_max_message_size: The largest message its client takes (``None``: no limit).
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        dialect: Dialect,
+        error_details: bool,
+        transport: str,
+        flush: Callable[[], Awaitable[None]],
+        metrics: SessionMetrics | None = None,
+        client: str | None = None,
+    ) -> None:
+        self.dialect = dialect
+        self.codec = EnvelopeCodec(dialect.encoding)
+        self.state = ServerLinkState(self.codec)
+        self._factory = factory
+        self._registry = registry
+        self._error_details = error_details
+        self._transport = transport
+        self._flush = flush
+        self._metrics = metrics
+        self._client = client
+        self._sessions: dict[int, _Session] = {}
+        self._tasks: TaskGroup | None = None
+        self._flush_soon_pending = False
+        self._waiting_frames = 0  # frames held for busy sessions, across the link
+        self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
+        self._suspends = False  # the environment's calls wait: each session runs in a task of its own
+        self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
+        self.shutting_down = False
+        self.left_by_client = False
+        self.client_max_message_size: int | None = None
+
+    @property
+    def sessions(self) -> int:
+        """How many sessions are open on the link."""
+        return len(self._sessions)
+
+    def hello(self, token: str, resume_timeout: float, max_message_size: int | None) -> None:
+        """Post the link's `Hello`: the first entry a client gets on a new link."""
+        self.state.post_control(
+            LINK_CHANNEL, Hello(token=token, resume_timeout=resume_timeout, max_message_size=max_message_size)
+        )
+
+    async def host(self, carry: Callable[[], Awaitable[str]]) -> None:
+        """Run ``carry`` (the carrier's loop) with the sessions' tasks beside it; end every session after.
+
+        Args:
+            carry: Reads the client's messages into `take` until the link is
+                over; returns why, the reason every session still open ends with.
+        """
+        reason = "the link failed"
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                reason = await carry()
+            finally:
+                for session in list(self._sessions.values()):
+                    self._leave(session, reason)
+
+    async def room(self) -> None:
+        """Return once the sessions hold few enough waiting frames that another message may be read."""
+        while self._waiting_frames >= MAX_WAITING_FRAMES:
+            self._room = anyio.Event()
+            await self._room.wait()  # the client sends faster than the sessions step: hold it back
+
+    async def take(self, message: bytes) -> None:
+        """Take one message from the client and answer what can be answered at once.
+
+        Raises:
+            msgspec.DecodeError: It is not an envelope.
+            transports._link_state.LinkProtocolError: It breaks the link protocol.
+        """
+        await self._dispatch(self.state.take(self.codec.decode(message)))
+
+    async def take_entries(self, entries: list[Entry]) -> None:
+        """Take the entries of one envelope the carrier decoded already (`codec`); see `take`.
+
+        Raises:
+            transports._link_state.LinkProtocolError: They break the link protocol.
+        """
+        await self._dispatch(self.state.take(entries))
+
+    def release_all(self) -> None:
+        """Give back every slot still held (after a failure of the carrier)."""
+        for session in self._sessions.values():
+            if session.lease is not None:
+                session.lease.release()
+
+    async def _dispatch(self, events: list[tuple[int, Any]]) -> None:
+        """Act on one envelope's entries, in order; the replies of those answered at once are posted."""
+        batch: _Batch | None = None
+        sessions = self._sessions
+        taken = 0
+        while taken < len(events):
+            # Entered before any call starts at once, so that one that waits after all is finished inside
+            # it, and its own cancel scopes nest within this one (`_finish_here`). Cancelling it gives that
+            # call up; the envelope's other entries go on in a new scope.
+            with anyio.CancelScope() as scope:
+                while taken < len(events):
+                    number, item = events[taken]
+                    taken += 1
+                    if type(item) is not msgspec.Raw:
+                        self._control(number, item)
+                        continue
+                    session = sessions.get(number)
+                    if session is None:
+                        continue  # ended meanwhile: nobody to hand it to
+                    frame = bytes(item)
+                    server_session = session.session
+                    if server_session is None or session.running or session.frames:
+                        session.frames.append(frame)  # after those waiting, in order
+                        self._count_waiting(1)
+                    elif server_session.handles_on_thread:
+                        if batch is None:
+                            batch = _Batch()
+                        session.running = True
+                        assert session.lease is not None
+                        session.lease.mark_busy()
+                        batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
+                    elif self._suspends or self._trials > 0:
+                        session.frames.append(frame)
+                        self._count_waiting(1)
+                        self._run_in_task(session)
+                    else:
+                        # At once, in this task: a call that does not wait is done before anything else runs.
+                        outcome = start(server_session.handle(frame))
+                        if isinstance(outcome, Suspended):
+                            outcome = await self._finish_here(session, outcome, scope)
+                        self._replied(session, outcome)
+        if batch is not None:
+            await self._collect(batch)
+
+    def _control(self, number: int, control: Any) -> None:
+        """Act on a control entry from the client."""
+        if isinstance(control, Open):
+            self._open(number)
+        elif isinstance(control, Resume):
+            self.state.resumed(control)
+        elif isinstance(control, End):
+            if number == LINK_CHANNEL:
+                self.left_by_client = True
+                return
+            session = self._sessions.get(number)
+            if session is not None:
+                self._end(session, "given up by the client", NORMAL_CLOSURE)
+
+    async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> bytes | None:
+        """A call run at once that waits after all: finish it here, once; the host runs every call in a task now.
+
+        ``scope`` was entered before the call started (a scope entered now would
+        enclose the call's own, which it entered before it waited); the registry
+        gives the call up by cancelling it (`_give_up`).
+        """
+        self._suspends = True
+        session.running = True
+        assert session.lease is not None
+        session.lease.mark_busy()
+        session.scope = scope
+        try:
+            reply: bytes | None = await finish(suspended)
+        finally:
+            session.scope = None
+            session.stop_running()
+        return reply
+
+    async def _collect(self, batch: _Batch) -> None:
+        """Post the replies of a batch's plain calls; those still running finish in tasks of their own."""
+        await batch.calls.wait(BATCH_WAIT)
+        for session, call, frame in batch.started:
+            if session.number not in self._sessions:
+                session.stop_running()  # ended meanwhile: its reply has nobody to go to
+                continue
+            if not call.completed:
+                self._run_in_task(session, call=call, frame=frame)
+                continue
+            try:
+                reply = call.outcome()
+            except Exception:
+                logger.exception("a plain call failed on its session's thread")
+                self._fail(session)
+                continue
+            if reply is None:  # not for the thread (a close, an MCP call): on the event loop, in order
+                session.frames.appendleft(frame)
+                self._count_waiting(1)
+                self._run_in_task(session)
+                continue
+            session.stop_running()
+            self._replied(session, reply)
+            if session.frames and session.number in self._sessions:
+                self._run_in_task(session)
+
+    def _replied(self, session: _Session, reply: bytes | None) -> None:
+        """Post a session's reply, and end the session if that was its close (or it was asked to end)."""
+        if session.number not in self._sessions:
+            return  # ended meanwhile (given up on): its reply has nobody to go to
+        server_session, lease = session.session, session.lease
+        assert server_session is not None
+        assert lease is not None
+        channel = self.state.channels.get(session.number)
+        if reply is not None and channel is not None:
+            if not fits(len(reply), self.client_max_message_size):
+                logger.warning("a reply of %d bytes is over its client's limit: the session ends", len(reply))
+                self._end(
+                    session,
+                    f"a reply of {len(reply)} bytes is over the client's limit of {self.client_max_message_size} bytes",
+                    MESSAGE_TOO_BIG,
+                )
+                return
+            self.state.post(channel, msgspec.Raw(reply))
+        if server_session.closed:
+            self._end(session, "closed by the client", NORMAL_CLOSURE)
+            return
+        lease.touch()  # waiting for the client again: the idle clock runs
+        if lease.close_reason is not None:
+            self._end(session, lease.close_reason, GOING_AWAY)
+
+    def _run_in_task(self, session: _Session, *, call: Call | None = None, frame: bytes = b"") -> None:
+        """Handle the session's waiting frames in a task of its own; first, the ``call`` of ``frame`` on its thread."""
+        assert self._tasks is not None
+        session.running = True
+        self._tasks.start_soon(self._run_session, session, call, frame)
+
+    async def _run_session(self, session: _Session, call: Call | None, frame: bytes) -> None:
+        server_session = session.session
+        assert server_session is not None
+        session.scope = scope = anyio.CancelScope()
+        try:
+            with scope:
+                await self._run_frames(session, server_session, call, frame)
+        finally:
+            session.scope = None
+            session.stop_running()
+        await self._flush_soon()
+
+    async def _run_frames(
+        self, session: _Session, server_session: ServerSession, call: Call | None, frame: bytes
+    ) -> None:
+        """Handle ``call``'s frame (when given), then the session's frames waiting, in order."""
+        if call is not None:
+            try:
+                reply = await wait_for(call)
+            except Exception:
+                logger.exception("a plain call failed on its session's thread")
+                self._fail(session)
+                return
+            if reply is None:
+                reply = await server_session.handle(frame)
+            self._replied(session, reply)
+        while session.frames and session.number in self._sessions:
+            waiting = session.frames.popleft()
+            self._count_waiting(-1)
+            assert session.lease is not None
+            session.lease.mark_busy()
+            outcome = start(server_session.handle(waiting))
+            if isinstance(outcome, Suspended):
+                self._suspends = True
+                outcome = await finish(outcome)
+            elif self._trials > 0:
+                self._trials -= 1
+            self._replied(session, outcome)
+
+    def _fail(self, session: _Session) -> None:
+        """End a session the server failed (a bug, not the environment): one ``SESSION_ERROR``, then `End`."""
+        session.stop_running()
+        channel = self.state.channels.get(session.number)
+        if channel is not None:
+            self.state.post(channel, msgspec.Raw(session_failed_frame(self.dialect)))
+        self._end(session, "the session failed on the server", INTERNAL_ERROR)
+
+    def _count_waiting(self, change: int) -> None:
+        self._waiting_frames += change
+        if change < 0 and self._room is not None and self._waiting_frames < MAX_WAITING_FRAMES:
+            self._room.set()
+            self._room = None
+
+    def _open(self, number: int) -> None:
+        """A client opens a session on channel ``number``: admit it, or turn it away."""
+        session = self._sessions[number] = _Session(number)
+        registry = self._registry
+        client = self._client
+        lease = registry.open(transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client)
+        if lease is not None:
+            self._build(session, lease)
+        elif registry.queue_timeout is not None and not registry.over_quota(client):
+            assert self._tasks is not None
+            self._tasks.start_soon(self._admit, session)
+        else:
+            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
+
+    async def _admit(self, session: _Session) -> None:
+        """Wait in the registry's queue for a slot; then serve what the session sent meanwhile."""
+        registry, client = self._registry, self._client
+        lease = None
+        session.scope = scope = anyio.CancelScope()  # `_end` gives the place up: its client left it, or the link ended
+        with scope:
+            lease = await registry.admit(
+                transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client
+            )
+        session.scope = None
+        if session.number not in self._sessions:  # ended meanwhile
+            if lease is not None:
+                lease.release()
+            return
+        if lease is None:
+            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
+        else:
+            self._build(session, lease)
+            if session.frames and not session.running:
+                self._run_in_task(session)
+        await self._flush_soon()
+
+    def _build(self, session: _Session, lease: SessionLease) -> None:
+        """Build the session's environment (on the event loop, as a connection of its own would)."""
+        session.lease = lease
+        # Never reaped as idle: the link's own bounds (its resume wait, an HTTP link's silence) end it.
+        lease.connected = True
+        lease.on_give_up = lambda: self._give_up(session)
+        try:
+            env = self._factory()
+        except Exception as exc:
+            logger.exception("environment factory failed")
+            if self._error_details:
+                message = f"Failed to create environment: {type(exc).__name__}: {exc}"
+                frame = encode_fatal_error(
+                    self.dialect, "FACTORY_ERROR", message, factory_name=factory_name(self._factory)
+                )
+            else:
+                frame = encode_fatal_error(self.dialect, "FACTORY_ERROR", _HIDDEN_FACTORY_ERROR)
+            self._turn_away(session, frame)
+            return
+        session.session = ServerSession(
+            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate, metrics=self._metrics
+        )
+
+    def _turn_away(self, session: _Session, frame: bytes) -> None:
+        """End a session that never started with one fatal error frame (``CAPACITY_REACHED``, ``FACTORY_ERROR``)."""
+        channel = self.state.channels.get(session.number)
+        if channel is not None:
+            self.state.post(channel, msgspec.Raw(frame))
+        self._count_waiting(-len(session.frames))
+        session.frames.clear()
+        self._end(session, "the session could not start", NORMAL_CLOSURE)
+
+    def _asked_to_end(self, session: _Session) -> None:
+        """The registry asks a session to end: idle too long, the server stopping (cut, even when busy)."""
+        lease = session.lease
+        reason = lease.close_reason if lease is not None else None
+        if session.running and session.scope is not None:
+            # Cut while a call of its runs in its task: cancel it (a plain call runs on to its end
+            # on the session's thread; nobody waits for it).
+            session.scope.cancel()
+        self._ended_by_server(session, reason or SHUTDOWN_REASON)
+
+    def _give_up(self, session: _Session) -> None:
+        """The registry gives up on the session's call in hand (the step timeout, the shutdown's cut): end it now.
+
+        Its task is cancelled; a plain call is abandoned to its thread unless
+        abandoned calls already hold as many threads as the server has slots
+        (`SessionRegistry.may_abandon`): then the session waits for it.
+        """
+        if session.scope is not None:
+            session.scope.cancel()
+        if session.session is not None and self._registry.may_abandon():
+            session.session.abandon()
+        lease = session.lease
+        self._ended_by_server(session, (lease.close_reason if lease is not None else None) or SHUTDOWN_REASON)
+
+    def _ended_by_server(self, session: _Session, reason: str) -> None:
+        """End a session the server ends (see `_end`), and send its `End` soon."""
+        if session.number in self._sessions:
+            self._end(session, reason, GOING_AWAY)
+            if self._tasks is not None:
+                self._tasks.start_soon(self._flush_soon)
+        if reason == SHUTDOWN_REASON and not self._sessions:
+            self.shutting_down = True
+
+    def _leave(self, session: _Session, reason: str) -> None:
+        """The link is over: end the session; one with a call in hand is given up on, as its client has gone."""
+        lease = session.lease
+        if session.running and lease is not None and lease.give_up(reason):
+            return
+        self._end(session, reason, GOING_AWAY)
+
+    def _end(self, session: _Session, reason: str, code: int) -> None:
+        """End a session: tell the client (an `End`), close its environment, give its slot back."""
+        if self._sessions.pop(session.number, None) is None:
+            return
+        if session.lease is None and session.scope is not None:
+            session.scope.cancel()  # still waiting in the queue for a slot: it gives its place up
+        self.state.end(session.number, reason, code)
+        self._count_waiting(-len(session.frames))
+        session.frames.clear()
+        if self._tasks is not None:
+            self._tasks.start_soon(self._close_session, session)
+        elif session.lease is not None:
+            session.lease.release()
+
+    async def _close_session(self, session: _Session) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await session.wait_settled()  # a step in flight finishes first, as on a connection of its own
+                if session.session is not None:
+                    await session.session.aclose()
+            finally:
+                if session.lease is not None:
+                    session.lease.release()
+
+    # -- sending -------------------------------------------------------------------------
+
+    async def _flush_soon(self) -> None:
+        """Flush once the other tasks that run in this turn of the event loop have posted theirs."""
+        if self._flush_soon_pending:
+            return
+        self._flush_soon_pending = True
+        try:
+            await anyio.lowlevel.checkpoint()
+        finally:
+            self._flush_soon_pending = False
+            with anyio.CancelScope(shield=True):
+                await self._flush()
+
+
+class _Batch:
+    """The plain calls one envelope handed to its sessions' threads."""
+
+    __slots__ = ("calls", "started")
+
+    def __init__(self) -> None:
+        self.calls = CallBatch()
+        self.started: list[tuple[_Session, Call, bytes]] = []

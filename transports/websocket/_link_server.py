@@ -1,0 +1,271 @@
+"""The WebSocket end of a link (``openenv.v2.*``): the connections that carry a `transports._link_host.LinkHost`.
+
+A client that selects a link subprotocol opens sessions on the connection and
+sends their frames in envelopes (`transports._envelope`); the link's sessions
+are the `LinkHost`'s business. `ServerLink` reads the envelopes, hands them to
+the host, and sends the host's replies as one message per batch (and per turn
+of the event loop, for replies that complete in tasks).
+
+The link outlives a dropped connection for ``resume_timeout`` seconds: a new
+connection presenting its token (``OpenEnv-Resume``) takes every session over,
+and each side sends again what the other lacks (`transports._link_state`).
+A connection closed on purpose ends every session still open on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any, Final
+
+import anyio
+import msgspec
+
+from openenv import Dialect
+from openenv.server import SERVER_DEFAULTS, SessionMetrics
+
+from .._asgi import Receive, Send
+from .._link_host import LinkHost
+from .._link_state import LinkProtocolError
+from .._sessions import SHUTDOWN_REASON, SessionRegistry
+
+__all__ = ["DEFAULT_RESUME_TIMEOUT", "LinkConnection", "ServerLink"]
+
+logger = logging.getLogger("openenv.server")
+
+DEFAULT_RESUME_TIMEOUT: Final = SERVER_DEFAULTS.resume_timeout
+"""Seconds a link's sessions wait for their client to come back after its connection drops."""
+
+# The close codes ASGI servers report for a connection that dropped without a
+# closing handshake (uvicorn says 1005, hypercorn 1006): the client may come back.
+_DROPPED = frozenset({1005, 1006})
+
+# WebSocket close codes (RFC 6455).
+_NORMAL_CLOSURE = 1000
+_GOING_AWAY = 1001
+_PROTOCOL_ERROR = 1002
+_UNSUPPORTED_DATA = 1003
+_INTERNAL_ERROR = 1011
+
+
+class LinkConnection:
+    """One WebSocket connection of a link: its ASGI callables, until it is let go.
+
+    Args:
+        receive: The connection's ASGI ``receive``.
+        send: The connection's ASGI ``send``.
+    """
+
+    __slots__ = ("disconnected", "receive", "released", "send")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self.receive = receive
+        self.send = send
+        self.released = anyio.Event()
+        self.disconnected = False
+
+
+class ServerLink:
+    """The server's side of one link on WebSocket: its host, and whichever connection carries it now.
+
+    Args:
+        factory: Builds one environment per session.
+        registry: The app's session registry.
+        dialect: The dialect of the sessions' frames (the link subprotocol's).
+        error_details: Whether error replies name the server's exceptions.
+        resume_timeout: Seconds the sessions wait for their client after the connection drops.
+        max_message_size: The largest message the server takes (its `Hello` tells the client).
+        client_max_message_size: The largest message the client takes (its handshake said):
+            no envelope is larger, and a session whose reply alone would be ends.
+        metrics: Where the sessions' requests are counted, or ``None``.
+        client: Who opened the link (`transports._guard.client_of`), for the per-client quota.
+        on_end: Called once when the link is over (the endpoint forgets its token there).
+
+    Attributes:
+        token: The secret a new connection presents to take the link over.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        registry: SessionRegistry,
+        dialect: Dialect,
+        error_details: bool,
+        resume_timeout: float,
+        max_message_size: int | None = None,
+        client_max_message_size: int | None = None,
+        metrics: SessionMetrics | None = None,
+        client: str | None = None,
+        on_end: Callable[[ServerLink], object],
+    ) -> None:
+        self.token = secrets.token_urlsafe(32)
+        self._max_message_size = max_message_size
+        self.dialect = dialect
+        self._resume_timeout = resume_timeout
+        self._on_end = on_end
+        self._binary = dialect.encoding == "msgpack"
+        self._host = LinkHost(
+            factory,
+            registry=registry,
+            dialect=dialect,
+            error_details=error_details,
+            transport="websocket",
+            flush=self._flush,
+            metrics=metrics,
+            client=client,
+        )
+        self._host.client_max_message_size = client_max_message_size
+        self._current: LinkConnection | None = None
+        self._incoming: LinkConnection | None = None  # a connection taking the link over
+        self._arrived = anyio.Event()  # set when `_incoming` is set
+        self._send_lock = anyio.Lock(fast_acquire=True)
+        self._close_code = _NORMAL_CLOSURE
+        self._close_reason = ""
+        # Cancels the wait for the next message of a connection that is being taken over: its
+        # server may report the connection's end only once its client answers, which a dead one never does.
+        self._receiving = anyio.CancelScope()
+        self._in_receive = False
+        # A connection that takes the link over gets nothing before the client's Resume says what it holds.
+        self._awaiting_resume = False
+
+    async def run(self, first: LinkConnection) -> None:
+        """Host the link on ``first`` and on every connection that takes it over, until it is over.
+
+        Run by the task of the connection that opened the link; the sessions'
+        tasks are its children. Returns once no connection will come back (its
+        last one closed on purpose, or none came back in time) and every
+        session's environment is closed; the connection in use then is closed.
+        """
+        self._host.hello(self.token, self._resume_timeout, self._max_message_size)
+
+        async def carry() -> str:
+            connection: LinkConnection | None = first
+            while connection is not None:
+                self._current = connection
+                if await self._serve(connection):
+                    return "the client closed the connection"
+                connection = await self._next_connection(connection)
+                self._awaiting_resume = True
+            return "the client is gone"
+
+        try:
+            await self._host.host(carry)
+        except Exception:
+            logger.exception("a WebSocket link failed")
+            self._close_code, self._close_reason = _INTERNAL_ERROR, "link error"
+            self._host.release_all()
+        finally:
+            self._on_end(self)
+            if self._host.shutting_down and self._close_code == _NORMAL_CLOSURE:
+                self._close_code, self._close_reason = _GOING_AWAY, SHUTDOWN_REASON
+            last = self._current
+            if last is not None and not last.disconnected:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await _close(last.send, self._close_code, self._close_reason)
+            if last is not None:
+                last.released.set()
+            first.released.set()
+
+    async def take_over(self, connection: LinkConnection) -> None:
+        """Carry the link on a new connection (one presenting its token); return once it is let go.
+
+        The connection in use, if any, is closed (1001); the new one's first
+        message must be `transports._envelope.Resume`.
+        """
+        incoming, self._incoming = self._incoming, connection
+        if incoming is not None:
+            incoming.released.set()  # a connection that was waiting to take over: this one wins
+        self._arrived.set()
+        if self._in_receive:
+            self._receiving.cancel()
+        current = self._current
+        if current is not None and not current.disconnected:
+            await _close(current.send, _GOING_AWAY, "the link moved to another connection")
+        await connection.released.wait()
+
+    async def _next_connection(self, dropped: LinkConnection) -> LinkConnection | None:
+        """Let a dropped connection go and wait for one that takes the link over (``None``: none came)."""
+        dropped.released.set()
+        self._current = None
+        with anyio.move_on_after(self._resume_timeout):
+            while self._incoming is None:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+        incoming, self._incoming = self._incoming, None
+        return incoming
+
+    async def _serve(self, connection: LinkConnection) -> bool:
+        """Read envelopes from ``connection`` and answer them until it ends; whether it ended on purpose."""
+        host = self._host
+        await self._flush()  # the Hello, or what a connection that takes over lacks
+        with anyio.CancelScope() as self._receiving:
+            while True:
+                await host.room()
+                if self._incoming is not None:
+                    return False  # another connection takes the link over
+                self._in_receive = True
+                try:
+                    message = await connection.receive()
+                finally:
+                    self._in_receive = False
+                if self._incoming is not None:
+                    # Taken over meanwhile: this message is not taken (the client sends what it holds
+                    # again, once the server's Resumed says what it lacks).
+                    return False
+                ended = await self._answer(connection, message)
+                if ended is not None:
+                    return ended and self._incoming is None
+        return False  # its wait was cancelled: taken over
+
+    async def _answer(self, connection: LinkConnection, message: dict[str, Any]) -> bool | None:
+        """Act on one ASGI message of the connection: ``None`` to read on, else whether it ended on purpose."""
+        kind = message["type"]
+        if kind == "websocket.disconnect":
+            connection.disconnected = True
+            return self._host.left_by_client or message.get("code", 1005) not in _DROPPED
+        if kind != "websocket.receive":
+            return None
+        binary = self._binary
+        data = message.get("bytes") if binary else message.get("text")
+        if data is None:
+            expected = "binary" if binary else "text"
+            self._close_code, self._close_reason = _UNSUPPORTED_DATA, f"a link's messages are {expected}"
+            return True
+        try:
+            await self._host.take(data if binary else data.encode())
+        except (msgspec.DecodeError, LinkProtocolError) as exc:
+            self._close_code, self._close_reason = _PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
+            return True
+        self._awaiting_resume = False  # its first message, the Resume, is taken
+        await self._flush()
+        return None
+
+    async def _flush(self) -> None:
+        """Send every posted entry on the connection in use, as one message (nothing without one)."""
+        state = self._host.state
+        if not state.has_outgoing or self._awaiting_resume:
+            return
+        async with self._send_lock:
+            connection = self._current
+            if connection is None or connection.disconnected:
+                return  # kept unacknowledged: sent again to the connection that takes the link over
+            entries = state.outgoing()
+            if not entries:
+                return
+            try:
+                for message in self._host.codec.encode_within(entries, self._host.client_max_message_size):
+                    if self._binary:
+                        await connection.send({"type": "websocket.send", "bytes": message})
+                    else:
+                        await connection.send({"type": "websocket.send", "text": message.decode()})
+            except OSError:
+                connection.disconnected = True  # its receive reports the disconnect next
+
+
+async def _close(send: Send, code: int, reason: str) -> None:
+    """Send the close frame; the client may be gone already, which is fine."""
+    with contextlib.suppress(OSError, RuntimeError):
+        await send({"type": "websocket.close", "code": code, "reason": reason})
