@@ -168,7 +168,7 @@ class _OpenClient:
             raise
 
     async def _hold_open(self) -> None:
-        # Entered and left in this one task, as a transport's task group needs.
+        # Entered and left in this one task, as the client's task group (it owns its transport's idle work) needs.
         try:
             stop = anyio.Event()
             async with self.client:

@@ -8,6 +8,7 @@ checks that each is served as a connection of its own would serve it.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -98,6 +99,29 @@ async def test_a_link_its_client_closes_ends_at_once_on_every_server(server_name
                     await env.step(CountAction(by=1))
                 assert len(links) == 1
             await wait_until(lambda: not links, "the link ends")
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_an_async_client_starts_no_thread(scheme: str) -> None:
+    """Connected in one task, stepped in others, closed in yet another: its idle work runs in its owner's tasks."""
+    with anyio.fail_after(LIMIT):
+        async with serving() as server:
+            url = server.url.replace("http", scheme, 1)
+            before = {thread.ident for thread in threading.enumerate()}
+            envs = [CounterClient(url) for _ in range(2)]
+            async with anyio.create_task_group() as task_group:
+                for env in envs:
+                    task_group.start_soon(env.connect)
+            async with anyio.create_task_group() as task_group:
+                for env in envs:
+                    task_group.start_soon(env.step, CountAction(by=1))
+            async with CounterClient(url) as owned:  # an owner: it runs the link's keeper in a task of its own
+                await owned.step(CountAction(by=1))
+            async with anyio.create_task_group() as task_group:
+                for env in envs:
+                    task_group.start_soon(env.close)
+            started = [thread.name for thread in threading.enumerate() if thread.ident not in before]
+            assert started == []
 
 
 async def test_max_sessions_counts_sessions_on_a_link_and_a_refusal_ends_only_its_own() -> None:
