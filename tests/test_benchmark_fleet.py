@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.benchmarks import _fleet_plot, _fleet_report
@@ -152,3 +153,17 @@ def test_the_fleet_plot_draws_the_rows_measured(tmp_path: Path) -> None:
     ]  # fmt: skip  (no plain echo row: its panel stays empty, without a legend)
     _fleet_plot.plot({"meta": {"quick": True}, "fleet": {"rows": rows}}, tmp_path / "img" / "fleet.png")
     assert (tmp_path / "img" / "fleet.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("recv", [False, True], ids=["step", "send-recv"])
+async def test_the_pool_modes_of_the_fleet_client_step(recv: bool) -> None:
+    """Each pool mode steps a few in-process sessions without an error (its figures are not judged)."""
+    from tests.benchmarks.fleet import FACTORIES
+    from tests.benchmarks.fleet_client import run_pool
+
+    record = FleetRecord(4)
+    with anyio.fail_after(30):
+        await run_pool(f"inproc://{FACTORIES['async']}", record, 0.0, {}, recv=recv)  # one round
+    assert record.errors == 0, record.error_examples
+    assert record.steps > 0

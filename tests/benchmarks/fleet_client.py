@@ -26,7 +26,6 @@ the server's memory then is the idle figure.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import sys
@@ -183,7 +182,7 @@ async def _step_loop(pool: EnvPool[Any, Any, Any], actions: list[Any], record: F
     perf_counter, latencies = time.perf_counter, record.latencies
     record.start()
     deadline = perf_counter() + seconds
-    while perf_counter() < deadline:
+    while True:  # one step at least, however short the run
         began = perf_counter()
         try:
             await pool.step(actions)
@@ -195,38 +194,27 @@ async def _step_loop(pool: EnvPool[Any, Any, Any], actions: list[Any], record: F
             if len(exc.errors) == pool.size:
                 break
         latencies.append(perf_counter() - began)
+        if perf_counter() >= deadline:
+            break
     record.stop()
 
 
-def _index_of(item: Any) -> int:
-    """The session an item of ``recv``'s result belongs to: an ``(index, result)`` pair or a result's ``index``."""
-    if isinstance(item, tuple):
-        return int(item[0])
-    return int(item.index)
-
-
 async def _send_recv(pool: Any, record: FleetRecord, seconds: float) -> None:
-    """Envpool's asynchronous pair: send to every session, then receive at least half and send to those again.
-
-    Written against the API issue 21 describes (``send(actions, indices)``;
-    ``recv`` returning at least k results, each tagged with its session): adjust
-    here if the shipped signature differs.
-    """
+    """Envpool's asynchronous pair: send to every session, then receive at least half and send to those again."""
     count = pool.size
     at_least = max(count // 2, 1)
-    parameters = [name for name in inspect.signature(pool.recv).parameters if name != "timeout"]
-    recv_kwargs = {parameters[0]: at_least} if parameters else {}
     perf_counter = time.perf_counter
-    await pool.send([ACTION] * count, list(range(count)))
+    await pool.send([ACTION] * count)
     record.start()
     deadline = perf_counter() + seconds
-    while perf_counter() < deadline:
+    while True:  # one round at least, however short the run
         began = perf_counter()
-        ready = await pool.recv(**recv_kwargs)
+        ready = await pool.recv(min_results=at_least)  # {session index: result}
         record.latencies.append(perf_counter() - began)
         record.steps += len(ready)
-        indices = [_index_of(item) for item in ready]
-        await pool.send([ACTION] * len(indices), indices)
+        await pool.send([ACTION] * len(ready), indices=list(ready))
+        if perf_counter() >= deadline:
+            break
     record.stop()  # the steps still in flight end with the pool
 
 
