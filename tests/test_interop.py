@@ -1,8 +1,9 @@
-"""Wire compatibility with the reference, openenv-core 0.3.0 from PyPI, in both directions.
+"""Wire compatibility with the references, openenv 0.10.0 and openenv-core 0.3.0 from PyPI, in both directions.
 
-The reference lives in its own throwaway virtual environment (its import name
-clashes with ours), built on first use by ``tests/interop/reference_venv.py``,
-and runs as a subprocess: (a) our typed client against its server; (b) its own
+Each test runs against each (the ``reference`` fixture). A reference lives in
+its own throwaway virtual environment (its import name clashes with ours),
+built on first use by ``tests/interop/reference_venv.py``, and runs as a
+subprocess: (a) our typed client against its server; (b) its own
 ``GenericEnvClient`` against our server, running the same script.
 """
 

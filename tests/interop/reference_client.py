@@ -1,4 +1,4 @@
-"""Drive a server with the *reference* openenv-core 0.3.0 ``GenericEnvClient``.
+"""Drive a server with a *reference*'s ``GenericEnvClient`` (openenv 0.10.0, or openenv-core 0.3.0).
 
 Run with the reference venv's python (see reference_venv.py), never ours:
 
