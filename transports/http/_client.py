@@ -81,7 +81,7 @@ from ._protocol import (
     QueuePlace,
     dialect_for,
 )
-from ._requests import READ_MARGIN, USER_AGENT, RequestFailed, end_reason, error_detail, exchange
+from ._requests import READ_MARGIN, USER_AGENT, Answer, RequestFailed, end_reason, error_detail, exchange
 
 __all__ = ["HTTPPollingTransport", "polling_url"]
 
@@ -106,8 +106,6 @@ _OWN_HEADERS = frozenset(
 _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
 _WAIT = WAIT_HEADER.encode()
-_SEQ_NAME = SEQ_HEADER.lower().encode()
-_RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
 _SESSION_KEY_NAME = SESSION_KEY_HEADER.encode()
 
 
@@ -143,28 +141,6 @@ def polling_url(url: str) -> tuple[str, str]:
     if not host:
         raise ValueError(f"{url!r} has no host")
     return base, parts.query
-
-
-class _Answer:
-    """A response, with the protocol's headers read in one pass (httpx's lookups scan them each time)."""
-
-    __slots__ = ("received", "response", "seq", "sets_cookie")
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        seq = received = None
-        sets_cookie = False
-        for name, value in response.headers.raw:
-            name = name.lower()
-            if name == _SEQ_NAME:
-                seq = value
-            elif name == _RECEIVED_NAME:
-                received = value
-            elif name == b"set-cookie":
-                sets_cookie = True
-        self.seq = seq
-        self.received = received
-        self.sets_cookie = sets_cookie
 
 
 class HTTPPollingTransport(Transport):
@@ -549,7 +525,7 @@ class HTTPPollingTransport(Transport):
             extensions={"timeout": self._timeout(wait)},
         )
 
-    async def _send_request(self, request: httpx.Request, what: str) -> _Answer:
+    async def _send_request(self, request: httpx.Request, what: str) -> Answer:
         """Send one request, retrying network failures; translate httpx's failures at this one place.
 
         Returns:
@@ -570,7 +546,7 @@ class HTTPPollingTransport(Transport):
                     error = ConnectionClosed(f"{what} to {self.url} failed{tries}: {exc.reason}")
                     self._finish(error)
                     raise error from exc.cause
-                answer = _Answer(response)
+                answer = Answer(response)
                 if answer.sets_cookie:
                     self._build_headers()
                 return answer
@@ -587,7 +563,7 @@ class HTTPPollingTransport(Transport):
             client, request, retries=self.retries, clock=self._clock, owned_by_protocol=owned_by_protocol
         )
 
-    def _confirm(self, answer: _Answer) -> None:
+    def _confirm(self, answer: Answer) -> None:
         """Forget the request frames the server says it has (``OpenEnv-Received``)."""
         received = answer.received
         if received is not None and received.isdigit():
@@ -599,7 +575,7 @@ class HTTPPollingTransport(Transport):
         while unconfirmed and unconfirmed[0][0] <= number:
             unconfirmed.popleft()
 
-    def _deliver(self, answer: _Answer) -> None:
+    def _deliver(self, answer: Answer) -> None:
         """Queue the reply frame a 200 response carries, once, in order."""
         seq_text = answer.seq
         if seq_text is None or not seq_text.isdigit():
@@ -629,7 +605,7 @@ class HTTPPollingTransport(Transport):
             self._send_closed = str(error)
         self._settle()
 
-    def _refusal(self, answer: _Answer, what: str) -> str:
+    def _refusal(self, answer: Answer, what: str) -> str:
         response = answer.response
         return f"the server at {self.url} refused {what}: HTTP {response.status_code} {error_detail(response)}"
 
@@ -693,7 +669,7 @@ class HTTPPollingTransport(Transport):
             self._posting -= 1
             self._settle()
 
-    def _on_response(self, answer: _Answer, seq: int | None) -> None:
+    def _on_response(self, answer: Answer, seq: int | None) -> None:
         """Act on a frame request's response: the one status dispatcher.
 
         Args:

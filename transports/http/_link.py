@@ -55,7 +55,7 @@ from ._protocol import (
     WAIT_HEADER,
     LinkCreated,
 )
-from ._requests import Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
+from ._requests import Answer, Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
 
 __all__ = ["IDLE_POLL", "MAX_POSTS", "PollingLink", "create_link"]
 
@@ -69,8 +69,6 @@ _SEQ = SEQ_HEADER.encode()
 _ACK = ACK_HEADER.encode()
 _WAIT = WAIT_HEADER.encode()
 _LINK_KEY = LINK_KEY_HEADER.encode()
-_SEQ_NAME = SEQ_HEADER.lower().encode()
-_RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
 
 
 class _Message:
@@ -400,17 +398,9 @@ class PollingLink(ClientLink):
     def _on_response(self, response: httpx.Response, message: _Message | None) -> None:
         """Act on a response of the link: the one status dispatcher."""
         status = response.status_code
-        seq = received = None
-        sets_cookie = False
-        for name, value in response.headers.raw:
-            name = name.lower()
-            if name == _SEQ_NAME:
-                seq = value
-            elif name == _RECEIVED_NAME:
-                received = value
-            elif name == b"set-cookie":
-                sets_cookie = True
-        if sets_cookie:
+        answer = Answer(response)
+        seq, received = answer.seq, answer.received
+        if answer.sets_cookie:
             self._build_headers()  # the client kept the cookie (sticky load balancing, say): send it from now on
         if received is not None and received.isdigit():
             self._confirm(int(received))

@@ -12,9 +12,11 @@ from openenv import Clock
 
 from .._network_client import describe, error_message, network_cause, user_agent
 from .._network_client import error_detail as body_detail
+from ._protocol import RECEIVED_HEADER, SEQ_HEADER
 
 __all__ = [
     "GATEWAY_STATUSES",
+    "Answer",
     "Body",
     "READ_MARGIN",
     "USER_AGENT",
@@ -34,6 +36,39 @@ GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 Ours never sends them on the frame routes (nor on a link's).
 """
+
+_SEQ_NAME = SEQ_HEADER.lower().encode()
+_RECEIVED_NAME = RECEIVED_HEADER.lower().encode()
+
+
+class Answer:
+    """A response, with the protocol's headers read in one pass (httpx's lookups scan them each time).
+
+    Attributes:
+        response: The response.
+        seq: The ``OpenEnv-Seq`` header's raw value, or ``None``.
+        received: The ``OpenEnv-Received`` header's raw value, or ``None``.
+        sets_cookie: Whether the response sets a cookie.
+    """
+
+    __slots__ = ("received", "response", "seq", "sets_cookie")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        seq = received = None
+        sets_cookie = False
+        for name, value in response.headers.raw:
+            name = name.lower()
+            if name == _SEQ_NAME:
+                seq = value
+            elif name == _RECEIVED_NAME:
+                received = value
+            elif name == b"set-cookie":
+                sets_cookie = True
+        self.seq = seq
+        self.received = received
+        self.sets_cookie = sets_cookie
+
 
 # httpx's failures worth a retry: the request may not have reached the server,
 # or its response may not have reached us; either way, repeating it is safe.
