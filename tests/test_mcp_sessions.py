@@ -358,3 +358,49 @@ async def test_a_session_id_stays_out_of_the_logs(
     logged += capsys.readouterr().out  # hypercorn writes its access log to stdout
     assert f"MCP session {session_id[:8]}… opened" in logged  # the logs were on
     assert session_id not in logged
+
+
+class _KeptTransport(openenv.Transport):
+    """A stand-in inner transport: records that its owner ran its idle work."""
+
+    def __init__(self) -> None:
+        self.kept = anyio.Event()
+
+    async def __aenter__(self) -> _KeptTransport:
+        return self
+
+    async def send(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    async def receive(self) -> bytes:
+        raise NotImplementedError
+
+    async def keep(self) -> None:
+        self.kept.set()
+        await anyio.sleep_forever()
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("wrapper", ["http+mcp", "project"])
+async def test_a_wrapping_transport_runs_its_inner_ones_idle_work(wrapper: str, tmp_path: Any) -> None:
+    """The client's owner runs `keep` on the transport it holds: one that wraps another must run the other's."""
+    from transports.project import ProjectTransport
+
+    inner = _KeptTransport()
+    outer: openenv.Transport
+    if wrapper == "http+mcp":
+        outer = MCPSessionTransport("http+mcp://127.0.0.1:9")
+        outer._websocket = inner
+    else:
+        (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "0"\n')
+        (tmp_path / "server").mkdir()
+        (tmp_path / "server" / "app.py").write_text("app = None\n")
+        outer = ProjectTransport(f"project://{tmp_path}", cache_dir=tmp_path / "cache")
+        outer._inner = inner
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(outer.keep)
+            await inner.kept.wait()
+            task_group.cancel_scope.cancel()

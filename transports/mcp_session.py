@@ -168,6 +168,11 @@ class MCPSessionTransport(Transport):
         """
         return await self._channel().receive()
 
+    async def keep(self) -> None:
+        """The attached WebSocket's idle work (answering pings, resuming), run by the client's owner."""
+        if self._websocket is not None:
+            await self._websocket.keep()
+
     async def aclose(self) -> None:
         """Close the WebSocket, then the session (best effort, bounded); idempotent."""
         if self._closed:

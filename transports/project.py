@@ -174,6 +174,11 @@ class ProjectTransport(Transport):
         """
         return await self._channel().receive()
 
+    async def keep(self) -> None:
+        """The connection's idle work (answering pings, resuming), run by the client's owner."""
+        if self._inner is not None:
+            await self._inner.keep()
+
     async def aclose(self) -> None:
         """Close the connection; the last session of the project stops its server. Idempotent."""
         if self._inner is not None:
