@@ -392,7 +392,7 @@ async def test_a_wrapping_transport_runs_its_inner_ones_idle_work(wrapper: str, 
     outer: openenv.Transport
     if wrapper == "http+mcp":
         outer = MCPSessionTransport("http+mcp://127.0.0.1:9")
-        outer._websocket = inner
+        outer._inner = inner
     else:
         (tmp_path / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "0"\n')
         (tmp_path / "server").mkdir()

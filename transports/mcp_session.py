@@ -30,7 +30,9 @@ from typing import Any
 import anyio
 import httpx
 
-from openenv import CapacityReachedError, ConnectError, ConnectionClosed, Transport, create_transport
+from openenv import CapacityReachedError, ConnectError, Transport, create_transport
+
+from ._wrapping import WrappingTransport
 
 __all__ = ["MCPSessionTransport"]
 
@@ -44,7 +46,7 @@ def _http_url(url: str) -> str:
     return f"{base}://{rest}".rstrip("/")
 
 
-class MCPSessionTransport(Transport):
+class MCPSessionTransport(WrappingTransport):
     """A session made over ``POST /mcp``, its frames on a WebSocket attached to it (see the module's docs).
 
     Args:
@@ -74,7 +76,7 @@ class MCPSessionTransport(Transport):
         self._headers = dict(headers or {})
         self._options = options
         self.session_id: str | None = None
-        self._websocket: Transport | None = None
+        self._inner: Transport | None = None  # the attached WebSocket
         self._closed = False
 
     async def _rpc(self, method: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -123,7 +125,7 @@ class MCPSessionTransport(Transport):
             with anyio.CancelScope(shield=True):
                 await self._close_session()
             raise
-        self._websocket = websocket
+        self._inner = websocket
         self.dialect = websocket.dialect
         return self
 
@@ -134,44 +136,15 @@ class MCPSessionTransport(Transport):
         traceback: TracebackType | None,
     ) -> None:
         """Close the WebSocket (stopping its tasks), then the session."""
-        websocket = self._websocket
+        websocket = self._inner
         try:
             if websocket is not None:
                 await websocket.__aexit__(exc_type, exc_value, traceback)
         finally:
             await self.aclose()
 
-    def _channel(self) -> Transport:
-        if self._websocket is None or self._closed:
-            raise ConnectionClosed("the transport is not connected")
-        return self._websocket
-
-    async def send(self, frame: bytes) -> None:
-        """Send one frame on the attached WebSocket.
-
-        Args:
-            frame: The encoded frame.
-
-        Raises:
-            ConnectionClosed: The channel is closed or broken.
-        """
-        await self._channel().send(frame)
-
-    async def receive(self) -> bytes:
-        """Receive the next frame from the attached WebSocket.
-
-        Returns:
-            The frame.
-
-        Raises:
-            ConnectionClosed: The channel is closed or broken.
-        """
-        return await self._channel().receive()
-
-    async def keep(self) -> None:
-        """The attached WebSocket's idle work (answering pings, resuming), run by the client's owner."""
-        if self._websocket is not None:
-            await self._websocket.keep()
+    def _is_open(self) -> bool:
+        return self._inner is not None and not self._closed
 
     async def aclose(self) -> None:
         """Close the WebSocket, then the session (best effort, bounded); idempotent."""
@@ -179,8 +152,8 @@ class MCPSessionTransport(Transport):
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            if self._websocket is not None:
-                await self._websocket.aclose()
+            if self._inner is not None:
+                await self._inner.aclose()
             await self._close_session()
 
     async def _close_session(self) -> None:

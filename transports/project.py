@@ -31,7 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from openenv import ConnectError, ConnectionClosed, Transport, create_transport
+from openenv import ConnectError, Transport, create_transport
 
 from ._launcher import (
     DEFAULT_CACHE_DIR,
@@ -41,6 +41,7 @@ from ._launcher import (
     check_project,
     launcher,
 )
+from ._wrapping import WrappingTransport
 
 __all__ = ["ProjectTransport", "project_path"]
 
@@ -63,7 +64,7 @@ def project_path(url: str) -> Path:
     return Path(path)
 
 
-class ProjectTransport(Transport):
+class ProjectTransport(WrappingTransport):
     """A session on a local environment project's own server, started on connect (see the module's docs).
 
     Args:
@@ -147,37 +148,8 @@ class ProjectTransport(Transport):
         finally:
             await self._release()
 
-    def _channel(self) -> Transport:
-        if self._inner is None or not self._acquired:
-            raise ConnectionClosed("the transport is not connected")
-        return self._inner
-
-    async def send(self, frame: bytes) -> None:
-        """Send one frame to the project's server.
-
-        Args:
-            frame: The encoded frame.
-
-        Raises:
-            ConnectionClosed: The channel is closed or broken.
-        """
-        await self._channel().send(frame)
-
-    async def receive(self) -> bytes:
-        """Receive the next frame from the project's server.
-
-        Returns:
-            The frame.
-
-        Raises:
-            ConnectionClosed: The channel is closed or broken.
-        """
-        return await self._channel().receive()
-
-    async def keep(self) -> None:
-        """The connection's idle work (answering pings, resuming), run by the client's owner."""
-        if self._inner is not None:
-            await self._inner.keep()
+    def _is_open(self) -> bool:
+        return self._inner is not None and self._acquired
 
     async def aclose(self) -> None:
         """Close the connection; the last session of the project stops its server. Idempotent."""
