@@ -21,8 +21,9 @@ import contextlib
 import logging
 from typing import Any, Final
 
-import anyio
 import msgspec
+
+from openenv import EVENT_LOOP_CLOCK, Clock
 
 from ._asgi import Receive, Scope, Send
 
@@ -51,13 +52,15 @@ class BodyDeadline:
     Args:
         app: The app it wraps.
         timeout: Seconds a body may take, plus one per `MIN_BODY_RATE` bytes received.
+        clock: Where the deadline is measured (the app's clock); the event loop's time by default.
     """
 
-    def __init__(self, app: Any, *, timeout: float) -> None:
+    def __init__(self, app: Any, *, timeout: float, clock: Clock = EVENT_LOOP_CLOCK) -> None:
         if not timeout > 0:
             raise ValueError(f"body_timeout must be positive, not {timeout}")
         self.app = app
         self.timeout = timeout
+        self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve a request, its body held to the deadline (the ASGI entry point).
@@ -70,7 +73,8 @@ class BodyDeadline:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request = _TimedRequest(receive, send, anyio.current_time() + self.timeout)
+        clock = self.clock
+        request = _TimedRequest(receive, send, clock, clock.now() + self.timeout)
         try:
             await self.app(scope, request.receive, request.send)
         except Exception:
@@ -83,11 +87,12 @@ class BodyDeadline:
 class _TimedRequest:
     """One request's ``receive`` and ``send``, its body held to a deadline."""
 
-    __slots__ = ("_deadline", "_receive", "_send", "body_done", "started", "timed_out")
+    __slots__ = ("_clock", "_deadline", "_receive", "_send", "body_done", "started", "timed_out")
 
-    def __init__(self, receive: Receive, send: Send, deadline: float) -> None:
+    def __init__(self, receive: Receive, send: Send, clock: Clock, deadline: float) -> None:
         self._receive = receive
         self._send = send
+        self._clock = clock
         self._deadline = deadline
         self.body_done = False
         self.started = False  # a response has begun
@@ -99,7 +104,7 @@ class _TimedRequest:
         if self.timed_out:
             return _DISCONNECT
         message: Any = None
-        with anyio.move_on_after(self._deadline - anyio.current_time()):
+        with self._clock.cancel_scope(deadline=self._deadline):
             message = await self._receive()
         if message is None:
             await self._time_out()

@@ -183,10 +183,11 @@ def create_app(
             ``POST /mcp`` while a WebSocket is attached.
         metadata: What ``GET /metadata`` answers; by default taken from the
             factory (see `environment_metadata`).
-        clock: Where the app times its sessions' idleness, the wait for a slot
-            and HTTP long-polling's waits (`openenv.Clock`): by default the
-            monotonic time; a test's clock, advanced by hand, makes minutes
-            pass at once.
+        clock: Where the app times its sessions' idleness and requests, the
+            wait for a slot, HTTP long-polling's waits, a WebSocket link's wait
+            for its client to come back, request bodies' deadlines and the
+            shutdown's grace (`openenv.Clock`): by default the monotonic time;
+            a test's clock, advanced by hand, makes minutes pass at once.
         http_max_body_size: Deprecated: ``max_message_size`` is the one limit
             of a request's size, over WebSocket and HTTP alike.
         **options: Fields of `openenv.ServerConfig` by name, replacing
@@ -308,7 +309,7 @@ def create_app(
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))
     middleware = [
-        Middleware(BodyDeadline, timeout=config.body_timeout),
+        Middleware(BodyDeadline, timeout=config.body_timeout, clock=registry.clock),
         Middleware(
             RequestGuard, auth_tokens=tokens, allowed_origins=config.allow_origins, allowed_hosts=config.allowed_hosts
         ),

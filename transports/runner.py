@@ -215,12 +215,14 @@ async def _end_sessions(app: Starlette, timeout: float) -> None:
     close 1001, HTTP ``410``, "server shutting down") before the server
     stops, rather than the server cancelling its request (uvicorn logs each
     as an application error, with its traceback; an HTTP client gets ``500``).
+    The grace is measured on the registry's clock (a test's, advanced by hand);
+    the wait after the cut, a bound only, on the event loop's time.
     """
     registry = getattr(app.state, "sessions", None)
     if not isinstance(registry, SessionRegistry) or not registry.leases():
         return
     registry.close_all(SHUTDOWN_REASON)
-    with anyio.move_on_after(timeout):
+    with registry.clock.move_on_after(timeout):
         await registry.wait_empty()
     if not registry.leases():
         return

@@ -72,7 +72,8 @@ class ServerLink:
 
     Args:
         factory: Builds one environment per session.
-        registry: The app's session registry.
+        registry: The app's session registry. Its clock times the wait for the
+            client to come back (``resume_timeout``).
         dialect: The dialect of the sessions' frames (the link subprotocol's).
         error_details: Whether error replies name the server's exceptions.
         resume_timeout: Seconds the sessions wait for their client after the connection drops.
@@ -105,6 +106,7 @@ class ServerLink:
         self._max_message_size = max_message_size
         self.dialect = dialect
         self._resume_timeout = resume_timeout
+        self._clock = registry.clock
         self._on_end = on_end
         self._binary = dialect.encoding == "msgpack"
         self._host = LinkHost(
@@ -190,7 +192,7 @@ class ServerLink:
         """Let a dropped connection go and wait for one that takes the link over (``None``: none came)."""
         dropped.released.set()
         self._current = None
-        with anyio.move_on_after(self._resume_timeout):
+        with self._clock.move_on_after(self._resume_timeout):
             while self._incoming is None:
                 self._arrived = anyio.Event()
                 await self._arrived.wait()
