@@ -487,14 +487,18 @@ async def test_replies_nobody_fetches_are_bounded(server_name: ServerName) -> No
 
 
 async def test_unused_http_sessions_build_nothing_and_end_soon(server_name: ServerName) -> None:
+    clock = ManualClock()  # the app's: the sessions' wait for a first frame runs out when the test says
+    app = create_app(CountedEnv, max_sessions=16, clock=clock)
     with anyio.fail_after(LIMIT):
-        async with serving(server_name, CountedEnv, max_sessions=16) as server, httpx.AsyncClient() as http:
-            server.app.state.http_polling.unused_timeout = 0.2
+        async with serving(server_name, app) as server, httpx.AsyncClient() as http:
+            unused_timeout = server.app.state.http_polling.unused_timeout
             for _ in range(16):
                 assert (await http.post(f"{server.url}/poll/sessions")).status_code == 201
+            await clock.advance_when_blocked(unused_timeout - 1.0)
+            assert registry_of(server).active == 16
+            await clock.advance_when_blocked(1.0)
             assert CountedEnv.built == 0
             await wait_until(lambda: registry_of(server).active == 0, "the unused sessions end")
-            server.app.state.http_polling.unused_timeout = LIMIT  # a loaded machine may take 0.2 s to step
             async with MessageEnv(_url(server, "http+poll")) as client:
                 assert (await client.step(MessageAction(message="in"))).reward == 2.0
             assert CountedEnv.built == 1

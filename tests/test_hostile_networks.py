@@ -30,7 +30,7 @@ import pytest
 import openenv
 from openenv import State
 from openenv.server import Environment, abandoned_calls
-from tests.helpers import free_port
+from tests.helpers import ManualClock, free_port
 from tests.test_hostile_clients import (
     LIMIT,
     MessageEnv,
@@ -629,8 +629,6 @@ async def test_a_queued_creation_whose_client_went_gives_its_place_up(server_nam
 
 
 async def test_a_websocket_client_queued_past_its_connect_timeout_gets_its_session(server_name: ServerName) -> None:
-    from tests.helpers import ManualClock
-
     clock = ManualClock()
     app = create_app(WireEchoEnv, max_sessions=1, queue_timeout=LIMIT)
     with anyio.fail_after(LIMIT):
@@ -864,10 +862,10 @@ async def test_the_slot_of_a_step_whose_client_went_is_freed(
     from tests.test_hostile_clients import _poll_session
 
     factory = EndlessPlainEnv if plain else EndlessAsyncEnv
-    app = create_app(factory, max_sessions=1, http_idle_timeout=0.5)
+    clock = ManualClock()  # the server's: its client counts as gone only once the test lets time pass
+    app = create_app(factory, max_sessions=1, clock=clock)
     with anyio.fail_after(LIMIT):
         async with serving(server_name, app) as server:
-            server.app.state.websocket.resume_timeout = 0.3
             if channel == "http":
                 async with httpx.AsyncClient(timeout=LIMIT) as http:
                     session = await _poll_session(http, server)
@@ -894,7 +892,11 @@ async def test_the_slot_of_a_step_whose_client_went_is_freed(
                     await ws.send_text('{"type":"step","id":1,"data":{"message":"block"}}')
                     await _entered(plain)
                     await _drop(ws)
-            await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
+            async with anyio.create_task_group() as task_group:
+                # Past a long step's first look (1 s), the resume timeout (30 s), the HTTP idle timeout (300 s).
+                task_group.start_soon(clock.keep_advancing, 30.0)
+                await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
+                task_group.cancel_scope.cancel()
             await _newcomer_steps(server)
             if plain:  # its thread runs on, and closes the environment once the step returns
                 assert abandoned_calls() == 1
@@ -909,12 +911,20 @@ async def test_a_step_past_the_step_timeout_ends_its_session(
     server_name: ServerName, plain: bool, endless: None
 ) -> None:
     factory = EndlessPlainEnv if plain else EndlessAsyncEnv
-    app = create_app(factory, max_sessions=4, step_timeout=0.5)  # room for two abandoned threads
+    clock = ManualClock()  # the server's: only the step the test lets run long passes the step timeout
+    app = create_app(factory, max_sessions=4, step_timeout=30.0, clock=clock)  # room for two abandoned threads
     with anyio.fail_after(LIMIT):
         async with serving(server_name, app) as server:
             for url in (server.url, server.url.replace("http", "http+poll", 1)):
+                EndlessPlainEnv.entered.clear()
                 EndlessAsyncEnv.entered = anyio.Event()
-                async with MessageEnv(url) as client:
+
+                async def run_past_the_step_timeout() -> None:
+                    await _entered(plain)
+                    await clock.advance_when_blocked(31.0)
+
+                async with MessageEnv(url) as client, anyio.create_task_group() as task_group:
+                    task_group.start_soon(run_past_the_step_timeout)
                     with pytest.raises(openenv.ConnectionClosed, match="step timeout"):
                         await client.step(MessageAction(message="block"))
                 await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")

@@ -252,12 +252,28 @@ async def test_a_reply_lost_on_the_way_back_from_a_poll_is_fetched_again() -> No
 
 async def test_a_long_step_outlasts_several_poll_windows() -> None:
     flaky = FlakyTransport()
+    entered, gate = anyio.Event(), anyio.Event()
+    clock = ManualClock()  # the server's: its poll windows and its reaper's looks
     with anyio.fail_after(LIMIT):
-        async with server(session_idle_timeout=0.2) as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=0.1) as env:
-                # A step of 1 s, polled in windows of 0.1 s, on a server that reaps
-                # sessions idle for 0.2 s: a busy session is not idle.
-                result = await env.step(CountAction(by=7, delay=1.0))
+        async with (
+            server(lambda: GatedCounterEnv(entered, gate), session_idle_timeout=10.0, clock=clock) as running,
+            httpx.AsyncClient(transport=flaky) as http,
+        ):
+            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=5.0) as env:
+                (lease,) = running.app.state.sessions.leases()
+
+                async def hold_the_step_for_four_windows() -> None:
+                    # A step of 20 s, polled in windows of 5 s, on a server that reaps
+                    # sessions idle for 10 s: a busy session is not idle.
+                    await entered.wait()
+                    for _ in range(4):
+                        await clock.advance_when_blocked(5.0)  # the request held at the server gets its 204
+                        await wait_until(lambda: lease.seen_at == clock.now(), "the client polls again")
+                    gate.set()
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(hold_the_step_for_four_windows)
+                    result = await env.step(CountAction(by=7))
                 assert result.observation.count == 7
                 assert (await env.step(CountAction(by=1))).observation.count == 8
             polls = [r for r in flaky.requests if r.method == "GET"]

@@ -190,10 +190,16 @@ async def test_a_session_the_server_ends_on_a_link_ends_alone() -> None:
 
 
 class WaitsWhenAskedEnv(AsyncCounterEnv):
-    """Steps without waiting, unless asked to: then it waits inside a cancel scope of its own."""
+    """Steps without waiting, unless asked to: then it sets ``waiting`` (if given) and waits in a scope of its own."""
+
+    def __init__(self, waiting: anyio.Event | None = None) -> None:
+        super().__init__()
+        self.waiting = waiting
 
     async def step(self, action: CountAction) -> CountObservation:
         if action.delay:
+            if self.waiting is not None:
+                self.waiting.set()
             with anyio.fail_after(10 * LIMIT):
                 await anyio.sleep(action.delay)
         return await super().step(CountAction(by=action.by))
@@ -227,13 +233,23 @@ async def test_a_step_that_waits_after_many_that_did_not_finishes_where_it_began
 
 @pytest.mark.parametrize("scheme", ["ws", "http+poll"])
 async def test_a_step_given_up_while_it_waits_in_the_links_task_ends_only_its_session(scheme: str) -> None:
+    waiting = anyio.Event()
+    clock = ManualClock()  # the server's: only the step the test lets run long passes the step timeout
+    app = create_app(lambda: WaitsWhenAskedEnv(waiting), step_timeout=30.0, clock=clock)
     with anyio.fail_after(LIMIT):
-        async with serving(WaitsWhenAskedEnv, step_timeout=0.5) as server:
+        async with serving(app) as server:
             url = server.url.replace("http", scheme, 1)
             async with clients(url, 2) as (slow, other):
                 await _steps_at_once([slow, other])
-                with pytest.raises(openenv.ConnectionClosed, match="step timeout"):
-                    await slow.step(CountAction(by=1, delay=5 * LIMIT))
+
+                async def run_past_the_step_timeout() -> None:
+                    await waiting.wait()
+                    await clock.advance_when_blocked(31.0)
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(run_past_the_step_timeout)
+                    with pytest.raises(openenv.ConnectionClosed, match="step timeout"):
+                        await slow.step(CountAction(by=1, delay=5 * LIMIT))
                 assert (await other.step(CountAction(by=1))).observation.count == 1
                 await wait_until(lambda: active(server) == 1, "the slow session's slot is freed")
 

@@ -186,14 +186,22 @@ async def test_a_request_lost_with_the_connection_is_sent_again() -> None:
 
 async def test_a_silent_connection_is_found_by_the_keepalive_and_resumed() -> None:
     record = Record()
+    clock = ManualClock()  # the keepalive's: no ping is missed but the one the test lets run out
     with anyio.fail_after(LIMIT):
         async with (
             served(record) as proxy,
-            CounterClient(url(proxy), ping_interval=0.05, ping_timeout=0.2) as env,
+            CounterClient(url(proxy), ping_interval=10, ping_timeout=20, clock=clock) as env,
         ):
             await env.reset()
             proxy.silence()  # no FIN, no RST: only the keepalive can tell
-            assert (await env.step(CountAction())).observation.count == 1
+
+            async def let_the_ping_run_out() -> None:
+                await clock.advance_when_blocked(10)  # a ping is due: it goes into the void
+                await clock.advance_when_blocked(20)  # and no pong comes within the timeout
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(let_the_ping_run_out)
+                assert (await env.step(CountAction())).observation.count == 1
             assert record.built[0].steps == 1
             assert transport_of(env).resumes == 1
 

@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 
 import openenv
 from openenv.examples.echo import EchoEnvironment
-from tests.helpers import free_port
+from tests.helpers import ManualClock, free_port
 from tests.test_server_app import RawWebSocket, WebSocketClosed
 from transports.app import create_app
 from transports.cli import main
@@ -185,19 +185,25 @@ async def test_a_step_outliving_the_shutdown_grace_is_ended_with_the_reason(
         finally:
             await client.aclose()
 
+    clock = ManualClock()  # the app's: the shutdown's grace runs out when the test says
     with anyio.fail_after(LIMIT), caplog.at_level("WARNING"):
         # The server stops first (the block's end), then the task group waits for the client's step.
-        async with anyio.create_task_group() as task_group, serve(EndlessStepEnv, shutdown_timeout=0.2) as server:
+        async with (
+            anyio.create_task_group() as task_group,
+            serve(create_app(EndlessStepEnv, clock=clock), shutdown_timeout=1.0) as server,
+        ):
             client: openenv.EnvClient[object, object, object] = openenv.EnvClient(
                 server.url.replace("http", scheme, 1), timeout=None
             )
             await client.connect()  # closed from another task: no owner block
             task_group.start_soon(step_forever, client)
             await EndlessStepEnv.stepping.wait()
+            # Runs once the block has ended and the shutdown waits out its grace for the busy session.
+            task_group.start_soon(clock.advance_when_blocked, 1.0)
     assert len(errors) == 1
     assert isinstance(errors[0], openenv.ConnectionClosed)
     assert "server shutting down" in str(errors[0])  # WebSocket close 1001, or HTTP 410: not a 500
-    assert "still busy after the 0.2 s shutdown grace" in caplog.text
+    assert "still busy after the 1 s shutdown grace" in caplog.text
     assert not [record for record in caplog.records if record.levelname == "ERROR"]
     assert "Traceback" not in caplog.text
 
