@@ -531,8 +531,24 @@ async def _trickle(server: Any, head: str, *, trickle: bool) -> bytes:
         return answer
 
 
+class _NoteRequests:
+    """An ASGI middleware noting the path of every HTTP request that reaches the app."""
+
+    def __init__(self, app: Any, paths: list[str]) -> None:
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.paths.append(scope["path"])
+        await self.app(scope, receive, send)
+
+
 async def test_a_request_body_that_comes_too_slowly_is_cut(server_name: ServerName) -> None:
-    app = create_app(WireEchoEnv, body_timeout=0.5)
+    clock = ManualClock()  # the app's: the bodies' deadline passes when the test says
+    app = create_app(WireEchoEnv, body_timeout=10.0, clock=clock)
+    arrived: list[str] = []
+    app.add_middleware(_NoteRequests, paths=arrived)  # outside the body deadline's middleware
     with anyio.fail_after(LIMIT):
         async with (
             serving(server_name, app) as server,
@@ -541,6 +557,7 @@ async def test_a_request_body_that_comes_too_slowly_is_cut(server_name: ServerNa
         ):
             await bystander.reset()
             created = (await http.post(f"{server.url}/poll/sessions")).json()
+            arrived.clear()
             frames = f"/poll/sessions/{created['session_id']}/frames"
             routes = [  # each declares a body under its route's limit
                 ("/reset", 1_000_000, ""),
@@ -560,6 +577,9 @@ async def test_a_request_body_that_comes_too_slowly_is_cut(server_name: ServerNa
                 for path, size, extra in routes:
                     for trickle in (True, False):  # a byte every 50 ms, or none at all
                         task_group.start_soon(one, path, size, extra, trickle)
+                await wait_until(lambda: len(arrived) == 2 * len(routes), "every slow request reached the app")
+                # Past the deadline (the few bytes trickled add microseconds), within the new session's 30 s.
+                await clock.advance_when_blocked(11.0)
             for answer in answers:  # 408, and the connection closed
                 assert answer.startswith(b"HTTP/1.1 408"), answer
                 assert b"body_timeout" in answer

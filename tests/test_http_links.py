@@ -29,6 +29,7 @@ from tests.helpers import CounterClient, ManualClock, proxied, wait_until
 from transports.app import create_app
 from transports.http import HTTPLinkEndpoint, HTTPPollingTransport
 from transports.http._link import IDLE_POLL, PollingLink
+from transports.http._protocol import DEFAULT_MAX_WAIT
 from transports.runner import RunningServer, serve
 
 pytestmark = pytest.mark.anyio
@@ -266,8 +267,14 @@ class LoseOne(httpx.AsyncBaseTransport):
         self.inner = httpx.AsyncHTTPTransport()
         self.which = which
         self.lost: list[str] = []
+        self.sent: list[str] = []
+
+    def count(self, method: str) -> int:
+        """How many requests of ``method`` were sent."""
+        return sum(1 for sent in self.sent if sent == method)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.method)
         response = await self.inner.handle_async_request(request)
         if not self.lost and self.which(request, response):
             await response.aread()
@@ -284,17 +291,32 @@ class LoseOne(httpx.AsyncBaseTransport):
 async def test_a_lost_response_loses_no_reply(method: str) -> None:
     # The reply of a step that outlasts the POST's wait comes in a long poll's response; that one is lost.
     network = LoseOne(lambda request, response: request.method == method and response.status_code == 200)
+    entered: list[int] = []
+    gate = anyio.Event()
+    clock = ManualClock()  # the server's: the POST's wait runs out when the test says, the step still running
     with anyio.fail_after(LIMIT):
-        async with server() as running, httpx.AsyncClient(transport=network) as http:
+        async with (
+            server(lambda: GatedCounterEnv(entered, gate), clock=clock) as running,
+            httpx.AsyncClient(transport=network) as http,
+        ):
             url = poll_url(running)
             async with (
-                CounterClient(url, client=http, poll_timeout=0.05) as env,
+                CounterClient(url, client=http, poll_timeout=5.0) as env,
                 CounterClient(url, client=http) as other,
             ):
                 await env.reset()
                 await other.reset()
-                delay = 0.3 if method == "GET" else 0.0
-                assert (await env.step(CountAction(by=3, delay=delay))).observation.count == 3
+
+                async def outlast_the_post() -> None:
+                    if method == "GET":
+                        await wait_until(lambda: len(entered) == 1, "the step runs")
+                        await clock.advance_when_blocked(DEFAULT_MAX_WAIT)  # the POST answers without its reply
+                        await wait_until(lambda: network.count("GET") > 0, "the link polls")
+                    gate.set()
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(outlast_the_post)
+                    assert (await env.step(CountAction(by=3))).observation.count == 3
                 assert (await other.step(CountAction(by=1))).observation.count == 1
                 assert (await env.state()).step_count == 1
     assert network.lost == [f"{method} 200"]

@@ -241,10 +241,24 @@ async def test_a_retried_post_is_executed_once(how: str) -> None:
 async def test_a_reply_lost_on_the_way_back_from_a_poll_is_fetched_again() -> None:
     # The step outlasts the POST's wait: the reply comes by GET, whose response is lost.
     flaky = FlakyTransport(after=lambda request, response: request.method == "GET" and response.status_code == 200)
+    entered, gate = anyio.Event(), anyio.Event()
+    clock = ManualClock()  # the server's: the POST's wait runs out when the test says, the step still running
     with anyio.fail_after(LIMIT):
-        async with server() as running, httpx.AsyncClient(transport=flaky) as http:
-            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=0.1) as env:
-                result = await env.step(CountAction(by=3, delay=0.3))
+        async with (
+            server(lambda: GatedCounterEnv(entered, gate), clock=clock) as running,
+            httpx.AsyncClient(transport=flaky) as http,
+        ):
+            async with CounterClient(poll_url(running), share=False, client=http, poll_timeout=5.0) as env:
+
+                async def outlast_the_post() -> None:
+                    await entered.wait()
+                    await clock.advance_when_blocked(5.0)  # the POST gets its 204
+                    await wait_until(lambda: any(r.method == "GET" for r in flaky.requests), "the client polls")
+                    gate.set()
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(outlast_the_post)
+                    result = await env.step(CountAction(by=3))
                 assert result.observation.count == 3
                 assert (await env.state()).count == 3
             assert flaky.failures == ["GET after"]
