@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 import openenv
-from tests.helpers import free_port, wait_for_port
+from tests.helpers import ManualClock, free_port, wait_for_port
 from tests.test_hostile_clients import (
     MessageEnv,
     RawWebSocket,
@@ -236,17 +236,25 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
     try:
         with anyio.fail_after(LIMIT):
             await wait_for_port(port)
-            async with openenv.EnvClient(f"ws://127.0.0.1:{port}", ping_interval=0.2, ping_timeout=0.5) as env:
+            # The keepalive, and the resumption it starts, on the client's clock: no ping is missed
+            # before the freeze on a loaded machine, and the resumption's 30 s pass at once after it.
+            # No reply timeout: only the keepalive can end the step.
+            clock = ManualClock()
+            async with openenv.EnvClient(
+                f"ws://127.0.0.1:{port}", ping_interval=10, ping_timeout=20, timeout=None, clock=clock
+            ) as env:
                 assert (await env.step({"message": "alive"})).reward == 5.0
 
                 async def freeze_mid_step() -> None:
                     await anyio.wait_all_tasks_blocked()  # the step has gone out; the client waits for its reply
                     process.send_signal(signal.SIGSTOP)
+                    await clock.keep_advancing(5)
 
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(freeze_mid_step)
-                    with pytest.raises(openenv.ConnectionClosed):
+                    with pytest.raises(openenv.ConnectionClosed, match="keepalive"):
                         await env.step({"message": "sleep:60"})
+                    task_group.cancel_scope.cancel()
     finally:
         process.send_signal(signal.SIGCONT)
         process.kill()

@@ -431,11 +431,14 @@ async def test_connect_timeout_is_a_connect_error() -> None:
     async def handler(connection: ServerConnection) -> None:
         await anyio.sleep_forever()  # accepts TCP, never answers the handshake
 
+    clock = ManualClock()
     async with serve(handler) as server:
         with anyio.fail_after(WAIT):
-            with pytest.raises(ConnectError, match="timed out"):
-                async with WebSocketTransport(server.url, connect_timeout=0.2):
-                    pytest.fail("connected")
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(clock.advance_when_blocked, 10.0)  # once the handshake waits for its answer
+                with pytest.raises(ConnectError, match=r"timed out after 10\.0 s"):
+                    async with WebSocketTransport(server.url, connect_timeout=10.0, clock=clock):
+                        pytest.fail("connected")
 
 
 async def test_server_closing_during_the_handshake_is_a_connect_error() -> None:
