@@ -818,16 +818,17 @@ async def test_a_link_survives_a_dropped_connection(server_name: ServerName) -> 
 
 
 async def test_a_link_ends_when_its_client_does_not_come_back(server_name: ServerName) -> None:
-    clock = ManualClock()  # the app's: the link's wait for its client (30 s) runs out when the test says
+    clock = ManualClock()  # the app's: the link's wait for its client runs out when the test says
+    app = create_app(WireEchoEnv, resume_timeout=10 * LIMIT, clock=clock)  # past the test's bound on the wall
     with anyio.fail_after(LIMIT):
-        async with serving(server_name, create_app(WireEchoEnv, clock=clock)) as server:
+        async with serving(server_name, app) as server:
             async with link_ws(server.ws_url) as ws:
                 token = (await entries(ws))[0][3]["token"]
                 await ws.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]')
                 await entries(ws)
             assert registry_of(server).active == 1
             async with anyio.create_task_group() as task_group:
-                task_group.start_soon(clock.keep_advancing, 5.0)  # a link's session is never idle: only its wait ends
+                task_group.start_soon(clock.keep_advancing, 60.0)  # a link's session is never idle: only its wait ends
                 await wait_until(lambda: registry_of(server).active == 0, "the session ends")
                 task_group.cancel_scope.cancel()
             assert len(WireEchoEnv.closed) == 1

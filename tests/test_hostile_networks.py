@@ -883,7 +883,7 @@ async def test_the_slot_of_a_step_whose_client_went_is_freed(
 
     factory = EndlessPlainEnv if plain else EndlessAsyncEnv
     clock = ManualClock()  # the server's: its client counts as gone only once the test lets time pass
-    app = create_app(factory, max_sessions=1, clock=clock)
+    app = create_app(factory, max_sessions=1, resume_timeout=10 * LIMIT, clock=clock)  # past the wall's bound
     with anyio.fail_after(LIMIT):
         async with serving(server_name, app) as server:
             if channel == "http":
@@ -913,8 +913,8 @@ async def test_the_slot_of_a_step_whose_client_went_is_freed(
                     await _entered(plain)
                     await _drop(ws)
             async with anyio.create_task_group() as task_group:
-                # Past a long step's first look (1 s), the resume timeout (30 s), the HTTP idle timeout (300 s).
-                task_group.start_soon(clock.keep_advancing, 30.0)
+                # Past a long step's first look (1 s), the HTTP idle timeout (300 s), the resume timeout (600 s).
+                task_group.start_soon(clock.keep_advancing, 60.0)
                 await wait_until(lambda: registry_of(server).active == 0, "the slot is freed")
                 task_group.cancel_scope.cancel()
             await _newcomer_steps(server)
