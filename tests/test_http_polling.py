@@ -32,7 +32,7 @@ import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
-from tests.helpers import CounterClient, ManualClock, proxied, wait_until
+from tests.helpers import CounterClient, ManualClock, cancel_when_blocked, proxied, wait_until
 from transports._network_client import is_loopback
 from transports._sessions import SessionRegistry
 from transports.app import create_app
@@ -306,14 +306,27 @@ async def test_one_request_per_step_when_the_reply_is_ready_in_time() -> None:
 
 
 async def test_a_cancelled_receive_loses_nothing() -> None:
+    entered, gate = anyio.Event(), anyio.Event()
+    clock = ManualClock()  # the server's: the POST's wait runs out when the test says, the step still running
     with anyio.fail_after(LIMIT):
-        async with server() as running:
-            transport = HTTPPollingTransport(running.url, share=False, poll_timeout=0.1)
+        async with server(lambda: GatedCounterEnv(entered, gate), clock=clock) as running:
+            transport = HTTPPollingTransport(running.url, share=False, poll_timeout=5.0)
             async with transport:
-                await transport.send(b'{"type":"step","id":1,"data":{"by":4,"delay":0.4}}')
-                with anyio.move_on_after(0.2) as scope:
-                    await transport.receive()  # cancelled in the middle of a poll
+
+                async def outlast_the_post() -> None:
+                    await entered.wait()
+                    await clock.advance_when_blocked(5.0)  # the POST gets its 204
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(outlast_the_post)
+                    await transport.send(b'{"type":"step","id":1,"data":{"by":4}}')
+                scope = anyio.CancelScope()
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(cancel_when_blocked, scope)
+                    with scope:
+                        await transport.receive()  # cancelled in the middle of a poll
                 assert scope.cancelled_caught
+                gate.set()
                 reply = json.loads(await transport.receive())
                 assert (reply["id"], reply["data"]["observation"]["count"]) == (1, 4)
 
