@@ -38,6 +38,23 @@ _HIDDEN_EXECUTION_ERROR = "the environment raised an exception (details are in t
 _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_codec(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
+    return ServerCodec(dialect, action_type=action_type, strict=strict)
+
+
+def _codec_for(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
+    """The codec of a session: one for all the sessions that share its settings.
+
+    A codec holds nothing of a session (msgspec's encoders and decoders are
+    thread-safe), and its decoders take more memory than the rest of a session.
+    """
+    try:
+        return _shared_codec(dialect, action_type, strict)
+    except TypeError:  # an action type that cannot be a key
+        return ServerCodec(dialect, action_type=action_type, strict=strict)
+
+
 def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
     """The keyword names ``method`` accepts, or ``None`` if it takes ``**kwargs``."""
     try:
@@ -142,9 +159,7 @@ class ServerSession:
         self.error_details = error_details
         if strict is None:
             strict = bool(getattr(env, "strict_validation", False))
-        self.codec: ServerCodec[Any] = ServerCodec(
-            dialect, action_type=getattr(env, "action_type", dict), strict=strict
-        )
+        self.codec: ServerCodec[Any] = _codec_for(dialect, getattr(env, "action_type", dict), strict)
         self._worker = SessionWorker()
         # A tool environment's async step may hand plain tools to the session's thread.
         self._plain_steps = runs_plain_steps(env)
