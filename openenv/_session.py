@@ -21,7 +21,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import msgspec
 
-from ._codec import RequestError, ServerCodec
+from ._codec import RequestError, ServerCodec, server_codec
 from ._environment import Environment
 from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
@@ -36,23 +36,6 @@ logger = logging.getLogger("openenv.server")
 # What an error reply says instead of the exception when a server hides error details.
 _HIDDEN_EXECUTION_ERROR = "the environment raised an exception (details are in the server's log)"
 _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
-
-
-@functools.lru_cache(maxsize=64)
-def _shared_codec(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
-    return ServerCodec(dialect, action_type=action_type, strict=strict)
-
-
-def _codec_for(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
-    """The codec of a session: one for all the sessions that share its settings.
-
-    A codec holds nothing of a session (msgspec's encoders and decoders are
-    thread-safe), and its decoders take more memory than the rest of a session.
-    """
-    try:
-        return _shared_codec(dialect, action_type, strict)
-    except TypeError:  # an action type that cannot be a key
-        return ServerCodec(dialect, action_type=action_type, strict=strict)
 
 
 def _accepted_keywords(method: Callable[..., Any]) -> frozenset[str] | None:
@@ -159,7 +142,7 @@ class ServerSession:
         self.error_details = error_details
         if strict is None:
             strict = bool(getattr(env, "strict_validation", False))
-        self.codec: ServerCodec[Any] = _codec_for(dialect, getattr(env, "action_type", dict), strict)
+        self.codec: ServerCodec[Any] = server_codec(dialect, getattr(env, "action_type", dict), strict)
         self._worker = SessionWorker()
         # A tool environment's async step may hand plain tools to the session's thread.
         self._plain_steps = runs_plain_steps(env)
@@ -535,7 +518,7 @@ def encode_fatal_error(dialect: Dialect, code: str, message: str, **extra: Any) 
     Returns:
         The encoded frame.
     """
-    return ServerCodec(dialect, action_type=msgspec.Raw).error(code, message, extra=extra)
+    return server_codec(dialect, msgspec.Raw, False).error(code, message, extra=extra)
 
 
 def factory_name(factory: Callable[[], Any]) -> str:
