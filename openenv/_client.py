@@ -16,7 +16,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from ._clock import EVENT_LOOP_CLOCK, Clock
-from ._codec import ClientCodec
+from ._codec import ClientCodec, client_codec
 from ._exceptions import (
     ClientStateError,
     ConnectError,
@@ -347,9 +347,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._observation_is_struct = obs_config is not None
         self._observation_is_frozen = bool(obs_config and obs_config.frozen)
         try:
-            self._codec = ClientCodec(
-                self._transport.dialect, observation_type=self.observation_type, state_type=self.state_type
-            )
+            self._codec = client_codec(self._transport.dialect, self.observation_type, self.state_type)
         except BaseException:
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
@@ -613,9 +611,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     def _tool_codec_or_raise(self) -> ClientCodec[Any, Any, Any]:
         codec = self._codec_or_raise()
         if self._tool_codec is None:
-            self._tool_codec = ClientCodec(
-                codec.dialect, observation_type=ListToolsObservation | CallToolObservation, state_type=dict
-            )
+            self._tool_codec = client_codec(codec.dialect, ListToolsObservation | CallToolObservation, dict)
         return self._tool_codec
 
     async def _tool_step(self, action: Any, timeout: float | _UseClientDefault | None) -> Any:

@@ -31,7 +31,16 @@ from ._messages import (
 from ._types import ActT, ObsT, StateT
 from ._unions import StructUnionDecoder, struct_union_members
 
-__all__ = ["MAX_ECHOED_INPUT", "MAX_NESTING", "ClientCodec", "RequestError", "ServerCodec", "validation_errors"]
+__all__ = [
+    "MAX_ECHOED_INPUT",
+    "MAX_NESTING",
+    "ClientCodec",
+    "RequestError",
+    "ServerCodec",
+    "client_codec",
+    "server_codec",
+    "validation_errors",
+]
 
 MAX_NESTING = 128
 """The deepest nesting of arrays and objects a server accepts in a JSON request frame.
@@ -510,3 +519,34 @@ class ServerCodec(Generic[ActT]):
         if extra:
             data.update(extra)
         return self._encode(ErrorReply(data=data, id=request_id))
+
+
+# A codec holds nothing of its session (and msgspec's encoders and decoders are thread-safe), while
+# its decoders take more memory, and more time to build, than the rest of a session: a fleet of a
+# thousand sessions of one kind builds one. A type that cannot be a key gets a codec of its own.
+
+
+@functools.lru_cache(maxsize=128)
+def _shared_client_codec(dialect: Dialect, observation_type: Any, state_type: Any) -> ClientCodec[Any, Any, Any]:
+    return ClientCodec(dialect, observation_type=observation_type, state_type=state_type)
+
+
+@functools.lru_cache(maxsize=128)
+def _shared_server_codec(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
+    return ServerCodec(dialect, action_type=action_type, strict=strict)
+
+
+def client_codec(dialect: Dialect, observation_type: Any, state_type: Any) -> ClientCodec[Any, Any, Any]:
+    """A client session's codec, shared by every session with the same dialect and types (see `ClientCodec`)."""
+    try:
+        return _shared_client_codec(dialect, observation_type, state_type)
+    except TypeError:
+        return ClientCodec(dialect, observation_type=observation_type, state_type=state_type)
+
+
+def server_codec(dialect: Dialect, action_type: Any, strict: bool) -> ServerCodec[Any]:
+    """A server session's codec, shared by every session with the same dialect, action type and strictness."""
+    try:
+        return _shared_server_codec(dialect, action_type, strict)
+    except TypeError:
+        return ServerCodec(dialect, action_type=action_type, strict=strict)

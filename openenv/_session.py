@@ -21,7 +21,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import msgspec
 
-from ._codec import RequestError, ServerCodec
+from ._codec import RequestError, ServerCodec, server_codec
 from ._environment import Environment
 from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
@@ -142,9 +142,7 @@ class ServerSession:
         self.error_details = error_details
         if strict is None:
             strict = bool(getattr(env, "strict_validation", False))
-        self.codec: ServerCodec[Any] = ServerCodec(
-            dialect, action_type=getattr(env, "action_type", dict), strict=strict
-        )
+        self.codec: ServerCodec[Any] = server_codec(dialect, getattr(env, "action_type", dict), strict)
         self._worker = SessionWorker()
         # A tool environment's async step may hand plain tools to the session's thread.
         self._plain_steps = runs_plain_steps(env)
@@ -520,7 +518,7 @@ def encode_fatal_error(dialect: Dialect, code: str, message: str, **extra: Any) 
     Returns:
         The encoded frame.
     """
-    return ServerCodec(dialect, action_type=msgspec.Raw).error(code, message, extra=extra)
+    return server_codec(dialect, msgspec.Raw, False).error(code, message, extra=extra)
 
 
 def factory_name(factory: Callable[[], Any]) -> str:

@@ -90,9 +90,10 @@ class _LoopThread:
         assert portal is not None
         assert thread is not None
         # Every client of this loop is closed: whatever still runs is abandoned work.
-        # (RuntimeError: the loop has ended already.)
+        # Asked, not awaited, so that a loop thread that no longer runs cannot hold
+        # the caller; the join is bounded. (RuntimeError: the loop has ended already.)
         with contextlib.suppress(RuntimeError):
-            portal.call(portal.stop, True)
+            portal.start_task_soon(portal.stop, True)
         thread.join(_UNWIND_TIMEOUT)
 
     def _start(self) -> tuple[BlockingPortal, threading.Thread]:
@@ -191,7 +192,7 @@ class _OpenClient:
         assert self._stop is not None
         try:
             try:
-                self.portal.call(self._stop.set)
+                self.portal.start_task_soon(self._stop.set)  # waited for through the task, below
             except RuntimeError:
                 return  # the loop has ended, and the client with it
             self._task.result(timeout)

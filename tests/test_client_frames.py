@@ -1,12 +1,16 @@
-"""The server's quick read of a client's frames (whole data frames only, else the parser), and its quick write."""
+"""The quick read of frames (whole data frames only, else the parser), the quick write, and frame boundaries."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from transports.websocket._quick_frames import server_data_frame, whole_data_frames
+from transports.websocket._quick_frames import FrameBoundaries, server_data_frame, whole_data_frames
 
 
 def quick(data: bytes, max_size: int | None = 2**20) -> list[tuple[bool, bytes]] | None:
@@ -74,3 +78,29 @@ def test_a_server_frame_is_read_back_whole_by_websockets(size: int) -> None:
     assert (frame.opcode, frame.fin, frame.data) == (Opcode.BINARY, True, payload)
     text = parsed(server_data_frame(b"h\xc3\xa9llo", text=True))
     assert (text.opcode, text.fin, text.data) == (Opcode.TEXT, True, "héllo".encode())
+
+
+_SERVER_FRAMES = st.one_of(
+    st.builds(
+        lambda opcode, payload, fin: Frame(opcode, payload, fin=fin).serialize(mask=False, extensions=[]),
+        st.sampled_from([Opcode.TEXT, Opcode.BINARY, Opcode.CONT]),
+        st.sampled_from([b"", b"x", b"y" * 125, b"z" * 126, b"w" * 65536]),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda payload: Frame(Opcode.PING, payload).serialize(mask=False, extensions=[]), st.binary(max_size=125)
+    ),
+    st.builds(lambda payload: client_frame(Opcode.BINARY, payload), st.binary(max_size=300)),  # masked, too
+)
+
+
+@given(frames=st.lists(_SERVER_FRAMES, min_size=1, max_size=6), data=st.data())
+def test_frame_boundaries_are_followed_through_reads_cut_anywhere(frames: list[bytes], data: st.DataObject) -> None:
+    stream = b"".join(frames)
+    ends = set(itertools.accumulate(len(frame) for frame in frames))
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(stream) - 1), max_size=8)) if len(stream) > 1 else set())
+    boundaries = FrameBoundaries()
+    assert boundaries.at_boundary
+    for start, end in itertools.pairwise([0, *cuts, len(stream)]):
+        boundaries.feed(stream[start:end])
+        assert boundaries.at_boundary is (end in ends), f"after byte {end} of {len(stream)}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import pytest
@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from openenv import Dialect, ProtocolError, ReplyValidationError, State
+from openenv import _codec as codecs
 from openenv._codec import ClientCodec, RequestError, ServerCodec, validation_errors
 from openenv._messages import ErrorReply, ObservationData, ObservationReply, StateReply
 from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
@@ -216,3 +217,17 @@ def test_garbage_never_escapes_as_a_foreign_exception(frame: bytes) -> None:
     client = ClientCodec(PLAIN, observation_type=CountObservation, state_type=CountState)
     with contextlib.suppress(ProtocolError, ReplyValidationError):
         client.decode_reply(frame)
+
+
+def test_codecs_are_shared_by_sessions_of_one_kind() -> None:
+    """A codec holds nothing of its session: the sessions of one kind share one (a fleet builds one)."""
+    json_ids = Dialect(request_ids=True)
+    assert codecs.client_codec(json_ids, dict, dict) is codecs.client_codec(json_ids, dict, dict)
+    assert codecs.client_codec(json_ids, dict, dict) is not codecs.client_codec(Dialect(), dict, dict)
+    assert codecs.client_codec(json_ids, dict, dict) is not codecs.client_codec(json_ids, CountObservation, dict)
+    assert codecs.server_codec(json_ids, dict, False) is codecs.server_codec(json_ids, dict, False)
+    assert codecs.server_codec(json_ids, dict, False) is not codecs.server_codec(json_ids, dict, True)
+    unhashable = Annotated[dict[str, Any], {"a note": "a dict cannot be a key"}]
+    alone = codecs.server_codec(json_ids, unhashable, False)
+    assert alone is not codecs.server_codec(json_ids, unhashable, False)
+    assert alone.decode_request(b'{"type":"step","data":{"a":1},"id":1}')[1] == {"a": 1}

@@ -139,3 +139,12 @@ async def test_host_session_closes_the_env_when_the_client_goes() -> None:
         await host_session(AsyncCounterEnv, receive, send)
     assert len(sent) == 1
     assert len(AsyncCounterEnv.closed) == 1
+
+
+def test_sessions_of_one_kind_share_a_codec_and_others_get_their_own() -> None:
+    """A codec holds nothing of a session, and takes more memory than the rest of one: one per kind."""
+    one, two = ServerSession(AsyncCounterEnv()), ServerSession(AsyncCounterEnv())
+    assert one.codec is two.codec
+    assert ServerSession(AsyncCounterEnv(), dialect=Dialect(request_ids=True)).codec is not one.codec
+    assert ServerSession(AsyncCounterEnv(), strict=True).codec is not one.codec
+    assert ServerSession(DictEnv()).codec is not one.codec

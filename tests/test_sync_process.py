@@ -72,7 +72,7 @@ print("done, client left open", flush=True)
 
 # The user's steps: a third client meets a full server, the error is caught, the client never closed.
 _CAPACITY_CAUGHT_THEN_WAIT = """
-import sys, threading
+import sys, time
 import openenv
 from openenv import EnvClient
 url, backend = sys.argv[1:3]
@@ -83,7 +83,8 @@ try:
     second.reset()
 except openenv.CapacityReachedError:
     print("capacity reached", flush=True)
-threading.Event().wait()
+while True:  # a user's loop; naps, as a Ctrl-C landing just before one long wait begins is seen only when it ends
+    time.sleep(0.1)
 """
 
 
@@ -100,7 +101,8 @@ class _StepsUntilReleased(AsyncCounterEnv):
 
 
 def _start(script: str, url: str, backend: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # faulthandler: a hung process shows where each of its threads is (see `_finish`).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         [sys.executable, "-W", "always::ResourceWarning", "-c", textwrap.dedent(script), url, backend],
         stdout=subprocess.PIPE,
@@ -114,9 +116,13 @@ def _finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
     try:
         stdout, stderr = process.communicate(timeout=_PROCESS_WAIT)
     except subprocess.TimeoutExpired:
-        process.kill()
-        stdout, stderr = process.communicate()
-        pytest.fail(f"the process hung; its output:\n{stdout}\n{stderr}")
+        process.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to stderr
+        try:
+            stdout, stderr = process.communicate(timeout=_PROCESS_WAIT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        pytest.fail(f"the process hung; its output, then its threads' stacks:\n{stdout}\n{stderr}")
     return process.returncode, stdout, stderr
 
 

@@ -866,6 +866,48 @@ async def test_whole_data_frames_and_control_frames_between_them() -> None:
     assert server.connections[0].protocol.close_rcvd == Close(1001, "going away")
 
 
+@pytest.mark.parametrize("behind_the_response", [False, True])
+async def test_a_frame_split_between_reads_is_never_read_from_its_middle(behind_the_response: bool) -> None:
+    """The rest of a split frame may look like whole frames: it is the parser's, whatever it looks like.
+
+    The first part comes in a read of its own, or behind the handshake's response.
+    """
+    lookalike = Frame(Opcode.TEXT, b"not a message").serialize(mask=False)
+    outer = Frame(Opcode.BINARY, b"head" + lookalike * 3).serialize(mask=False)
+    cut = outer.index(lookalike)  # the second part starts with a whole text frame's bytes
+    first_part_read = anyio.Event()
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.accept()
+        if behind_the_response:
+            connection.protocol.send_text(b"early")
+            await connection.stream.send(b"".join(connection.protocol.data_to_send()) + outer[:cut])
+        else:
+            await connection.flush()
+            await connection.stream.send(outer[:cut])
+        await first_part_read.wait()
+        await connection.stream.send(outer[cut:] + Frame(Opcode.TEXT, b"after").serialize(mask=False))
+        await connection.drain()
+
+    async with serve(handler, compression=False) as server:
+        with anyio.fail_after(WAIT):
+            async with WebSocketTransport(server.url, compression=False, ping_interval=None) as transport:
+                received: list[bytes] = []
+
+                async def receive_all() -> None:
+                    for _ in range(3 if behind_the_response else 2):
+                        received.append(await transport.receive())
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(receive_all)
+                    link = transport._link
+                    assert link is not None
+                    await wait_until(lambda: not link._boundaries.at_boundary, "the first part read")
+                    first_part_read.set()
+    early = [b"early"] if behind_the_response else []
+    assert received == [*early, b"head" + lookalike * 3, b"after"]
+
+
 async def test_a_whole_frame_over_the_limit_is_a_protocol_error_without_compression() -> None:
     async def handler(connection: ServerConnection) -> None:
         await connection.accept()

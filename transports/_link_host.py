@@ -35,7 +35,6 @@ are posted.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -84,7 +83,9 @@ class _Session:
         self.number = number
         self.lease: SessionLease | None = None
         self.session: ServerSession | None = None
-        self.frames: deque[bytes] = deque()  # received, not yet handled (this one is busy, or not admitted yet)
+        # Received, not yet handled (this one is busy, or not admitted yet): mostly none or one, so a
+        # list (an empty deque takes ten times its memory).
+        self.frames: list[bytes] = []
         self.running = False  # a frame of this session is being handled outside the link's task
         self.scope: anyio.CancelScope | None = None  # the task handling its frames, or its wait for a slot
         self._settled: anyio.Event | None = None
@@ -310,7 +311,7 @@ class LinkHost:
                 self._fail(session)
                 continue
             if reply is None:  # not for the thread (a close, an MCP call): on the event loop, in order
-                session.frames.appendleft(frame)
+                session.frames.insert(0, frame)
                 self._count_waiting(1)
                 self._run_in_task(session)
                 continue
@@ -377,7 +378,7 @@ class LinkHost:
                 reply = await server_session.handle(frame)
             self._replied(session, reply)
         while session.frames and session.number in self._sessions:
-            waiting = session.frames.popleft()
+            waiting = session.frames.pop(0)
             self._count_waiting(-1)
             assert session.lease is not None
             session.lease.mark_busy()

@@ -30,6 +30,7 @@ from openenv._limits import (
 from .._envelope import EnvelopeCodec
 from .._links import PRIVATE, Private, forget, join
 from .._network_client import HeaderPairs, client_headers, connect_once, split_url
+from .._public_io import public_io_only
 from ._handshake import Handshaken, Upgrade, close_quietly, handshake
 from ._link import Link, LinkChannel
 from ._subprotocols import (
@@ -384,6 +385,8 @@ class WebSocketTransport(Transport):
             reconnect=reconnect if shared and self.resume else None,
             resume_timeout=self.resume_timeout,
             clock=self._clock,
+            quick_read=not public_io_only(),
+            max_message_size=upgrade.max_message_size,
             on_idle=(lambda link: forget(key, link)) if key is not None else lambda link: None,
         )
 

@@ -69,6 +69,8 @@ class Handshaken(NamedTuple):
     """Events the server sent right behind its response (frames already)."""
     tls: bool
     """Whether the stream is TLS."""
+    after_response: bytes = b""
+    """The bytes that came right behind the response: the frames of `early_events`, and part of one, maybe."""
 
 
 class Upgrade(NamedTuple):
@@ -203,6 +205,7 @@ async def handshake(
         for data in protocol.data_to_send():
             if data:
                 await stream.send(data)
+        received = bytearray()  # the response (it has no body), and what came behind it
         while True:
             try:
                 data = await stream.receive(READ_SIZE)
@@ -211,6 +214,7 @@ async def handshake(
                 protocol.receive_eof()
             else:
                 protocol.receive_data(data)
+                received += data
             events = protocol.events_received()
             if protocol.handshake_exc is not None:
                 _check_selected(url, events, offer)
@@ -228,4 +232,5 @@ async def handshake(
             token_sent = sends_token([*upgrade.headers, *extra_headers])
             raise connect_error(url, exc, token_sent=token_sent) from network_cause(exc)
         raise
-    return Handshaken(stream, protocol, events[1:], upgrade.uri.secure)
+    after_response = bytes(received[received.index(b"\r\n\r\n") + 4 :])
+    return Handshaken(stream, protocol, events[1:], upgrade.uri.secure, after_response)

@@ -56,6 +56,7 @@ from .._link_client import fresh as _fresh
 from .._link_state import LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
+from ._quick_frames import FrameBoundaries, whole_data_frames
 
 __all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
 
@@ -114,6 +115,11 @@ class Link(ClientLink):
         resume_timeout: Seconds to keep trying to resume after a drop; ``None``:
             as long as the server keeps the sessions (its `Hello` says).
         clock: Where the keeper's and the resumption's waits are measured.
+        quick_read: Read whole data frames without websockets' parser (see
+            `transports.websocket._quick_frames`) on a connection with no
+            extension (compression); off with ``OPENENV_PUBLIC_IO=1``.
+        max_message_size: The largest message taken from the server (the
+            protocol's own limit, which the quick read keeps too).
         on_idle: Called once when the link ends, or its last session leaves
             (a registry of shared links forgets it there).
     """
@@ -132,6 +138,8 @@ class Link(ClientLink):
         reconnect: Reconnect | None,
         resume_timeout: float | None,
         clock: Clock,
+        quick_read: bool = False,
+        max_message_size: int | None = None,
         on_idle: Callable[[Link], object] = lambda link: None,
     ) -> None:
         super().__init__(url=url, codec=envelope, clock=clock, on_idle=on_idle)
@@ -143,6 +151,8 @@ class Link(ClientLink):
         self._resume_timeout = resume_timeout
         self._binary = binary
         self._envelope = envelope
+        self._quick_read = quick_read
+        self._max_message_size = max_message_size
         self._reading = False  # a session (or the keeper) reads the socket
         self._last_read = clock.now()  # when the socket was last read (or begun to be)
         self._last_received = clock.now()  # when bytes last came from the server
@@ -168,8 +178,6 @@ class Link(ClientLink):
         self._stream: ByteStream = handshaken.stream
         self._protocol: ClientProtocol = handshaken.protocol
         self._send_data = self._protocol.send_binary if self._binary else self._protocol.send_text
-        # The descriptor of the plain TCP socket under the stream, written to directly
-        # while it takes every write whole; None for TLS, and once a write did not fit.
         # The plain TCP socket under the stream, read and written directly: anyio's stream would
         # add a pass through the event loop to every message. A descriptor of our own (a dup),
         # because on asyncio the stream's transport holds the original one (paused, idle, since
@@ -179,6 +187,11 @@ class Link(ClientLink):
             self._socket = self._stream.extra(SocketAttribute.raw_socket).dup()
             self._socket.setblocking(False)
         self._partial = bytearray()  # a data message arriving in fragments
+        self._fragmented = False  # one is (its first fragment may be empty)
+        self._boundaries = FrameBoundaries()  # whether the protocol holds part of a frame
+        self._boundaries.feed(handshaken.after_response)
+        # An extension (compression) may change any frame: only its parser can read them.
+        self._quick = self._quick_read and not handshaken.protocol.extensions
         self._unsent: list[bytes] = []  # bytes the protocol queued, taken from it and not yet written
         self._broken = None
         if self._gone.is_set():
@@ -503,6 +516,14 @@ class Link(ClientLink):
             return
         self._last_received = self._clock.now()
         protocol = self._protocol
+        if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
+            messages = whole_data_frames(data, self._max_message_size, masked=False)
+            if messages is not None:  # nothing but whole data frames: the protocol has nothing to do
+                for _, message in messages:
+                    self._message(message)
+                return
+        if self._quick:
+            self._boundaries.feed(data)
         protocol.receive_data(data)
         events = protocol.events_received()
         self._unsent += protocol.data_to_send()
@@ -559,11 +580,11 @@ class Link(ClientLink):
                 if event.fin:
                     self._message(bytes(event.data))
                 else:
-                    self._partial = bytearray(event.data)
+                    self._partial, self._fragmented = bytearray(event.data), True
             elif opcode is Opcode.CONT:  # the protocol checks the sequence
                 self._partial += event.data
                 if event.fin:
-                    message, self._partial = bytes(self._partial), bytearray()
+                    message, self._partial, self._fragmented = bytes(self._partial), bytearray(), False
                     self._message(message)
             elif opcode is Opcode.PONG:
                 pong = self._pong
@@ -678,6 +699,7 @@ class Link(ClientLink):
                 return
             if not data:
                 return
+            self._boundaries.feed(data)
             protocol.receive_data(data)
             self._handle_events(protocol.events_received())
 

@@ -11,7 +11,9 @@ which deals with everything else: control frames, fragments, partial frames,
 malformed or oversized ones, extensions. So the quick read never judges a
 frame: any doubt goes to the parser. `server_data_frame` frames one message as
 a server sends it (unmasked, unfragmented), for a connection that is open with
-no extensions.
+no extensions. A reader that gave the parser some bytes may read quickly again
+only once the parser holds no part of a frame: `FrameBoundaries` follows the
+frame headers of those bytes to say when.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ try:
 except ImportError:  # pragma: no cover - websockets built without its C extension
     from websockets.utils import apply_mask
 
-__all__ = ["next_data_frame", "server_data_frame", "whole_data_frames"]
+__all__ = ["FrameBoundaries", "next_data_frame", "server_data_frame", "whole_data_frames"]
 
 _TEXT = 0x81  # FIN, no RSV bit, opcode 1
 _BINARY = 0x82  # FIN, no RSV bit, opcode 2
@@ -124,3 +126,56 @@ def server_data_frame(payload: bytes, *, text: bool) -> bytes:
     else:
         header = bytes((first, 127)) + length.to_bytes(8, "big")
     return header + payload
+
+
+class FrameBoundaries:
+    """Whether the bytes given to a WebSocket parser so far end where a frame ends.
+
+    A parser fed a read that ended inside a frame holds that part, and the next
+    read begins inside the frame: the quick read must not take it for the start
+    of one. Fed the same bytes as the parser, this follows the frames' headers
+    (their lengths only, never their meaning) to where the last one ends.
+    """
+
+    def __init__(self) -> None:
+        self._owed = 0  # bytes of the current frame still to come
+        self._head = b""  # the start of a frame header split between reads
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the last byte fed ended a frame (or nothing was fed)."""
+        return not self._owed and not self._head
+
+    def feed(self, data: bytes) -> None:
+        """Follow the frames through ``data``, the next bytes the parser is given."""
+        if self._owed >= len(data):
+            self._owed -= len(data)
+            return
+        if self._head:
+            data, self._head = self._head + data, b""
+        position, end = self._owed, len(data)
+        self._owed = 0
+        while position < end:
+            size = _frame_size(data, position)
+            if size is None:  # the header itself is split: keep its start for the next read
+                self._head = data[position:]
+                return
+            position += size
+        self._owed = position - end
+
+
+def _frame_size(data: bytes, position: int) -> int | None:
+    """The size (header and payload) of the frame starting at ``data[position]``; ``None`` if its header is cut."""
+    available = len(data) - position
+    if available < 2:
+        return None
+    second = data[position + 1]
+    length = second & ~_MASKED
+    header = 2 + (4 if second & _MASKED else 0)
+    if length >= 126:
+        extra = 2 if length == 126 else 8
+        if available < 2 + extra:
+            return None
+        length = int.from_bytes(data[position + 2 : position + 2 + extra], "big")
+        header += extra
+    return header + length
