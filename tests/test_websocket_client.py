@@ -866,6 +866,7 @@ async def test_whole_data_frames_and_control_frames_between_them() -> None:
     assert server.connections[0].protocol.close_rcvd == Close(1001, "going away")
 
 
+@pytest.mark.speed_path  # waits on the boundaries the quick read follows
 @pytest.mark.parametrize("behind_the_response", [False, True])
 async def test_a_frame_split_between_reads_is_never_read_from_its_middle(behind_the_response: bool) -> None:
     """The rest of a split frame may look like whole frames: it is the parser's, whatever it looks like.
