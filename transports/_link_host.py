@@ -22,6 +22,11 @@ would take), builds its environment, and answers each envelope as one batch:
 - every other frame (a close, an MCP call, a frame that does not decode) goes
   through `openenv.server.ServerSession.handle`, in order with the session's others.
 
+A link that carries one plain session and nothing else may have its socket lent
+to that session's thread (`lend_to_lone_session`), as a connection of its own
+would: the thread reads each envelope, steps, and writes the reply's envelope
+itself, one thread wake-up a request and no trip through the event loop.
+
 Each session keeps the guarantees of a connection of its own: its frames are
 handled in order, one at a time; one session's bad input, crash or slow step
 reaches no other; its slot, idle timeout and capacity refusal are its own.
@@ -34,9 +39,10 @@ are posted.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -49,8 +55,11 @@ from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
 from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume, fits
-from ._link_state import ServerLinkState
+from ._link_state import ChannelState, ServerLinkState
 from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
+
+if TYPE_CHECKING:
+    from .websocket._socket_loan import LendSocket, SocketLoan
 
 __all__ = ["BATCH_WAIT", "MAX_WAITING_FRAMES", "LinkHost"]
 
@@ -157,6 +166,7 @@ class LinkHost:
         self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
+        self._loan: SocketLoan | None = None  # the socket lent to the lone session's thread, while it is
         self.shutting_down = False
         self.left_by_client = False
         self.client_max_message_size: int | None = None
@@ -210,6 +220,82 @@ class LinkHost:
             transports._link_state.LinkProtocolError: They break the link protocol.
         """
         await self._dispatch(self.state.take(entries))
+
+    async def lend_to_lone_session(self, lend: LendSocket) -> None:
+        """Lend the socket to the thread of the link's only session, if it is plain and nothing else is going on.
+
+        Returns once the socket is back with the event loop: the loan ended,
+        or the thread has been answering one request for long (the reply then
+        follows from a task, and the link reads on meanwhile). Does nothing
+        when the link carries anything else: several sessions, one not yet
+        admitted or ``async``, frames waiting, entries to send.
+
+        On the thread, each whole data frame that is one envelope holding the
+        session's next frame and nothing else is answered there; anything
+        else (another session's `Open`, a control, a close or MCP request)
+        ends the loan, unread, for the event loop to take.
+
+        Args:
+            lend: The connection's way to lend its socket (`transports.websocket._socket_loan`).
+        """
+        if len(self._sessions) != 1 or self.state.has_outgoing or self._tasks is None:
+            return
+        (session,) = self._sessions.values()
+        server_session, lease = session.session, session.lease
+        channel = self.state.channels.get(session.number)
+        if (
+            server_session is None
+            or lease is None
+            or channel is None
+            or session.running
+            or session.frames
+            or not server_session.handles_on_thread
+        ):
+            return
+        loan = lend()
+        if loan is None:
+            return
+        released = anyio.Event()
+        loan.on_released = released.set
+        self._loan = loan
+        session.running = True
+        self._tasks.start_soon(self._serve_on_loan, session, server_session, lease, channel, loan, released)
+        await released.wait()
+
+    async def _serve_on_loan(
+        self,
+        session: _Session,
+        server_session: ServerSession,
+        lease: SessionLease,
+        channel: ChannelState,
+        loan: SocketLoan,
+        released: anyio.Event,
+    ) -> None:
+        """Run a loan on the session's thread (`lend_to_lone_session`); then post a reply it left, if any."""
+        answering = _LentChannel(self, session.number, server_session, lease, channel, loan)
+        unsent: bytes | None = None
+        session.scope = scope = anyio.CancelScope()  # `_give_up` cancels it
+        try:
+            with scope:
+                unsent = await server_session.run_on_thread(
+                    functools.partial(loan.serve, answering.on_frame, answering.on_idle, answering.on_sent),
+                    loan.stop,
+                )
+        finally:
+            self._loan = None
+            session.scope = None
+            loan.end()  # what the thread read and left goes back to the connection
+            released.set()
+        if unsent is not None and answering.in_hand is not None:
+            # Answered, not written (the loan was stopped meanwhile): posted as a reply of the event loop's.
+            seq, ack, reply = answering.in_hand
+            channel.acknowledged(ack)
+            channel.received = seq
+            self._replied(session, reply)
+        session.stop_running()
+        if session.frames and session.number in self._sessions:
+            self._run_in_task(session)
+        await self._flush_soon()
 
     def release_all(self) -> None:
         """Give back every slot still held (after a failure of the carrier)."""
@@ -516,6 +602,8 @@ class LinkHost:
         """End a session: tell the client (an `End`), close its environment, give its slot back."""
         if self._sessions.pop(session.number, None) is None:
             return
+        if self._loan is not None:
+            self._loan.stop()  # the thread lets go of the link's numbering and socket before they change
         if session.lease is None and session.scope is not None:
             session.scope.cancel()  # still waiting in the queue for a slot: it gives its place up
         self.state.end(session.number, reason, code)
@@ -559,3 +647,82 @@ class _Batch:
     def __init__(self) -> None:
         self.calls = CallBatch()
         self.started: list[tuple[_Session, Call, bytes]] = []
+
+
+class _LentChannel:
+    """The lone session's side of a loan, on its thread: reads its envelopes, answers them, numbers the replies.
+
+    The thread changes the link's numbering only in `on_sent`, with the loan's
+    lock held and the loan not stopped; the event loop stops the loan before it
+    changes anything (`LinkHost._end`, a write to the connection): the two
+    never change it at once.
+
+    Attributes:
+        in_hand: ``(seq, ack, reply)`` of the frame answered last, until its reply is written.
+    """
+
+    __slots__ = ("_binary", "_channel", "_codec", "_host", "_lease", "_loan", "_number", "_session", "in_hand")
+
+    def __init__(
+        self,
+        host: LinkHost,
+        number: int,
+        session: ServerSession,
+        lease: SessionLease,
+        channel: ChannelState,
+        loan: SocketLoan,
+    ) -> None:
+        self._host = host
+        self._number = number
+        self._session = session
+        self._lease = lease
+        self._channel = channel
+        self._loan = loan
+        self._codec = host.codec
+        self._binary = host.dialect.encoding == "msgpack"
+        self.in_hand: tuple[int, int, bytes] | None = None
+
+    def on_frame(self, is_text: bool, payload: bytes) -> bytes | None:
+        """Answer one envelope holding the session's next frame alone; ``None`` leaves it to the event loop."""
+        if is_text is self._binary:
+            return None
+        try:
+            entries = self._codec.decode(payload)
+        except msgspec.DecodeError:
+            return None
+        channel = self._channel
+        if len(entries) != 1:
+            return None
+        number, seq, ack, frame = entries[0]
+        if number != self._number or seq != channel.received + 1:
+            return None  # a control, another channel, a frame sent again: the link's own business
+        self._lease.mark_busy()
+        reply = self._session.handle_on_thread(bytes(frame), self._begin)
+        if reply is None:
+            return None
+        self.in_hand = (seq, ack, reply)
+        if not fits(len(reply), self._host.client_max_message_size):
+            self._loan.stop_after_this()  # the event loop ends the session, as for any reply too large
+        entry = (number, channel.sent + 1, seq, msgspec.Raw(reply))
+        return self._codec.encode([entry])
+
+    def _begin(self, request_id: int | None) -> bool:
+        return self._loan.begin()
+
+    def on_idle(self) -> bool:
+        """Before each wait for the client: go on while the session is wanted."""
+        lease = self._lease
+        lease.touch()  # before looking at close_reason: see SessionLease.ask_to_end
+        return lease.close_reason is None
+
+    def on_sent(self, written: bytes) -> None:
+        """The reply in hand is written (the loan's lock held): number it, and keep it until acknowledged."""
+        in_hand, self.in_hand = self.in_hand, None
+        assert in_hand is not None
+        seq, ack, reply = in_hand
+        channel = self._channel
+        if ack:
+            channel.acknowledged(ack)
+        channel.received = seq
+        channel.sent = sent = channel.sent + 1
+        channel.unacked.append((sent, msgspec.Raw(reply)))

@@ -30,6 +30,7 @@ from .._asgi import Receive, Send
 from .._link_host import LinkHost
 from .._link_state import LinkProtocolError
 from .._sessions import SHUTDOWN_REASON, SessionRegistry
+from ._socket_loan import LendSocket
 
 __all__ = ["DEFAULT_RESUME_TIMEOUT", "LinkConnection", "ServerLink"]
 
@@ -56,13 +57,16 @@ class LinkConnection:
     Args:
         receive: The connection's ASGI ``receive``.
         send: The connection's ASGI ``send``.
+        lend: Lends the connection's socket to a session's thread, where the
+            server can (`transports.websocket._socket_loan`); else ``None``.
     """
 
-    __slots__ = ("disconnected", "receive", "released", "send")
+    __slots__ = ("disconnected", "lend", "receive", "released", "send")
 
-    def __init__(self, receive: Receive, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send, lend: LendSocket | None = None) -> None:
         self.receive = receive
         self.send = send
+        self.lend = lend
         self.released = anyio.Event()
         self.disconnected = False
 
@@ -208,6 +212,10 @@ class ServerLink:
                 await host.room()
                 if self._incoming is not None:
                     return False  # another connection takes the link over
+                if connection.lend is not None and not self._awaiting_resume:
+                    await host.lend_to_lone_session(connection.lend)
+                    if self._incoming is not None:
+                        return False
                 self._in_receive = True
                 try:
                     message = await connection.receive()

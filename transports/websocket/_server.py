@@ -225,10 +225,11 @@ class WebSocketEndpoint:
         except OSError:
             return
         client = client_of(scope)
+        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         if subprotocol in LINK_SUBPROTOCOLS:
             token = _header(scope, _RESUME)
             await self._serve_link(
-                LinkConnection(receive, send),
+                LinkConnection(receive, send, lend),
                 dialect,
                 None if token is None else token.decode(),
                 _number(_header(scope, _MAX_MESSAGE)),
@@ -236,7 +237,6 @@ class WebSocketEndpoint:
                 client,
             )
             return
-        lend: LendSocket | None = (scope.get("extensions") or {}).get(SOCKET_LOAN)
         await self._serve_connection(receive, send, dialect, lend, client)
 
     async def _serve_link(

@@ -107,6 +107,8 @@ class SocketLoan:
         self._running_since: float | None = None
         self._unwritten = b""
         self._wake_read, self._wake_write = _wake_up_descriptors()
+        self.on_released: Callable[[], object] | None = None
+        """Called on the event loop when `release_if_running` hands the connection back mid-request."""
 
     @property
     def stopped(self) -> bool:
@@ -186,6 +188,15 @@ class SocketLoan:
             self._running_since = time.monotonic()
             return True
 
+    def stop_after_this(self) -> None:
+        """On the thread, from ``on_frame``: end the loan after the frame in hand, its reply unwritten.
+
+        `serve` returns that reply for the event loop to deal with (one the
+        thread must not write itself: a reply over the client's limit, say).
+        """
+        with self._lock:
+            self._stopped = True
+
     def _write(self, frame: bytes, reply: bytes, on_sent: Callable[[bytes], object] | None) -> int:
         with self._lock:
             self._running_since = None
@@ -226,6 +237,8 @@ class SocketLoan:
             self._given_back = True
             rest = self._read[self._read_after :]
         self._give_back(rest)
+        if self.on_released is not None:
+            self.on_released()
         return True
 
     def stop(self) -> None:

@@ -1,0 +1,244 @@
+"""A link that carries one plain session lends its socket to that session's thread (`LinkHost.lend_to_lone_session`).
+
+Our client and our server, as a user runs them: every `EnvClient` to the
+server rides a link. On asyncio (uvicorn) a lone plain session's envelopes are
+answered on the lent socket, which each test checks it was; on trio (hypercorn)
+nothing is lent, and every test must pass the same. Whatever ends a loan (a
+second session, a slow step, a ping, a close, the server ending the session, a
+cut connection), the link's numbering stays whole: no step runs twice, no
+reply is lost or misrouted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+from openenv import ConnectionClosed, ExecutionError
+from tests.envs import CountAction, CountObservation, SyncCounterEnv
+from tests.helpers import CounterClient, CuttingProxy, proxied, wait_until
+from tests.test_socket_loan import check_lent, lends, lent_now, loans  # noqa: F401 (a fixture)
+from transports.runner import RunningServer, serve
+from transports.websocket import WebSocketTransport
+from transports.websocket._server import WebSocketEndpoint
+from transports.websocket._socket_loan import SocketLoan
+
+pytestmark = [pytest.mark.anyio, pytest.mark.speed_path]
+
+WAIT = 30.0  # seconds: the bound of every test's waits
+
+
+class GatedCounterEnv(SyncCounterEnv):
+    """A plain counter that records the steps it runs; a step with ``by=0`` waits at `gate` on its thread."""
+
+    built: ClassVar[list[GatedCounterEnv]] = []
+    entered: ClassVar[threading.Event] = threading.Event()
+    gate: ClassVar[threading.Event] = threading.Event()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        self.closed = False
+        GatedCounterEnv.built.append(self)
+
+    def step(self, action: CountAction) -> CountObservation:
+        self.steps += 1
+        if action.by == 0:
+            GatedCounterEnv.entered.set()
+            assert GatedCounterEnv.gate.wait(WAIT)
+        return super().step(action)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_env() -> Any:
+    GatedCounterEnv.built.clear()
+    GatedCounterEnv.entered.clear()
+    GatedCounterEnv.gate.clear()
+    yield
+    GatedCounterEnv.gate.set()  # a test that failed mid-step leaves no thread waiting
+
+
+@asynccontextmanager
+async def counter_server(**options: Any) -> AsyncIterator[RunningServer]:
+    async with serve(GatedCounterEnv, **options) as server:
+        yield server
+
+
+def active(server: RunningServer) -> int:
+    count: int = server.app.state.sessions.active
+    return count
+
+
+def endpoint(server: RunningServer) -> WebSocketEndpoint:
+    websocket: WebSocketEndpoint = server.app.state.websocket
+    return websocket
+
+
+def transport_of(env: CounterClient) -> WebSocketTransport:
+    transport = env.transport
+    assert isinstance(transport, WebSocketTransport)
+    return transport
+
+
+async def test_a_lone_plain_session_is_answered_on_the_lent_socket(loans: list[SocketLoan]) -> None:  # noqa: F811
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as env:
+            assert transport_of(env).shared
+            await env.reset()
+            await lent_now(loans)
+            for count in range(1, 21):
+                assert (await env.step(CountAction())).observation.count == count
+            assert (await env.state()).count == 20
+            check_lent(loans)
+            if lends():
+                assert len(loans) < 20, "one loan serves many requests"
+        await wait_until(lambda: active(server) == 0, "the session ends with its client")
+    [built] = GatedCounterEnv.built
+    assert (built.steps, built.closed) == (20, True)
+
+
+async def test_a_second_session_ends_the_loan_and_both_go_on(loans: list[SocketLoan]) -> None:  # noqa: F811
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as first:
+            await first.reset()
+            for _ in range(3):
+                await first.step(CountAction())
+            await lent_now(loans)
+            async with CounterClient(server.url) as second:
+                assert transport_of(second)._link is transport_of(first)._link  # one link for both
+                await second.reset(start=100)
+                if lends():
+                    assert loans[0].stopped, "the second session's Open ended the loan"
+                for round_ in range(1, 6):
+                    one, other = await first.step(CountAction()), await second.step(CountAction(by=2))
+                    assert (one.observation.count, other.observation.count) == (3 + round_, 100 + 2 * round_)
+            assert (await first.step(CountAction())).observation.count == 9
+            await lent_now(loans, count=2)  # alone again: lent again, from its next request on
+            assert (await first.step(CountAction())).observation.count == 10
+            assert (await first.state()).count == 10
+            check_lent(loans, at_least=2)
+    assert [built.steps for built in GatedCounterEnv.built] == [10, 5]
+
+
+async def test_a_slow_step_gives_the_link_back_to_the_event_loop_for_another_session(
+    loans: list[SocketLoan],  # noqa: F811
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as slow:
+            await slow.reset()
+            await slow.step(CountAction())
+            await lent_now(loans)
+            results: list[int] = []
+
+            async def blocked_step() -> None:
+                results.append((await slow.step(CountAction(by=0))).observation.count)
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(blocked_step)
+                await anyio.to_thread.run_sync(GatedCounterEnv.entered.wait, WAIT)
+                # The step holds the thread the socket is lent to: a session opened now is served all the same.
+                async with CounterClient(server.url) as quick:
+                    await quick.reset()
+                    for count in range(1, 4):
+                        assert (await quick.step(CountAction())).observation.count == count
+                if lends():
+                    assert loans[0].stopped
+                assert results == []
+                GatedCounterEnv.gate.set()
+            assert results == [1]
+            assert (await slow.step(CountAction())).observation.count == 2
+    assert [built.steps for built in GatedCounterEnv.built] == [3, 3]
+
+
+async def test_requests_the_thread_leaves_are_answered_in_order_and_the_session_goes_on(
+    loans: list[SocketLoan],  # noqa: F811
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as env:
+            await env.reset()
+            await env.step(CountAction())
+            for round_ in range(3):
+                await lent_now(loans, count=round_ + 1)
+                # A step that fails in the environment is answered on the thread; a tools/list is not.
+                with pytest.raises(ExecutionError, match="asked to fail"):
+                    await env.step(CountAction(fail=True))
+                assert await env.list_tools() == []
+                assert (await env.step(CountAction())).observation.count == round_ + 2
+            check_lent(loans, at_least=3)
+    [built] = GatedCounterEnv.built
+    assert built.steps == 7
+
+
+async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[SocketLoan]) -> None:  # noqa: F811
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as env:
+            await env.reset()
+            await env.step(CountAction())
+            await lent_now(loans)
+            [lease] = server.app.state.sessions.leases()
+            lease.request_close("ended by the server")
+            await wait_until(lambda: active(server) == 0, "the session ends")
+            with pytest.raises(ConnectionClosed, match="ended by the server"):
+                await env.step(CountAction())
+            async with CounterClient(server.url) as again:  # the server goes on
+                await again.reset()
+                assert (await again.step(CountAction())).observation.count == 1
+    assert [built.closed for built in GatedCounterEnv.built] == [True, True]
+
+
+async def test_a_reply_over_the_clients_limit_ends_only_that_session(loans: list[SocketLoan]) -> None:  # noqa: F811
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url, max_message_size=2000) as env:
+            await env.reset(episode_id="x" * 3000)
+            await lent_now(loans)
+            with pytest.raises(ConnectionClosed, match="over the client's limit of 2000 bytes"):
+                await env.state()  # it holds the episode id: too large
+            await wait_until(lambda: active(server) == 0, "the session ends")
+            async with CounterClient(server.url) as again:
+                await again.reset()
+                assert (await again.step(CountAction())).observation.count == 1
+
+
+async def test_a_cut_connection_resumes_a_lent_link_with_every_step_run_once(
+    loans: list[SocketLoan],  # noqa: F811
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, proxied(server) as proxy:
+            endpoint(server).resume_timeout = 3600
+            async with CounterClient(f"ws://127.0.0.1:{proxy.port}") as env:
+                await env.reset()
+                for round_ in range(3):
+                    await lent_now(loans, count=round_ + 1)
+                    assert (await env.step(CountAction())).observation.count == 2 * round_ + 1
+                    await _cut_mid_step(proxy, env, expected=2 * round_ + 2)
+                assert transport_of(env).resumes == 3
+                assert (await env.state()).count == 6
+        check_lent(loans, at_least=3)
+    [built] = GatedCounterEnv.built
+    assert built.steps == 9
+
+
+async def _cut_mid_step(proxy: CuttingProxy, env: CounterClient, *, expected: int) -> None:
+    """Cut the connection while a step runs on the thread; it runs once, and its reply comes through the next one."""
+    GatedCounterEnv.entered.clear()
+    GatedCounterEnv.gate.clear()
+    results: list[int] = []
+
+    async def step() -> None:
+        results.append((await env.step(CountAction(by=0))).observation.count)
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(step)
+        await anyio.to_thread.run_sync(GatedCounterEnv.entered.wait, WAIT)
+        assert proxy.cut() == 1
+        GatedCounterEnv.gate.set()
+    assert results == [expected - 1]  # by=0 counts nothing
+    assert (await env.step(CountAction())).observation.count == expected
