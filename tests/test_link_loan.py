@@ -20,9 +20,11 @@ import anyio
 import pytest
 
 from openenv import ConnectionClosed, ExecutionError
+from openenv.server import abandoned_calls
 from tests.envs import CountAction, CountObservation, SyncCounterEnv
-from tests.helpers import CounterClient, CuttingProxy, proxied, wait_until
+from tests.helpers import CounterClient, CuttingProxy, ManualClock, proxied, wait_until
 from tests.test_socket_loan import check_lent, lends, lent_now, loans  # noqa: F401 (a fixture)
+from transports.app import create_app
 from transports.runner import RunningServer, serve
 from transports.websocket import WebSocketTransport
 from transports.websocket._server import WebSocketEndpoint
@@ -205,6 +207,34 @@ async def test_a_reply_over_the_clients_limit_ends_only_that_session(loans: list
             async with CounterClient(server.url) as again:
                 await again.reset()
                 assert (await again.step(CountAction())).observation.count == 1
+
+
+async def test_a_lent_step_past_the_step_timeout_ends_its_session(loans: list[SocketLoan]) -> None:  # noqa: F811
+    clock = ManualClock()  # the server's: only the step the test holds passes the step timeout
+    app = create_app(GatedCounterEnv, max_sessions=2, step_timeout=30.0, clock=clock)
+    with anyio.fail_after(WAIT):
+        async with serve(app) as server:
+            async with CounterClient(server.url) as env:
+                await env.reset()
+                await env.step(CountAction())
+                await lent_now(loans)
+
+                async def run_past_the_step_timeout() -> None:
+                    await anyio.to_thread.run_sync(GatedCounterEnv.entered.wait, WAIT)
+                    await clock.advance_when_blocked(31.0)
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(run_past_the_step_timeout)
+                    with pytest.raises(ConnectionClosed, match="step timeout"):
+                        await env.step(CountAction(by=0))
+            await wait_until(lambda: active(server) == 0, "the slot is freed")
+            assert abandoned_calls() == 1  # its thread runs on
+            async with CounterClient(server.url) as again:
+                await again.reset()
+                assert (await again.step(CountAction())).observation.count == 1
+            GatedCounterEnv.gate.set()
+            await wait_until(lambda: abandoned_calls() == 0, "the thread is done")
+    check_lent(loans)
 
 
 async def test_a_cut_connection_resumes_a_lent_link_with_every_step_run_once(
