@@ -16,6 +16,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
 from openenv import Clock, EnvClient
 from tests.envs import CountAction, CountObservation, CountState
+from transports.runner import current_backend
 
 
 class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
@@ -83,7 +84,7 @@ class ManualClock(Clock):
 
     async def advance_when_blocked(self, seconds: float) -> None:
         """Once every task of the event loop waits (a request at the environment, say), advance by ``seconds``."""
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         self.advance(seconds)
 
     async def keep_advancing(self, seconds: float) -> None:
@@ -94,8 +95,37 @@ class ManualClock(Clock):
 
 async def cancel_when_blocked(scope: anyio.CancelScope) -> None:
     """Cancel ``scope`` once every task of the event loop waits: a caller giving up on a call in flight."""
-    await anyio.wait_all_tasks_blocked()
+    await all_tasks_blocked()
     scope.cancel()
+
+
+_LOOK_AGAIN = 0.013  # seconds: no server's tick divides it (uvicorn's main loop wakes every 0.1 s)
+
+
+async def all_tasks_blocked() -> None:
+    """Return once every other task of the event loop waits: `anyio.wait_all_tasks_blocked`, safe beside uvicorn.
+
+    On asyncio, anyio looks every 0.1 s, and a uvicorn served in the test's
+    event loop wakes its main loop every 0.1 s too: once the two fall in step,
+    each look finds uvicorn's task just woken, and the wait never ends (a
+    test's bound then fails it, on a loaded machine). This looks at a cadence
+    of its own. On trio, anyio's asks trio, which knows.
+    """
+    if current_backend() != "asyncio":
+        await anyio.wait_all_tasks_blocked()
+        return
+    import asyncio  # the event loop's own view of its tasks; anyio has no public one
+
+    await anyio.lowlevel.checkpoint()
+    this_task = asyncio.current_task()
+    while True:
+        for task in asyncio.all_tasks():
+            waiter = getattr(task, "_fut_waiter", None)  # what the task waits on (as anyio reads it)
+            if task is not this_task and (waiter is None or waiter.done()):
+                await anyio.sleep(_LOOK_AGAIN)
+                break
+        else:
+            return
 
 
 class Upstream(Protocol):

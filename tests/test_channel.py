@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from openenv.channel import FrameQueue, QueueClosed
+from tests.helpers import all_tasks_blocked
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +25,7 @@ async def test_get_waits_for_a_put_from_another_task() -> None:
         async with anyio.create_task_group() as tg:
 
             async def producer() -> None:
-                await anyio.wait_all_tasks_blocked()  # the consumer waits in get()
+                await all_tasks_blocked()  # the consumer waits in get()
                 queue.put(b"late")
 
             tg.start_soon(producer)
@@ -50,7 +51,7 @@ async def test_close_wakes_a_waiting_consumer() -> None:
         async with anyio.create_task_group() as tg:
 
             async def closer() -> None:
-                await anyio.wait_all_tasks_blocked()  # the consumer waits in get()
+                await all_tasks_blocked()  # the consumer waits in get()
                 queue.close()
 
             tg.start_soon(closer)
@@ -78,7 +79,7 @@ async def test_concurrent_consumers_each_take_one_item() -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(3):
                 tg.start_soon(take)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             for item in range(3):
                 queue.put(item)
     assert sorted(taken) == [0, 1, 2]

@@ -27,7 +27,7 @@ from openenv.examples.echo import (
     ListToolsAction,
 )
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
-from tests.helpers import CounterClient, ManualClock, cancel_when_blocked
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked, cancel_when_blocked
 from transports._server_logs import configure_console_logging
 from transports.inprocess import InProcessTransport
 
@@ -355,7 +355,7 @@ async def test_each_call_times_out_at_its_own_deadline_whatever_came_before() ->
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(step_silently, 5.0)
                 await clock.advance_when_blocked(4.9)  # past the earlier call's deadline, not this one's
-                await anyio.wait_all_tasks_blocked()
+                await all_tasks_blocked()
                 assert transport.silent  # still waiting
                 await clock.advance_when_blocked(0.1)
             assert not transport.silent

@@ -24,7 +24,7 @@ from tests.envs import (
     SyncCounterEnv,
     failing_factory,
 )
-from tests.helpers import CounterClient, ManualClock, cancel_when_blocked, wait_until
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked, cancel_when_blocked, wait_until
 from tests.serving import TRANSPORTS, serving
 from transports.inprocess import InProcessTransport
 
@@ -158,7 +158,7 @@ async def test_cancellation_passes_through_and_drops_the_late_reply(kind: str) -
             async with anyio.create_task_group() as task_group:
 
                 async def cancel_mid_step() -> None:
-                    await anyio.wait_all_tasks_blocked()  # the step is at the environment, which sleeps
+                    await all_tasks_blocked()  # the step is at the environment, which sleeps
                     task_group.cancel_scope.cancel()
 
                 task_group.start_soon(cancel_mid_step)

@@ -30,7 +30,7 @@ import pytest
 import openenv
 from openenv import State
 from openenv.server import Environment, abandoned_calls
-from tests.helpers import ManualClock, free_port
+from tests.helpers import ManualClock, all_tasks_blocked, free_port
 from tests.test_hostile_clients import (
     LIMIT,
     MessageEnv,
@@ -664,7 +664,7 @@ async def test_a_websocket_client_queued_past_its_connect_timeout_gets_its_sessi
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(latecomer)
                     await wait_until(lambda: registry_of(server).queued == 1, "it waits")
-                    await anyio.wait_all_tasks_blocked()
+                    await all_tasks_blocked()
                     clock.advance(5.0)  # well past its connect timeout: its session waits on its link's channel
                     await holder.close()
             assert results == ["in"]

@@ -25,7 +25,7 @@ import pytest
 import openenv
 from openenv import ConnectionClosed
 from tests.envs import AsyncCounterEnv, CountAction, SyncCounterEnv
-from tests.helpers import CounterClient, ManualClock, proxied, wait_until
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked, proxied, wait_until
 from transports.app import create_app
 from transports.http import HTTPLinkEndpoint, HTTPPollingTransport
 from transports.http._link import IDLE_POLL, PollingLink
@@ -381,7 +381,7 @@ async def test_every_session_goes_on_after_a_cut_mid_step() -> None:
                     for index in range(4):
                         task_group.start_soon(step, index)
                     await wait_until(lambda: len(entered) == 4, "every step runs")
-                    await anyio.wait_all_tasks_blocked()  # the link's request waits at the server
+                    await all_tasks_blocked()  # the link's request waits at the server
                     assert proxy.cut() >= 1
                     gate.set()
                 for index, env in enumerate(envs):  # the same environments, each step run once
@@ -533,12 +533,12 @@ async def test_a_link_nobody_polls_expires_with_its_sessions() -> None:
                 await one.reset()
                 await two.reset()
                 assert links_of(running).link_count == 1
-                await anyio.wait_all_tasks_blocked()  # the server is done with the request too
+                await all_tasks_blocked()  # the server is done with the request too
                 clock.advance(29.0)
                 assert (await one.step(CountAction())).observation.count == 1  # a request: the clock starts again
-                await anyio.wait_all_tasks_blocked()
+                await all_tasks_blocked()
                 clock.advance(29.0)
-                await anyio.wait_all_tasks_blocked()
+                await all_tasks_blocked()
                 assert running.app.state.sessions.active == 2
                 clock.advance(2.0)  # 31 s without a request
                 await wait_until(lambda: running.app.state.sessions.active == 0)
@@ -561,7 +561,7 @@ async def test_the_keeper_polls_while_nobody_waits() -> None:
             CounterClient(poll_url(running), client=http, clock=clock, poll_timeout=0.2) as env,
         ):
             await env.reset()
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert requests.count("GET", "/poll/links/") == 0
             clock.advance(IDLE_POLL)  # a second without a request, on the client's clock
             await wait_until(lambda: requests.count("GET", "/poll/links/") == 1, "the keeper polls")
@@ -576,7 +576,7 @@ async def test_the_server_ending_a_session_reaches_its_client_through_the_keeper
             CounterClient(poll_url(running), clock=clock, poll_timeout=LIMIT) as env,
         ):
             await env.reset()
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             clock.advance(IDLE_POLL)  # the keeper's long poll waits at the server
             channel = env.transport._channel  # type: ignore[union-attr]
             assert channel is not None
@@ -606,7 +606,7 @@ async def test_server_shutdown_ends_every_session_on_a_link() -> None:
             ):
                 for env in (one, two):
                     await env.step(CountAction())
-                await anyio.wait_all_tasks_blocked()
+                await all_tasks_blocked()
                 clock.advance(IDLE_POLL)  # the keeper's poll waits at the server
                 [held] = links_of(running)._links.values()
                 await wait_until(lambda: held._parked is not None, "the server holds the poll")

@@ -32,7 +32,7 @@ import transports.http._client as http_client_module
 from openenv import ClientStateError, ConnectError, ConnectionClosed, EnvClient, create_transport
 from openenv.examples.echo import EchoEnvironment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
-from tests.helpers import CounterClient, ManualClock, cancel_when_blocked, proxied, wait_until
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked, cancel_when_blocked, proxied, wait_until
 from transports._network_client import is_loopback
 from transports._sessions import SessionRegistry
 from transports.app import create_app
@@ -344,7 +344,7 @@ async def test_a_send_cancelled_mid_post_is_completed_by_the_next_receive(where:
 
                     async def cancel_mid_post() -> None:
                         await wait_until(lambda: any(is_frame(request, 1) for request in flaky.requests))
-                        await anyio.wait_all_tasks_blocked()  # stalled on its way, or held while the step runs
+                        await all_tasks_blocked()  # stalled on its way, or held while the step runs
                         task_group.cancel_scope.cancel()
 
                     task_group.start_soon(cancel_mid_post)
@@ -395,7 +395,7 @@ async def test_a_poll_cut_off_mid_wait_resumes() -> None:
 
                 async def cut_mid_poll() -> None:
                     await entered.wait()
-                    await anyio.wait_all_tasks_blocked()  # the client polls; the server holds the poll
+                    await all_tasks_blocked()  # the client polls; the server holds the poll
                     assert proxy.cut() >= 1
                     gate.set()
 
@@ -901,7 +901,7 @@ async def test_aclose_ends_a_receive_in_another_task() -> None:
                         await transport.receive()
 
                 task_group.start_soon(receive)
-                await anyio.wait_all_tasks_blocked()  # it is polling: the server holds its request
+                await all_tasks_blocked()  # it is polling: the server holds its request
                 await transport.aclose()
 
 

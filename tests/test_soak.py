@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 import openenv
-from tests.helpers import ManualClock, free_port, wait_for_port
+from tests.helpers import ManualClock, all_tasks_blocked, free_port, wait_for_port
 from tests.test_hostile_clients import (
     MessageEnv,
     RawWebSocket,
@@ -246,7 +246,7 @@ async def test_a_server_frozen_mid_step_is_noticed_by_the_keepalive(
                 assert (await env.step({"message": "alive"})).reward == 5.0
 
                 async def freeze_mid_step() -> None:
-                    await anyio.wait_all_tasks_blocked()  # the step has gone out; the client waits for its reply
+                    await all_tasks_blocked()  # the step has gone out; the client waits for its reply
                     process.send_signal(signal.SIGSTOP)
                     await clock.keep_advancing(5)
 

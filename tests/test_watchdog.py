@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from openenv._watchdog import Watchdog
-from tests.helpers import ManualClock
+from tests.helpers import ManualClock, all_tasks_blocked
 
 pytestmark = pytest.mark.anyio
 
@@ -24,14 +24,14 @@ async def test_each_armed_scope_is_cancelled_at_its_own_deadline_and_a_disarmed_
             watchdog.disarm(disarmed)
 
             await clock.advance_when_blocked(2.0)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert (early.cancel_called, late.cancel_called, disarmed.cancel_called) == (True, False, False)
 
             await clock.advance_when_blocked(7.9)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert not late.cancel_called
             await clock.advance_when_blocked(0.1)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert late.cancel_called
             assert not disarmed.cancel_called
             owner.cancel_scope.cancel()
@@ -48,10 +48,10 @@ async def test_a_deadline_armed_again_later_moves() -> None:
             watchdog.arm(scope, 1.0)
             watchdog.arm(scope, 3.0)
             await clock.advance_when_blocked(2.0)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert not scope.cancel_called
             watchdog.arm(scope, 2.0)  # already past: cancelled at once
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             assert scope.cancel_called
             owner.cancel_scope.cancel()
 
@@ -64,8 +64,8 @@ async def test_it_stands_guard_only_while_it_runs() -> None:
         watchdog.arm(scope, 1.0)
         async with anyio.create_task_group() as owner:
             owner.start_soon(watchdog.run)
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
             owner.cancel_scope.cancel()  # its owner is done
         clock.advance(5.0)
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         assert not scope.cancel_called

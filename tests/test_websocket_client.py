@@ -29,7 +29,7 @@ from websockets.typing import Subprotocol
 
 import transports.websocket as websocket_package
 from openenv import ClientStateError, ConnectError, ConnectionClosed, Dialect, ProtocolError
-from tests.helpers import ManualClock, wait_until
+from tests.helpers import ManualClock, all_tasks_blocked, wait_until
 from transports.websocket import (
     JSON_SUBPROTOCOL,
     LINK_JSON_SUBPROTOCOL,
@@ -553,7 +553,7 @@ async def test_server_dropping_the_socket_ends_a_pending_receive(reset: bool) ->
         with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(wait_for_reply)
-                await anyio.wait_all_tasks_blocked()  # the receive is pending
+                await all_tasks_blocked()  # the receive is pending
                 drop.set()
         assert len(raised) == 1
         with pytest.raises(ConnectionClosed):
@@ -612,7 +612,7 @@ async def test_server_ping_is_answered_when_the_client_goes_idle_after_a_busy_sp
                     await transport.send(b"%d" % n)
                     assert await transport.receive() == b"%d" % n
                     if n % 20 == 0:
-                        await anyio.wait_all_tasks_blocked()  # a pause: every task settles
+                        await all_tasks_blocked()  # a pause: every task settles
                 await pong.wait()  # nobody calls receive() any more: the reader answered
 
 
@@ -679,7 +679,7 @@ async def test_concurrent_receivers_share_the_messages() -> None:
                 async with anyio.create_task_group() as task_group:
                     for _ in range(3):
                         task_group.start_soon(receive_one)
-                    await anyio.wait_all_tasks_blocked()  # the three receives are pending
+                    await all_tasks_blocked()  # the three receives are pending
                     for n in range(3):
                         await transport.send(b"[%d]" % n)
     assert received == [b"[0]", b"[1]", b"[2]"]
@@ -690,7 +690,7 @@ async def test_a_reply_after_an_idle_spell_is_handed_over() -> None:
         with anyio.fail_after(WAIT):
             async with WebSocketTransport(server.url) as transport, kept(transport):
                 for _ in range(3):
-                    await anyio.wait_all_tasks_blocked()  # idle: only the background task waits on the socket
+                    await all_tasks_blocked()  # idle: only the background task waits on the socket
                     await transport.send(b"{}")
                     assert await transport.receive() == b"{}"
                     await transport.send(b"[]")  # and the caller reads it directly again
@@ -981,7 +981,7 @@ async def test_aclose_wakes_a_pending_receive() -> None:
                         await transport.receive()
 
                 task_group.start_soon(wait_for_reply)
-                await anyio.wait_all_tasks_blocked()  # the receive is pending
+                await all_tasks_blocked()  # the receive is pending
                 await transport.aclose()
 
 
