@@ -23,11 +23,11 @@ from openenv import ConnectionClosed, ExecutionError
 from openenv.server import abandoned_calls
 from tests.envs import CountAction, CountObservation, SyncCounterEnv
 from tests.helpers import CounterClient, CuttingProxy, ManualClock, proxied, wait_until
+from tests.test_resumption import endpoint, transport_of
+from tests.test_server_app import registry_of
 from tests.test_socket_loan import check_lent, lends, lent_now, loans  # noqa: F401 (a fixture)
 from transports.app import create_app
 from transports.runner import RunningServer, serve
-from transports.websocket import WebSocketTransport
-from transports.websocket._server import WebSocketEndpoint
 from transports.websocket._socket_loan import SocketLoan
 
 pytestmark = [pytest.mark.anyio, pytest.mark.speed_path]
@@ -75,19 +75,7 @@ async def counter_server(**options: Any) -> AsyncIterator[RunningServer]:
 
 
 def active(server: RunningServer) -> int:
-    count: int = server.app.state.sessions.active
-    return count
-
-
-def endpoint(server: RunningServer) -> WebSocketEndpoint:
-    websocket: WebSocketEndpoint = server.app.state.websocket
-    return websocket
-
-
-def transport_of(env: CounterClient) -> WebSocketTransport:
-    transport = env.transport
-    assert isinstance(transport, WebSocketTransport)
-    return transport
+    return registry_of(server).active
 
 
 async def test_a_lone_plain_session_is_answered_on_the_lent_socket(loans: list[SocketLoan]) -> None:  # noqa: F811
