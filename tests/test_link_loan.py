@@ -80,17 +80,20 @@ def active(server: RunningServer) -> int:
 
 async def test_a_lone_plain_session_is_answered_on_the_lent_socket(loans: list[SocketLoan]) -> None:  # noqa: F811
     with anyio.fail_after(WAIT):
-        async with counter_server() as server, CounterClient(server.url) as env:
-            assert transport_of(env).shared
-            await env.reset()
-            await lent_now(loans)
-            for count in range(1, 21):
-                assert (await env.step(CountAction())).observation.count == count
-            assert (await env.state()).count == 20
-            check_lent(loans)
-            if lends():
-                assert len(loans) < 20, "one loan serves many requests"
-        await wait_until(lambda: active(server) == 0, "the session ends with its client")
+        async with counter_server() as server:
+            async with CounterClient(server.url) as env:
+                assert transport_of(env).shared
+                await env.reset()
+                await lent_now(loans)
+                for count in range(1, 21):
+                    assert (await env.step(CountAction())).observation.count == count
+                assert (await env.state()).count == 20
+                check_lent(loans)
+                if lends():
+                    assert len(loans) < 20, "one loan serves many requests"
+            # The session ends with its client; its slot is given back as its environment's close begins.
+            await wait_until(lambda: all(built.closed for built in GatedCounterEnv.built), "the environment is closed")
+            await wait_until(lambda: active(server) == 0, "the slot is given back")
     [built] = GatedCounterEnv.built
     assert (built.steps, built.closed) == (20, True)
 
@@ -181,7 +184,8 @@ async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[Soc
             async with CounterClient(server.url) as again:  # the server goes on
                 await again.reset()
                 assert (await again.step(CountAction())).observation.count == 1
-    assert [built.closed for built in GatedCounterEnv.built] == [True, True]
+            await wait_until(lambda: all(built.closed for built in GatedCounterEnv.built), "both are closed")
+    assert len(GatedCounterEnv.built) == 2
 
 
 async def test_a_reply_over_the_clients_limit_ends_only_that_session(loans: list[SocketLoan]) -> None:  # noqa: F811
