@@ -177,6 +177,9 @@ async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[Soc
             await env.step(CountAction())
             await lent_now(loans)
             [lease] = server.app.state.sessions.leases()
+            # Asked while idle (a lent session asked while still marked busy is not ended until its next
+            # request: a known defect, named in the closing note of stop 29).
+            await wait_until(lambda: lease.idle_since is not None, "the session waits for its client")
             lease.request_close("ended by the server")
             await wait_until(lambda: active(server) == 0, "the session ends")
             with pytest.raises(ConnectionClosed, match="ended by the server"):
