@@ -177,8 +177,6 @@ async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[Soc
             await env.step(CountAction())
             await lent_now(loans)
             [lease] = server.app.state.sessions.leases()
-            # Asked while idle (a lent session asked while still marked busy is not ended until its next
-            # request: a known defect, named in the closing note of stop 29).
             await wait_until(lambda: lease.idle_since is not None, "the session waits for its client")
             lease.request_close("ended by the server")
             await wait_until(lambda: active(server) == 0, "the session ends")
@@ -189,6 +187,60 @@ async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[Soc
                 assert (await again.step(CountAction())).observation.count == 1
             await wait_until(lambda: all(built.closed for built in GatedCounterEnv.built), "both are closed")
     assert len(GatedCounterEnv.built) == 2
+
+
+async def test_a_lent_session_asked_to_end_mid_step_ends_after_its_reply_with_no_request_of_its_client(
+    loans: list[SocketLoan],  # noqa: F811
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as env:
+            await env.reset()
+            await env.step(CountAction())
+            await lent_now(loans)
+            [lease] = server.app.state.sessions.leases()
+            async with anyio.create_task_group() as task_group:
+
+                async def ask_mid_step() -> None:
+                    await anyio.to_thread.run_sync(GatedCounterEnv.entered.wait, WAIT)
+                    lease.request_close("ended by the server")  # busy: it is left to finish its step
+                    GatedCounterEnv.gate.set()
+
+                task_group.start_soon(ask_mid_step)
+                assert (await env.step(CountAction(by=0))).observation.count == 1
+            await wait_until(lambda: active(server) == 0, "the session ends, its client asking nothing more")
+            with pytest.raises(ConnectionClosed, match="ended by the server"):
+                await env.step(CountAction())
+    [built] = GatedCounterEnv.built
+    assert (built.steps, built.closed) == (2, True)
+    check_lent(loans)
+
+
+async def test_a_lone_session_answered_from_a_task_is_lent_the_socket_again_before_its_next_request(
+    loans: list[SocketLoan],  # noqa: F811
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with counter_server() as server, CounterClient(server.url) as first:
+            await first.reset()
+            results: list[int] = []
+
+            async def step_first() -> None:
+                results.append((await first.step(CountAction(by=0))).observation.count)
+
+            async with anyio.create_task_group() as task_group:
+                async with CounterClient(server.url) as second:  # two sessions: nothing is lent
+                    await second.reset()
+                    lent_before = len(loans)
+                    task_group.start_soon(step_first)  # held on its thread, so answered from a task
+                    await anyio.to_thread.run_sync(GatedCounterEnv.entered.wait, WAIT)
+                await wait_until(lambda: active(server) == 1, "the second session is over")
+                GatedCounterEnv.gate.set()
+            assert results == [0]
+            # Alone again, its reply posted from a task: the link lends the socket while it waits for
+            # the client, with no request in between.
+            await lent_now(loans, count=lent_before + 1)
+            assert (await first.step(CountAction())).observation.count == 1
+            check_lent(loans)
+    assert [built.steps for built in GatedCounterEnv.built] == [2, 0]
 
 
 async def test_a_reply_over_the_clients_limit_ends_only_that_session(loans: list[SocketLoan]) -> None:  # noqa: F811

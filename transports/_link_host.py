@@ -135,6 +135,8 @@ class LinkHost:
         left_by_client: The client said it closes the link (an `End` on channel 0):
             its connection's end is no drop, whatever code the server reports.
         client_max_message_size: The largest message its client takes (``None``: no limit).
+        on_lendable: Called when the link's lone session may be lent the socket
+            while the carrier waits for the client (see `lend_to_lone_session`), or ``None``.
     """
 
     def __init__(
@@ -167,6 +169,7 @@ class LinkHost:
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
         self._loan: SocketLoan | None = None  # the socket lent to the lone session's thread, while it is
+        self.on_lendable: Callable[[], object] | None = None
         self.shutting_down = False
         self.left_by_client = False
         self.client_max_message_size: int | None = None
@@ -238,29 +241,39 @@ class LinkHost:
         Args:
             lend: The connection's way to lend its socket (`transports.websocket._socket_loan`).
         """
-        if len(self._sessions) != 1 or self.state.has_outgoing or self._tasks is None:
-            return
-        (session,) = self._sessions.values()
-        server_session, lease = session.session, session.lease
-        channel = self.state.channels.get(session.number)
-        if (
-            server_session is None
-            or lease is None
-            or channel is None
-            or session.running
-            or session.frames
-            or not server_session.handles_on_thread
-        ):
+        session = self._lendable()
+        if session is None or self._tasks is None:
             return
         loan = lend()
         if loan is None:
             return
+        server_session, lease = session.session, session.lease
+        channel = self.state.channels[session.number]
+        assert server_session is not None
+        assert lease is not None
         released = anyio.Event()
         loan.on_released = released.set
         self._loan = loan
         session.running = True
         self._tasks.start_soon(self._serve_on_loan, session, server_session, lease, channel, loan, released)
         await released.wait()
+
+    def _lendable(self) -> _Session | None:
+        """The link's lone session, if it is plain, idle, and the link has nothing else to do; else ``None``."""
+        if len(self._sessions) != 1 or self.state.has_outgoing or self._loan is not None:
+            return None
+        (session,) = self._sessions.values()
+        server_session = session.session
+        if (
+            server_session is None
+            or session.lease is None
+            or session.number not in self.state.channels
+            or session.running
+            or session.frames
+            or not server_session.handles_on_thread
+        ):
+            return None
+        return session
 
     async def _serve_on_loan(
         self,
@@ -293,6 +306,10 @@ class LinkHost:
             channel.received = seq
             self._replied(session, reply)
         session.stop_running()
+        if lease.close_reason is not None:
+            # Asked to end right after a reply, before the thread's next wait marked it idle: the
+            # request left it to the session, as for a busy one (`SessionLease.request_close`).
+            self._end(session, lease.close_reason, GOING_AWAY)
         if session.frames and session.number in self._sessions:
             self._run_in_task(session)
         await self._flush_soon()
@@ -637,6 +654,8 @@ class LinkHost:
             self._flush_soon_pending = False
             with anyio.CancelScope(shield=True):
                 await self._flush()
+            if self.on_lendable is not None and self._lendable() is not None:
+                self.on_lendable()  # a reply came from a task, or a neighbour ended: the socket may be lent now
 
 
 class _Batch:

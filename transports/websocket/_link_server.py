@@ -134,6 +134,10 @@ class ServerLink:
         # server may report the connection's end only once its client answers, which a dead one never does.
         self._receiving = anyio.CancelScope()
         self._in_receive = False
+        # Cancels a plain wait for the next message once the link's lone session may be lent the socket
+        # (its reply came from a task, its neighbour ended): the loop then lends it (`LinkHost.on_lendable`).
+        self._plain_read: anyio.CancelScope | None = None
+        self._host.on_lendable = self._lend_now
         # A connection that takes the link over gets nothing before the client's Resume says what it holds.
         self._awaiting_resume = False
 
@@ -217,10 +221,18 @@ class ServerLink:
                     if self._incoming is not None:
                         return False
                 self._in_receive = True
+                message = None
                 try:
-                    message = await connection.receive()
+                    if connection.lend is None or self._awaiting_resume:
+                        message = await connection.receive()
+                    else:
+                        with anyio.CancelScope() as self._plain_read:
+                            message = await connection.receive()  # a cancelled read loses nothing
                 finally:
                     self._in_receive = False
+                    self._plain_read = None
+                if message is None:
+                    continue  # the lone session may be lent the socket now
                 if self._incoming is not None:
                     # Taken over meanwhile: this message is not taken (the client sends what it holds
                     # again, once the server's Resumed says what it lacks).
@@ -229,6 +241,10 @@ class ServerLink:
                 if ended is not None:
                     return ended and self._incoming is None
         return False  # its wait was cancelled: taken over
+
+    def _lend_now(self) -> None:
+        if self._plain_read is not None:
+            self._plain_read.cancel()
 
     async def _answer(self, connection: LinkConnection, message: dict[str, Any]) -> bool | None:
         """Act on one ASGI message of the connection: ``None`` to read on, else whether it ended on purpose."""
