@@ -6,8 +6,10 @@ on, a server runs on hypercorn by default on both backends (not uvicorn with
 openenv's WebSocket protocol, not hypercorn+websockets; uvicorn asked for by
 name runs its stock WebSocket protocol): slower, and independent of those
 internals, for the time between an upgrade that breaks one and its mend. (The
-client needs no switch: it drives websockets' sans-I/O protocol through its
-public API on both backends.) Two
+client drives websockets' sans-I/O protocol through its public API on both
+backends; the switch turns off its reads of whole data frames and its
+registration of a link's socket with asyncio's loop between reads,
+`transports.websocket._socket_reader`.) Two
 fixes that reach into internals for safety stay on (uvicorn's header timeout,
 the crash mended in hypercorn on trio): without them a server is not bounded.
 """

@@ -57,6 +57,7 @@ from .._link_state import LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 from ._quick_frames import FrameBoundaries, whole_data_frames
+from ._socket_reader import SocketReader, socket_reader
 
 __all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
 
@@ -183,9 +184,11 @@ class Link(ClientLink):
         # because on asyncio the stream's transport holds the original one (paused, idle, since
         # the handshake) and asyncio lets no one else wait on it. None for TLS: its stream does it.
         self._socket: socket.socket | None = None
+        self._reader: SocketReader | None = None
         if not handshaken.tls:
             self._socket = self._stream.extra(SocketAttribute.raw_socket).dup()
             self._socket.setblocking(False)
+            self._reader = socket_reader(self._socket, READ_SIZE)
         self._partial = bytearray()  # a data message arriving in fragments
         self._fragmented = False  # one is (its first fragment may be empty)
         self._boundaries = FrameBoundaries()  # whether the protocol holds part of a frame
@@ -405,9 +408,10 @@ class Link(ClientLink):
 
     async def _close_socket(self) -> None:
         """Close the connection's socket (and our descriptor of it) now, under any cancel scope."""
-        sock = self._socket
+        sock, reader = self._socket, self._reader
+        if reader is not None:
+            reader.close()  # a task waiting on it wakes up, and finds it closed
         if sock is not None:
-            anyio.notify_closing(sock)  # a task waiting on it wakes up, and finds it closed
             sock.close()
         await close_quietly(self._stream)
 
@@ -545,18 +549,10 @@ class Link(ClientLink):
             anyio.EndOfStream: The server ended the TCP connection.
             OSError: The socket failed.
         """
-        sock = self._socket
-        if sock is None:
+        reader = self._reader
+        if reader is None:
             return await self._stream.receive(READ_SIZE)
-        while True:
-            try:
-                data = sock.recv(READ_SIZE)
-            except (BlockingIOError, InterruptedError):
-                await anyio.wait_readable(sock)
-                continue
-            if not data:
-                raise anyio.EndOfStream
-            return data
+        return await reader.receive()
 
     def _after_events(self, events: list[Event]) -> None:
         self._handle_events(events)
@@ -689,13 +685,13 @@ class Link(ClientLink):
 
     def _read_what_is_left(self) -> None:
         """Feed the protocol what the socket still holds (a close frame, say), without waiting for more."""
-        sock, protocol = self._socket, self._protocol
-        if sock is None:
+        reader, protocol = self._reader, self._protocol
+        if reader is None:
             return
         while protocol.close_rcvd is None:
             try:
-                data = sock.recv(READ_SIZE)
-            except OSError:  # nothing more (BlockingIOError), or the socket failed
+                data = reader.receive_nowait()
+            except (OSError, anyio.EndOfStream, anyio.ClosedResourceError):  # the socket failed, or ended
                 return
             if not data:
                 return
