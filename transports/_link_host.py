@@ -258,6 +258,17 @@ class LinkHost:
         self._tasks.start_soon(self._serve_on_loan, session, server_session, lease, channel, loan, released)
         await released.wait()
 
+    def may_lend_later(self) -> bool:
+        """Whether the socket may be lent before the client's next message (`on_lendable` may be called).
+
+        The link carries at most two sessions, one of them plain or not built yet: its lone
+        session's reply may come from a task, or its neighbour may end.
+        """
+        sessions = self._sessions
+        return len(sessions) <= 2 and any(
+            session.session is None or session.session.handles_on_thread for session in sessions.values()
+        )
+
     def _lendable(self) -> _Session | None:
         """The link's lone session, if it is plain, idle, and the link has nothing else to do; else ``None``."""
         if len(self._sessions) != 1 or self.state.has_outgoing or self._loan is not None:

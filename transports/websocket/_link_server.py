@@ -223,7 +223,7 @@ class ServerLink:
                 self._in_receive = True
                 message = None
                 try:
-                    if connection.lend is None or self._awaiting_resume:
+                    if connection.lend is None or self._awaiting_resume or not host.may_lend_later():
                         message = await connection.receive()
                     else:
                         with anyio.CancelScope() as self._plain_read:
