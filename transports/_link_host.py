@@ -265,23 +265,25 @@ class LinkHost:
         session's reply may come from a task, or its neighbour may end.
         """
         sessions = self._sessions
-        return len(sessions) <= 2 and any(
-            session.session is None or session.session.handles_on_thread for session in sessions.values()
-        )
+        if len(sessions) > 2:
+            return False
+        return any(session.session is None or session.session.handles_on_thread for session in sessions.values())
 
     def _lendable(self) -> _Session | None:
         """The link's lone session, if it is plain, idle, and the link has nothing else to do; else ``None``."""
-        if len(self._sessions) != 1 or self.state.has_outgoing or self._loan is not None:
+        if len(self._sessions) != 1:
             return None
         (session,) = self._sessions.values()
         server_session = session.session
         if (
             server_session is None
+            or not server_session.handles_on_thread
+            or self.state.has_outgoing
+            or self._loan is not None
             or session.lease is None
             or session.number not in self.state.channels
             or session.running
             or session.frames
-            or not server_session.handles_on_thread
         ):
             return None
         return session
