@@ -314,10 +314,7 @@ class LinkHost:
             released.set()
         if unsent is not None and answering.in_hand is not None:
             # Answered, not written (the loan was stopped meanwhile): posted as a reply of the event loop's.
-            seq, ack, reply = answering.in_hand
-            channel.acknowledged(ack)
-            channel.received = seq
-            self._replied(session, reply)
+            self._replied(session, answering.take_in_hand())
         session.stop_running()
         if lease.close_reason is not None:
             # Asked to end right after a reply, before the thread's next wait marked it idle: the
@@ -749,12 +746,17 @@ class _LentChannel:
 
     def on_sent(self, written: bytes) -> None:
         """The reply in hand is written (the loan's lock held): number it, and keep it until acknowledged."""
+        reply = self.take_in_hand()
+        channel = self._channel
+        channel.sent = sent = channel.sent + 1
+        channel.unacked.append((sent, msgspec.Raw(reply)))
+
+    def take_in_hand(self) -> bytes:
+        """Take the frame answered last as received (and what it acknowledged); return its reply."""
         in_hand, self.in_hand = self.in_hand, None
         assert in_hand is not None
         seq, ack, reply = in_hand
         channel = self._channel
-        if ack:
-            channel.acknowledged(ack)
+        channel.acknowledged(ack)
         channel.received = seq
-        channel.sent = sent = channel.sent + 1
-        channel.unacked.append((sent, msgspec.Raw(reply)))
+        return reply
