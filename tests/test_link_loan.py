@@ -74,6 +74,18 @@ async def counter_server(**options: Any) -> AsyncIterator[RunningServer]:
         yield server
 
 
+@asynccontextmanager
+async def lent_session(
+    loans: list[SocketLoan],  # noqa: F811
+) -> AsyncIterator[tuple[RunningServer, CounterClient]]:
+    """A counter server, and a client whose session is reset, stepped once (count 1), and lent the socket."""
+    async with counter_server() as server, CounterClient(server.url) as env:
+        await env.reset()
+        await env.step(CountAction())
+        await lent_now(loans)
+        yield server, env
+
+
 def active(server: RunningServer) -> int:
     return registry_of(server).active
 
@@ -125,10 +137,7 @@ async def test_a_slow_step_gives_the_link_back_to_the_event_loop_for_another_ses
     loans: list[SocketLoan],  # noqa: F811
 ) -> None:
     with anyio.fail_after(WAIT):
-        async with counter_server() as server, CounterClient(server.url) as slow:
-            await slow.reset()
-            await slow.step(CountAction())
-            await lent_now(loans)
+        async with lent_session(loans) as (server, slow):
             results: list[int] = []
 
             async def blocked_step() -> None:
@@ -172,10 +181,7 @@ async def test_requests_the_thread_leaves_are_answered_in_order_and_the_session_
 
 async def test_the_server_ending_a_lent_session_is_a_clear_error(loans: list[SocketLoan]) -> None:  # noqa: F811
     with anyio.fail_after(WAIT):
-        async with counter_server() as server, CounterClient(server.url) as env:
-            await env.reset()
-            await env.step(CountAction())
-            await lent_now(loans)
+        async with lent_session(loans) as (server, env):
             [lease] = server.app.state.sessions.leases()
             await wait_until(lambda: lease.idle_since is not None, "the session waits for its client")
             lease.request_close("ended by the server")
@@ -193,10 +199,7 @@ async def test_a_lent_session_asked_to_end_mid_step_ends_after_its_reply_with_no
     loans: list[SocketLoan],  # noqa: F811
 ) -> None:
     with anyio.fail_after(WAIT):
-        async with counter_server() as server, CounterClient(server.url) as env:
-            await env.reset()
-            await env.step(CountAction())
-            await lent_now(loans)
+        async with lent_session(loans) as (server, env):
             [lease] = server.app.state.sessions.leases()
             async with anyio.create_task_group() as task_group:
 
