@@ -3,8 +3,8 @@
 A link is read by whichever of its sessions waits (`transports.websocket._link`),
 straight from its TCP socket. `anyio.wait_readable` registers the socket with
 the event loop for each wait and unregisters it after: on asyncio that is a
-pass through the selector's Python code twice per message, about as costly as
-the rest of a lone session's step on the client. So on asyncio the socket stays
+pass through the selector's Python code twice per message, about a quarter of
+a lone session's client time per step. So on asyncio the socket stays
 registered: the loop's reader callback reads whatever came and wakes the
 waiter. It stops reading (unregisters) once bytes wait with nobody waiting for
 them, so a link that holds back its reading still holds back the server.
