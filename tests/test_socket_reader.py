@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import pytest
@@ -34,6 +34,14 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
         yield ours, peer
 
 
+@pytest.fixture
+async def reader(pair: tuple[socket.socket, socket.socket]) -> AsyncIterator[SocketReader]:
+    """A reader of ``pair``'s first socket, made in the test's event loop and closed after it."""
+    reading = socket_reader(pair[0], READ_SIZE)
+    yield reading
+    reading.close()
+
+
 async def turns_of_the_loop() -> None:
     """Let the event loop run its callbacks (a reader's) a few times."""
     for _ in range(5):
@@ -54,9 +62,10 @@ async def receive_sent_meanwhile(reader: SocketReader, peer: socket.socket, data
     return received[0]
 
 
-async def test_bytes_come_in_order_whoever_waits(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_bytes_come_in_order_whoever_waits(
+    pair: tuple[socket.socket, socket.socket], reader: SocketReader
+) -> None:
+    peer = pair[1]
     with anyio.fail_after(WAIT):
         assert reader.receive_nowait() == b""
         peer.sendall(b"one")
@@ -65,12 +74,10 @@ async def test_bytes_come_in_order_whoever_waits(pair: tuple[socket.socket, sock
         peer.sendall(b"three")
         await turns_of_the_loop()  # on asyncio, read while nobody waits: kept for the next receive
         assert await reader.receive() == b"three"
-    reader.close()
 
 
-async def test_a_cancelled_wait_loses_nothing(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_a_cancelled_wait_loses_nothing(pair: tuple[socket.socket, socket.socket], reader: SocketReader) -> None:
+    peer = pair[1]
     with anyio.fail_after(WAIT):
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as task_group:
@@ -83,12 +90,12 @@ async def test_a_cancelled_wait_loses_nothing(pair: tuple[socket.socket, socket.
             await reader.receive()
         peer.sendall(b"again")
         assert await reader.receive() == b"again"
-    reader.close()
 
 
-async def test_the_end_comes_after_the_bytes_before_it(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_the_end_comes_after_the_bytes_before_it(
+    pair: tuple[socket.socket, socket.socket], reader: SocketReader
+) -> None:
+    peer = pair[1]
     with anyio.fail_after(WAIT):
         assert reader.receive_nowait() == b""
         peer.sendall(b"last words")
@@ -98,7 +105,6 @@ async def test_the_end_comes_after_the_bytes_before_it(pair: tuple[socket.socket
             await reader.receive()
         with pytest.raises(anyio.EndOfStream):
             reader.receive_nowait()
-    reader.close()
 
 
 async def test_a_peer_that_resets_is_an_os_error() -> None:
@@ -121,9 +127,7 @@ async def test_a_peer_that_resets_is_an_os_error() -> None:
         reader.close()
 
 
-async def test_closing_wakes_a_waiter(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, _ = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_closing_wakes_a_waiter(reader: SocketReader) -> None:
     with anyio.fail_after(WAIT):
 
         async def close_once_waited_on() -> None:
@@ -136,9 +140,10 @@ async def test_closing_wakes_a_waiter(pair: tuple[socket.socket, socket.socket])
                 await reader.receive()
 
 
-async def test_bytes_nobody_waits_for_hold_the_peer_back(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_bytes_nobody_waits_for_hold_the_peer_back(
+    pair: tuple[socket.socket, socket.socket], reader: SocketReader
+) -> None:
+    peer = pair[1]
     peer.setblocking(False)
     chunk = b"x" * READ_SIZE
     with anyio.fail_after(WAIT):
@@ -160,7 +165,6 @@ async def test_bytes_nobody_waits_for_hold_the_peer_back(pair: tuple[socket.sock
         while received < sent:
             received += len(await reader.receive())
         assert received == sent
-    reader.close()
 
 
 async def test_the_switch_to_public_io_reads_with_anyio_alone(
@@ -171,9 +175,10 @@ async def test_the_switch_to_public_io_reads_with_anyio_alone(
 
 
 @pytest.mark.speed_path
-async def test_on_asyncio_the_socket_stays_registered_between_waits(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    reader = socket_reader(ours, READ_SIZE)
+async def test_on_asyncio_the_socket_stays_registered_between_waits(
+    pair: tuple[socket.socket, socket.socket], reader: SocketReader
+) -> None:
+    peer = pair[1]
     if current_backend() != "asyncio":
         assert type(reader) is SocketReader
         return
