@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import types
 from collections.abc import Coroutine, Generator
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
-__all__ = ["Suspended", "finish", "start"]
+__all__ = ["TRIAL_CALLS", "Suspended", "finish", "start"]
 
 T = TypeVar("T")
+
+TRIAL_CALLS: Final = 32
+"""How many of an environment's calls a server runs in tasks of their own, to learn whether its calls wait."""
 
 
 class Suspended:

@@ -18,6 +18,7 @@ import pytest
 
 import openenv
 from openenv import EnvPool, FinalStepResult
+from openenv._inline import TRIAL_CALLS
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, SyncCounterEnv
 from tests.helpers import CounterClient, ManualClock, wait_until
 from tests.test_server_app import RawWebSocket
@@ -207,7 +208,7 @@ class WaitsWhenAskedEnv(AsyncCounterEnv):
 
 async def _steps_at_once(envs: list[CounterClient]) -> None:
     """Enough quick steps that the link's host trusts the calls not to wait, and runs them in its own task."""
-    for _ in range(_link_host.TRIAL_CALLS // len(envs) + 2):
+    for _ in range(TRIAL_CALLS // len(envs) + 2):
         for env in envs:
             await env.step(CountAction(by=0))
 

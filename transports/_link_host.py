@@ -50,7 +50,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from openenv import Dialect
-from openenv._inline import Suspended, finish, start
+from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
@@ -67,9 +67,6 @@ logger = logging.getLogger("openenv.server")
 
 BATCH_WAIT: Final = 0.002
 """Seconds the server waits for a batch's plain steps before it sends the replies of those done."""
-
-TRIAL_CALLS: Final = 32
-"""How many of an ``async`` environment's calls run in tasks of their own before the host runs them at once."""
 
 MAX_WAITING_FRAMES: Final = 4096
 """Frames a link may hold for sessions still busy before the server stops reading it."""

@@ -10,6 +10,19 @@ with ``await client.connect()``) has its requests served in its own task, each
 shielded from the caller's cancellation: a timeout then takes effect once the
 environment has answered, and the late reply is dropped as over a socket.
 
+Most environments' calls never wait (an echo, a game's rules), and handing each
+to the session's task costs a wake-up, two events and a trip through the event
+loop for a few microseconds of work. So, as a server does on a shared link
+(`transports._link_host`), the session's task runs the first
+`openenv._inline.TRIAL_CALLS` requests; if none of them waited, the requests
+that follow are served at once, in the task that waits for their reply
+(`receive`), with no task and no wake-up. A call served so that waits after
+all is finished there, in the caller's task, and from then on every request
+goes to the session's task again. Such a call is the caller's, though: a
+timeout or cancellation of the caller cuts it, and the session then ends
+(its environment's state is unknown), where a call in the session's task would
+have run on and had its reply dropped.
+
 URL form: ``inproc://package.module:Factory`` (the ``module:attribute`` form
 uvicorn uses); or pass ``factory=`` directly.
 """
@@ -25,6 +38,7 @@ import anyio
 import anyio.lowlevel
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
+from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
@@ -105,9 +119,13 @@ class InProcessTransport(Transport):
         # (plus a close, and any it abandoned), and the session one reply for each.
         self._to_server: FrameQueue[bytes] | None = None
         self._from_server: FrameQueue[bytes] | None = None
-        self._serving = False  # a request is being handled (by `keep`'s task, or inline)
+        self._serving = False  # a request is being handled (by `keep`'s task, or in a caller's)
         self._kept = False  # `keep` serves the session
-        self._idle = anyio.Event()  # set when no request is being handled
+        self._idle: anyio.Event | None = None  # set when no request is being handled; made by who waits for it
+        self._trials = TRIAL_CALLS  # requests left to serve in a task before those that follow are served at once
+        self._at_once = False  # requests are served at once, in the task waiting for the reply
+        self._to_task: anyio.Event | None = None  # set when `keep`'s task is to serve again (or the channel ended)
+        self._ended = "the in-process session has ended"  # what `ConnectionClosed` says once it has
 
     def _load_factory(self) -> Callable[[], Any]:
         if self._factory is not None:
@@ -135,7 +153,6 @@ class InProcessTransport(Transport):
         """
         factory = self._load_factory()
         self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
-        self._idle.set()
         try:
             env = factory()
         except Exception as exc:
@@ -151,13 +168,23 @@ class InProcessTransport(Transport):
         return self
 
     async def keep(self) -> None:
-        """Serve the session's requests as they come, as a server's task would, until the channel closes."""
+        """Serve the session's requests as they come, as a server's task would, until the channel closes.
+
+        While requests are served at once (in the task waiting for the reply),
+        it waits for them to come back to it.
+        """
         inbox = self._to_server
         if inbox is None or self._session is None:
             return
         self._kept = True
         try:
             while True:
+                if self._at_once:
+                    if inbox.closed:
+                        return
+                    self._to_task = to_task = anyio.Event()
+                    await to_task.wait()
+                    continue
                 try:
                     frame = await inbox.get()
                 except QueueClosed:
@@ -167,18 +194,71 @@ class InProcessTransport(Transport):
             self._kept = False
 
     async def _serve(self, frame: bytes) -> None:
-        """Handle one request, queue its reply; end the channel at the close request."""
-        session, outbox = self._session, self._from_server
-        if session is None or outbox is None or session.closed:
+        """Handle one request in the session's task (or shielded, in an ownerless caller's); queue its reply.
+
+        Learns whether the environment's calls wait: after `TRIAL_CALLS` that
+        did not, requests are served at once (`_serve_at_once`).
+        """
+        session = self._session
+        if session is None or session.closed:
             return  # the channel was closed meanwhile: the request has nobody to answer
         self._serving = True
-        self._idle = anyio.Event()
         try:
-            reply = await session.handle(frame)
+            outcome = start(session.handle(frame))
+            if isinstance(outcome, Suspended):
+                self._trials = -1  # its calls wait: never served at once
+                outcome = await finish(outcome)
+            elif self._trials > 0:
+                self._trials -= 1
+                self._at_once = self._trials == 0
         finally:
-            self._serving = False
-            self._idle.set()
-        if reply is not None:
+            self._served()
+        self._answer(outcome)
+
+    async def _serve_at_once(self, frame: bytes) -> None:
+        """Handle one request in the caller's task; one that waits after all is finished here.
+
+        Raises:
+            ConnectionClosed: The caller was cancelled while the call waited: the
+                call was cut, and the session has ended.
+        """
+        session = self._session
+        if session is None or session.closed:
+            return
+        self._serving = True
+        try:
+            outcome = start(session.handle(frame))
+            if isinstance(outcome, Suspended):
+                self._back_to_task()
+                try:
+                    outcome = await finish(outcome)
+                except anyio.get_cancelled_exc_class():
+                    self._ended = "the in-process session ended: a call that waited was cut by its caller"
+                    self._end()
+                    raise
+        finally:
+            self._served()
+        self._answer(outcome)
+
+    def _back_to_task(self) -> None:
+        """From now on, requests go to the session's task (its calls wait)."""
+        self._at_once = False
+        self._trials = -1
+        if self._to_task is not None:
+            self._to_task.set()
+            self._to_task = None
+
+    def _served(self) -> None:
+        self._serving = False
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.set()
+
+    def _answer(self, reply: bytes | None) -> None:
+        """Queue a request's reply; end the channel if that was the close request."""
+        session, outbox = self._session, self._from_server
+        assert session is not None
+        if reply is not None and outbox is not None:
             with contextlib.suppress(QueueClosed):
                 outbox.put(reply)
         if session.closed:
@@ -188,6 +268,9 @@ class InProcessTransport(Transport):
         for queue in (self._to_server, self._from_server):
             if queue is not None:
                 queue.close()
+        if self._to_task is not None:
+            self._to_task.set()  # `keep` returns
+            self._to_task = None
 
     async def send(self, frame: bytes) -> None:
         """Queue one frame for the session; never blocks.
@@ -203,7 +286,7 @@ class InProcessTransport(Transport):
         try:
             self._to_server.put(frame)
         except QueueClosed:
-            raise ConnectionClosed("the in-process session has ended") from None
+            raise ConnectionClosed(self._ended) from None
 
     def send_nowait(self, frame: bytes) -> None:
         """Queue one frame for the session (what `send` does, without the await).
@@ -216,7 +299,7 @@ class InProcessTransport(Transport):
         try:
             self._to_server.put(frame)
         except QueueClosed:
-            raise ConnectionClosed("the in-process session has ended") from None
+            raise ConnectionClosed(self._ended) from None
 
     def receive_nowait(self) -> bytes:
         """A reply the session has queued already.
@@ -231,14 +314,15 @@ class InProcessTransport(Transport):
         if outbox:
             return outbox.get_nowait()
         if outbox.closed:
-            raise ConnectionClosed("the in-process session has ended")
+            raise ConnectionClosed(self._ended)
         raise anyio.WouldBlock
 
     async def receive(self) -> bytes:
         """Return the session's next frame, waiting for it.
 
-        Without a `keep` task serving the session, the requests queued are
-        handled here first, shielded from the caller's cancellation.
+        The requests queued are handled here first when they are served at
+        once, or when no `keep` task serves the session (then shielded from the
+        caller's cancellation).
 
         Returns:
             The reply frame.
@@ -250,16 +334,20 @@ class InProcessTransport(Transport):
         inbox, outbox = self._to_server, self._from_server
         if outbox is None or inbox is None:
             raise ConnectionClosed("the transport is not connected")
-        if not self._kept and not outbox and inbox and not self._serving:
-            with anyio.CancelScope(shield=True):
-                while not self._kept and not outbox and inbox and not self._serving:
-                    await self._serve(await inbox.get())
-            # A timeout or cancellation that came meanwhile takes effect now; the reply is then late.
-            await anyio.lowlevel.checkpoint_if_cancelled()
+        while not outbox and inbox and not self._serving:
+            if self._at_once:
+                await self._serve_at_once(inbox.get_nowait())
+            elif self._kept:
+                break  # `keep`'s task serves it
+            else:
+                with anyio.CancelScope(shield=True):
+                    await self._serve(inbox.get_nowait())
+                # A timeout or cancellation that came meanwhile takes effect now; the reply is then late.
+                await anyio.lowlevel.checkpoint_if_cancelled()
         try:
             return await outbox.get()
         except QueueClosed:
-            raise ConnectionClosed("the in-process session has ended") from None
+            raise ConnectionClosed(self._ended) from None
 
     async def aclose(self) -> None:
         """End the channel: the session sees end-of-stream after its current request. Idempotent."""
@@ -276,6 +364,8 @@ class InProcessTransport(Transport):
         if session is None:
             return
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self.close_timeout):
-                await self._idle.wait()
+            if self._serving:
+                self._idle = idle = anyio.Event()
+                with anyio.move_on_after(self.close_timeout):
+                    await idle.wait()
             await session.aclose()

@@ -1,0 +1,132 @@
+"""The in-process transport serves quick calls at once, in the caller's task, once it has seen them not wait."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from openenv import ConnectionClosed
+from openenv._inline import TRIAL_CALLS
+from tests.envs import AsyncCounterEnv, CountAction, CountObservation
+from tests.helpers import CounterClient, all_tasks_blocked
+from transports.inprocess import InProcessTransport
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 10  # seconds: the bound of every wait in these tests
+
+
+class TaskRecordingEnv(AsyncCounterEnv):
+    """Records the task each step runs in; a step of ``by=-1`` waits (a checkpoint), one of ``by=-2`` until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: list[int] = []
+        self.waiting = anyio.Event()
+        self.release = anyio.Event()
+        self.cut = False
+
+    async def step(self, action: CountAction) -> CountObservation:
+        self.tasks.append(anyio.get_current_task().id)
+        if action.by == -1:
+            await anyio.lowlevel.checkpoint()
+        elif action.by == -2:
+            self.waiting.set()
+            try:
+                await self.release.wait()
+            except anyio.get_cancelled_exc_class():
+                self.cut = True
+                raise
+        return await super().step(CountAction(by=max(action.by, 0)))
+
+
+class AlwaysWaitingEnv(TaskRecordingEnv):
+    async def step(self, action: CountAction) -> CountObservation:
+        await anyio.lowlevel.checkpoint()
+        return await super().step(action)
+
+
+def _client(env: AsyncCounterEnv) -> CounterClient:
+    return CounterClient(transport=InProcessTransport(factory=lambda: env))
+
+
+async def _trials(client: CounterClient) -> None:
+    """Enough quick steps (the reset before counts too) that the next call is run at once."""
+    await all_tasks_blocked()  # the session's task (the client's owner's) waits for requests
+    for _ in range(TRIAL_CALLS):
+        await client.step(CountAction(by=1))
+
+
+async def test_quick_calls_run_in_the_sessions_task_then_at_once_in_the_callers() -> None:
+    env = TaskRecordingEnv()
+    with anyio.fail_after(LIMIT):
+        async with _client(env) as client:
+            await client.reset()
+            await _trials(client)
+            result = await client.step(CountAction(by=1))
+    me = anyio.get_current_task().id
+    assert env.tasks[0] != me  # the first calls ran in the session's task (the client's owner's)
+    assert env.tasks[-1] == me  # then at once, in the caller's
+    assert result.observation.count == TRIAL_CALLS + 1
+
+
+async def test_calls_that_wait_are_never_run_at_once() -> None:
+    env = AlwaysWaitingEnv()
+    with anyio.fail_after(LIMIT):
+        async with _client(env) as client:
+            await client.reset()
+            await _trials(client)
+            for _ in range(3):
+                await client.step(CountAction(by=1))
+    assert anyio.get_current_task().id not in env.tasks
+
+
+async def test_a_call_run_at_once_that_waits_finishes_there_and_later_calls_go_back_to_the_sessions_task() -> None:
+    env = TaskRecordingEnv()
+    with anyio.fail_after(LIMIT):
+        async with _client(env) as client:
+            await client.reset()
+            await _trials(client)
+            waited = await client.step(CountAction(by=-1))  # waits after all: finished in this task
+            after = await client.step(CountAction(by=1))
+    me = anyio.get_current_task().id
+    assert env.tasks[-2] == me
+    assert env.tasks[-1] != me
+    assert (waited.observation.count, after.observation.count) == (TRIAL_CALLS, TRIAL_CALLS + 1)
+
+
+async def test_a_call_run_at_once_cut_by_its_caller_ends_the_session_and_says_why() -> None:
+    env = TaskRecordingEnv()
+    with anyio.fail_after(LIMIT):
+        async with _client(env) as client:
+            await client.reset()
+            await _trials(client)
+            async with anyio.create_task_group() as tasks:
+
+                async def cancel_once_waiting() -> None:
+                    await env.waiting.wait()
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(cancel_once_waiting)
+                await client.step(CountAction(by=-2))
+            assert tasks.cancel_scope.cancelled_caught
+            assert env.cut
+            with pytest.raises(ConnectionClosed, match="cut by its caller"):
+                await client.step(CountAction(by=1))
+
+
+async def test_an_ownerless_client_is_served_at_once_after_the_trials_too() -> None:
+    env = TaskRecordingEnv()
+    client = _client(env)
+    with anyio.fail_after(LIMIT):
+        await client.connect()
+        try:
+            await client.reset()
+            await _trials(client)
+            await client.step(CountAction(by=-1))  # waits after all: finished here, then the shielded way again
+            result = await client.step(CountAction(by=1))
+        finally:
+            await client.close()
+    assert result.observation.count == TRIAL_CALLS + 1
+    assert set(env.tasks) == {anyio.get_current_task().id}  # no owner: every call in the caller's task
