@@ -1,9 +1,14 @@
-"""The in-process transport serves quick calls at once, in the caller's task, once it has seen them not wait."""
+"""The in-process transport serves quick calls at once, in the caller's task, once it has seen them not wait.
+
+What is learned is shared by the sessions of one factory in one event loop: each
+test gives its sessions a factory of their own.
+"""
 
 from __future__ import annotations
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 
 from openenv import ConnectionClosed
@@ -130,3 +135,54 @@ async def test_an_ownerless_client_is_served_at_once_after_the_trials_too() -> N
             await client.close()
     assert result.observation.count == TRIAL_CALLS + 1
     assert set(env.tasks) == {anyio.get_current_task().id}  # no owner: every call in the caller's task
+
+
+async def test_the_sessions_of_one_factory_learn_together() -> None:
+    envs = [TaskRecordingEnv(), TaskRecordingEnv()]
+    made = iter(envs)
+
+    def factory() -> TaskRecordingEnv:
+        return next(made)
+
+    me = anyio.get_current_task().id
+    with anyio.fail_after(LIMIT):
+        async with (
+            CounterClient(transport=InProcessTransport(factory=factory)) as first,
+            CounterClient(transport=InProcessTransport(factory=factory)) as second,
+        ):
+            await first.reset()
+            await _trials(first)  # the first session's calls teach the second's too
+            await second.reset()
+            await second.step(CountAction(by=1))
+            assert envs[1].tasks[-1] == me
+            await second.step(CountAction(by=-1))  # waits after all: the first's calls go to its task too
+            await first.step(CountAction(by=1))
+            assert envs[0].tasks[-1] != me
+
+
+async def test_event_loops_learn_apart() -> None:
+    def factory() -> TaskRecordingEnv:
+        return env
+
+    env = TaskRecordingEnv()
+    me = anyio.get_current_task().id
+
+    async def steps(client: CounterClient) -> None:
+        await client.reset()
+        await _trials(client)
+
+    with anyio.fail_after(LIMIT):
+        async with CounterClient(transport=InProcessTransport(factory=factory)) as client:
+            await steps(client)
+    assert env.tasks[-1] == me
+
+    other: list[int] = []
+
+    async def in_another_loop() -> None:
+        async with CounterClient(transport=InProcessTransport(factory=factory)) as client:
+            await all_tasks_blocked()
+            await client.step(CountAction(by=1))
+            other.append(anyio.get_current_task().id)
+
+    await anyio.to_thread.run_sync(anyio.run, in_another_loop)
+    assert env.tasks[-1] != other[0]  # a new event loop starts learning afresh: the call ran in the session's task

@@ -13,12 +13,13 @@ environment has answered, and the late reply is dropped as over a socket.
 Most environments' calls never wait (an echo, a game's rules), and handing each
 to the session's task costs a wake-up, two events and a trip through the event
 loop for a few microseconds of work. So, as a server does on a shared link
-(`transports._link_host`), the session's task runs the first
-`openenv._inline.TRIAL_CALLS` requests; if none of them waited, the requests
-that follow are served at once, in the task that waits for their reply
-(`receive`), with no task and no wake-up. A call served so that waits after
-all is finished there, in the caller's task, and from then on every request
-goes to the session's task again. Such a call is the caller's, though: a
+(`transports._link_host`), sessions' tasks run the first
+`openenv._inline.TRIAL_CALLS` requests to the environments of one factory (in
+one event loop: the sessions of a pool learn together); if none of them
+waited, the requests that follow are served at once, in the task that waits
+for their reply (`receive`), with no task and no wake-up. A call served so
+that waits after all is finished there, in the caller's task, and from then on
+every request to that factory's environments goes to its session's task again. Such a call is the caller's, though: a
 timeout or cancellation of the caller cuts it, and the session then ends
 (its environment's state is unknown), where a call in the session's task would
 have run on and had its reply dropped.
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
@@ -51,6 +53,58 @@ logger = logging.getLogger("openenv.server")
 
 SCHEME = "inproc://"
 """The prefix of the URLs this transport takes."""
+
+
+class _Habits:
+    """What an event loop has learned of one factory's environments: whether their calls wait.
+
+    Attributes:
+        trials: Calls left to run in sessions' tasks before the calls that follow run at once.
+        waits: A call waited: every call runs in its session's task.
+        parked: The transports whose `keep` waits while their calls run at once.
+    """
+
+    __slots__ = ("parked", "trials", "waits")
+
+    def __init__(self) -> None:
+        self.trials = TRIAL_CALLS
+        self.waits = False
+        self.parked: weakref.WeakSet[InProcessTransport] = weakref.WeakSet()
+
+    @property
+    def at_once(self) -> bool:
+        """Whether calls run at once, in the task waiting for the reply."""
+        return self.trials <= 0 and not self.waits
+
+    def ran(self, waited: bool) -> None:
+        """Note how a call ran; the first that waited sends every parked session back to its task."""
+        if waited:
+            if not self.waits:
+                self.waits = True
+                for transport in list(self.parked):
+                    transport._unpark()
+        elif self.trials > 0:
+            self.trials -= 1
+
+
+_LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = (
+    anyio.lowlevel.RunVar("openenv_inproc_habits")
+)
+
+
+def _habits_of(factory: Callable[[], Any]) -> _Habits:
+    """This event loop's habits of ``factory``'s environments (a factory that takes no weak reference learns alone)."""
+    learned = _LEARNED.get(None)
+    if learned is None:
+        learned = weakref.WeakKeyDictionary()
+        _LEARNED.set(learned)
+    try:
+        habits = learned.get(factory)
+        if habits is None:
+            habits = learned[factory] = _Habits()
+    except TypeError:
+        habits = _Habits()
+    return habits
 
 
 class InProcessTransport(Transport):
@@ -122,8 +176,7 @@ class InProcessTransport(Transport):
         self._serving = False  # a request is being handled (by `keep`'s task, or in a caller's)
         self._kept = False  # `keep` serves the session
         self._idle: anyio.Event | None = None  # set when no request is being handled; made by who waits for it
-        self._trials = TRIAL_CALLS  # requests left to serve in a task before those that follow are served at once
-        self._at_once = False  # requests are served at once, in the task waiting for the reply
+        self._habits = _Habits()  # what is learned of the factory's calls, shared once connected
         self._to_task: anyio.Event | None = None  # set when `keep`'s task is to serve again (or the channel ended)
         self._ended = "the in-process session has ended"  # what `ConnectionClosed` says once it has
 
@@ -153,6 +206,7 @@ class InProcessTransport(Transport):
         """
         factory = self._load_factory()
         self._to_server, self._from_server = FrameQueue[bytes](), FrameQueue[bytes]()
+        self._habits = _habits_of(factory)
         try:
             env = factory()
         except Exception as exc:
@@ -179,10 +233,11 @@ class InProcessTransport(Transport):
         self._kept = True
         try:
             while True:
-                if self._at_once:
+                if self._habits.at_once:
                     if inbox.closed:
                         return
                     self._to_task = to_task = anyio.Event()
+                    self._habits.parked.add(self)
                     await to_task.wait()
                     continue
                 try:
@@ -196,8 +251,8 @@ class InProcessTransport(Transport):
     async def _serve(self, frame: bytes) -> None:
         """Handle one request in the session's task (or shielded, in an ownerless caller's); queue its reply.
 
-        Learns whether the environment's calls wait: after `TRIAL_CALLS` that
-        did not, requests are served at once (`_serve_at_once`).
+        Learns whether the factory's calls wait: after `TRIAL_CALLS` that did
+        not, requests are served at once (`_serve_at_once`).
         """
         session = self._session
         if session is None or session.closed:
@@ -205,12 +260,9 @@ class InProcessTransport(Transport):
         self._serving = True
         try:
             outcome = start(session.handle(frame))
+            self._habits.ran(waited=isinstance(outcome, Suspended))
             if isinstance(outcome, Suspended):
-                self._trials = -1  # its calls wait: never served at once
                 outcome = await finish(outcome)
-            elif self._trials > 0:
-                self._trials -= 1
-                self._at_once = self._trials == 0
         finally:
             self._served()
         self._answer(outcome)
@@ -229,7 +281,7 @@ class InProcessTransport(Transport):
         try:
             outcome = start(session.handle(frame))
             if isinstance(outcome, Suspended):
-                self._back_to_task()
+                self._habits.ran(waited=True)
                 try:
                     outcome = await finish(outcome)
                 except anyio.get_cancelled_exc_class():
@@ -240,10 +292,9 @@ class InProcessTransport(Transport):
             self._served()
         self._answer(outcome)
 
-    def _back_to_task(self) -> None:
-        """From now on, requests go to the session's task (its calls wait)."""
-        self._at_once = False
-        self._trials = -1
+    def _unpark(self) -> None:
+        """Wake `keep`: requests go to the session's task again (or the channel ended)."""
+        self._habits.parked.discard(self)
         if self._to_task is not None:
             self._to_task.set()
             self._to_task = None
@@ -268,9 +319,7 @@ class InProcessTransport(Transport):
         for queue in (self._to_server, self._from_server):
             if queue is not None:
                 queue.close()
-        if self._to_task is not None:
-            self._to_task.set()  # `keep` returns
-            self._to_task = None
+        self._unpark()  # `keep` returns
 
     async def send(self, frame: bytes) -> None:
         """Queue one frame for the session; never blocks.
@@ -335,7 +384,7 @@ class InProcessTransport(Transport):
         if outbox is None or inbox is None:
             raise ConnectionClosed("the transport is not connected")
         while not outbox and inbox and not self._serving:
-            if self._at_once:
+            if self._habits.at_once:
                 await self._serve_at_once(inbox.get_nowait())
             elif self._kept:
                 break  # `keep`'s task serves it
