@@ -87,8 +87,8 @@ class _Habits:
             self.trials -= 1
 
 
-_LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = (
-    anyio.lowlevel.RunVar("openenv_inproc_habits")
+_LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = anyio.lowlevel.RunVar(
+    "openenv_inproc_habits"
 )
 
 
