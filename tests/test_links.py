@@ -26,6 +26,7 @@ from transports import _link_host
 from transports.app import create_app
 from transports.runner import RunningServer, ServerName, current_backend, serve
 from transports.websocket import WebSocketTransport
+from transports.websocket import _link as websocket_link
 
 pytestmark = pytest.mark.anyio
 
@@ -358,3 +359,33 @@ async def test_a_frame_that_is_not_one_value_ends_only_its_session() -> None:
                 await transport.send(b'{"type": "step"} trailing')
             assert (await bystander.step(CountAction(by=4))).observation.count == 4
             await wait_until(lambda: active(server) == 1, "the sender's session is over")
+
+
+async def test_a_batch_leaves_in_pieces_as_it_is_posted_and_each_reply_finds_its_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(websocket_link, "SEND_EVERY", 2)
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, EnvPool(server.url, size=7, client=CounterClient) as pool:
+            await pool.reset(start=list(range(7)))
+            await pool.send([CountAction(by=1)] * 7)
+            link = link_of(pool.clients[0])
+            assert isinstance(link, websocket_link.Link)
+            assert link._state is not None
+            assert link._state.outgoing_count == 1  # six went out as they were posted, two at a time
+            results = await pool.recv()
+            assert [results[index].observation.count for index in range(7)] == [n + 1 for n in range(7)]
+
+
+async def test_what_a_short_write_leaves_of_a_batch_is_written_before_the_replies_are_awaited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write = websocket_link._send_now
+    monkeypatch.setattr(websocket_link, "SEND_EVERY", 2)
+    monkeypatch.setattr(websocket_link, "_send_now", lambda fd, data: write(fd, data[:40]))  # a full socket, always
+    with anyio.fail_after(LIMIT):
+        async with serving() as server, EnvPool(server.url, size=6, client=CounterClient) as pool:
+            await pool.reset(start=list(range(6)))
+            for steps in range(1, 4):
+                results = await pool.step([CountAction(by=1)] * 6)  # every frame posted went out part-way
+                assert [result.observation.count for result in results] == [n + steps for n in range(6)]

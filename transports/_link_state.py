@@ -73,6 +73,11 @@ class _LinkState:
         """Whether entries wait to be sent."""
         return bool(self._outgoing)
 
+    @property
+    def outgoing_count(self) -> int:
+        """How many entries wait to be sent."""
+        return len(self._outgoing)
+
     def outgoing(self) -> list[Entry]:
         """Take the entries waiting to be sent, in order (an empty list if none)."""
         entries, self._outgoing = self._outgoing, []

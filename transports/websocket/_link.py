@@ -53,19 +53,27 @@ from .._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Resumed, fits
 from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
-from .._link_state import LinkProtocolError
+from .._link_state import ChannelState, LinkProtocolError
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 from ._quick_frames import FrameBoundaries, whole_data_frames
 from ._socket_reader import SocketReader, socket_reader
 
-__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "SEND_EVERY", "Link", "LinkChannel", "Reconnect"]
 
 IDLE_READ = 1.0
 """Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
 
 RECEIVE_BUFFER = 64
 """Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
+
+SEND_EVERY = 128
+"""Frames posted in one turn of the event loop after which they leave at once, without waiting for the turn's end.
+
+So the server steps a big batch's first sessions while the client still
+encodes the last ones, and the client decodes the first replies while the
+server steps the rest.
+"""
 
 # The close codes websockets' protocol fails a connection with when the peer broke the protocol:
 # a malformed frame, invalid UTF-8 in a text message, a message over the size limit.
@@ -275,7 +283,7 @@ class Link(ClientLink):
             state.leave(channel.number)
             await self._flush()
             raise _for_send(channel.ended)
-        state.post(channel_state, msgspec.Raw(frame))
+        self._post(channel_state, frame)
         if len(self._channels) == 1:
             await self._flush()
 
@@ -310,7 +318,48 @@ class Link(ClientLink):
         channel_state = state.channels.get(channel.number)
         if channel_state is None or self._refusal(frame) is not None:
             raise anyio.WouldBlock  # `send` tells why
+        self._post(channel_state, frame)
+
+    def _post(self, channel_state: ChannelState, frame: bytes) -> None:
+        """Post a frame on a shared link; every `SEND_EVERY` frames of a turn, write what is posted."""
+        state = self._state
+        assert state is not None
         state.post(channel_state, msgspec.Raw(frame))
+        if state.outgoing_count >= SEND_EVERY:
+            self._write_without_waiting()
+
+    def _write_without_waiting(self) -> None:
+        """Send the posted entries, as much as the socket takes at once; the rest leaves with the next write.
+
+        Nothing is written when a writer holds the lock (it may be part-way
+        through a message), the connection is not open, or the socket is not
+        ours (TLS): the entries then leave with the next flush, as any others.
+        A failure to write is left for that next write to find.
+        """
+        state, sock = self._state, self._socket
+        if (
+            state is None
+            or sock is None
+            or self._write_lock.locked()
+            or self._broken is not None
+            or self._ended is not None
+            or self._protocol.state is not State.OPEN
+        ):
+            return
+        assert self._envelope is not None
+        for message in self._envelope.encode_within(state.outgoing(), self._server_limit):
+            self._send_data(message)
+        unsent = self._unsent
+        unsent += self._protocol.data_to_send()
+        data = b"".join(unsent)
+        unsent.clear()
+        try:
+            written = _send_now(sock.fileno(), data)
+        except OSError:
+            written = 0
+        if written < len(data):
+            # Written before anything queued later: by the next flush, or by the next read (`_read_some`).
+            unsent.append(data[written:])
 
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
@@ -328,8 +377,7 @@ class Link(ClientLink):
                 return frames.popleft()
             if channel.ended is not None:
                 raise _fresh(channel.ended)
-            state = self._state
-            if state is not None and state.has_outgoing:
+            if self._has_output():
                 if len(self._channels) > 1 and not self._coalescing:
                     # Let the other sessions that run in this turn post theirs first: one message for all.
                     self._coalescing = True
@@ -610,10 +658,15 @@ class Link(ClientLink):
 
     # -- writing -------------------------------------------------------------------------
 
-    async def _flush(self) -> None:
-        """Send every posted entry, as one message."""
+    def _has_output(self) -> bool:
+        """Whether posted entries, or bytes a write left (`_write_without_waiting`), wait to be written."""
         state = self._state
-        if state is None or not state.has_outgoing:
+        return state is not None and (state.has_outgoing or bool(self._unsent))
+
+    async def _flush(self) -> None:
+        """Send every posted entry, as one message (after what an earlier write left)."""
+        state = self._state
+        if state is None or not self._has_output():
             return
         async with self._write_lock:
             if self._broken is not None:
@@ -621,12 +674,13 @@ class Link(ClientLink):
                     self._raise_broken()
                 return  # kept: sent again once the link is resumed
             entries = state.outgoing()
-            if not entries:
+            if not entries and not self._unsent:
                 return
             self._check_writable()
             assert self._envelope is not None
-            for message in self._envelope.encode_within(entries, self._server_limit):
-                self._send_data(message)
+            if entries:
+                for message in self._envelope.encode_within(entries, self._server_limit):
+                    self._send_data(message)
             await self._write_pending()
 
     def _check_writable(self) -> None:
