@@ -776,8 +776,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 await self._send(index, request)
             except OpenEnvError as exc:
                 outcome.errors[index] = exc
+        errors = outcome.errors  # nothing is ready yet: the replies are taken here, in order
         for index in requests:
-            if index not in apart and index not in outcome:
+            if index not in apart and index not in errors:
                 self._take(index, await self._reply(index), outcome)
 
     async def _exchange_one(self, index: int, request: _Request, outcome: _Outcome) -> None:
