@@ -30,7 +30,6 @@ uvicorn uses); or pass ``factory=`` directly.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import weakref
 from collections.abc import Callable
@@ -309,9 +308,8 @@ class InProcessTransport(Transport):
         """Queue a request's reply; end the channel if that was the close request."""
         session, outbox = self._session, self._from_server
         assert session is not None
-        if reply is not None and outbox is not None:
-            with contextlib.suppress(QueueClosed):
-                outbox.put(reply)
+        if reply is not None and outbox is not None and not outbox.closed:  # closed: the reply has nobody to go to
+            outbox.put(reply)
         if session.closed:
             self._end()
 
