@@ -304,8 +304,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         await tasks.__aenter__()
         self._tasks = tasks
         assert self._transport is not None
-        self._watchdog = Watchdog(self._clock)
-        self._start_idle_work(self._watchdog.run)
+        self._watchdog = Watchdog(self._clock, launch=self._start_idle_work)
         self._start_idle_work(self._transport.keep)
         return self
 

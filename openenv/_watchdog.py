@@ -9,12 +9,15 @@ wakes it cancels the scopes whose deadline has passed, then sleeps until the
 next. Arming a scope is an update of a dict; the task is woken early only when a
 deadline comes before the one it sleeps towards (the first request after an
 idle spell, a call's shorter ``timeout``), and otherwise wakes about once per
-timeout, however many requests went by.
+timeout, however many requests went by. The task starts with the first scope
+armed: a client that makes no call with a timeout (or none at all: a fleet
+opened and not yet used) costs no task.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -28,10 +31,13 @@ class Watchdog:
 
     Args:
         clock: Where the deadlines are measured, and the task sleeps.
+        launch: Starts `run` in a task of the owner's, when the first scope is
+            armed; ``None``: the caller runs it.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, launch: Callable[[Callable[[], Awaitable[None]]], object] | None = None) -> None:
         self._clock = clock
+        self._launch = launch
         # The scopes to cancel, each with its deadline on the clock.
         self._armed: dict[anyio.CancelScope, float] = {}
         # When the task wakes next (infinity: only when a scope is armed).
@@ -47,6 +53,10 @@ class Watchdog:
             deadline: When, as the clock's ``now`` reads it.
         """
         self._armed[scope] = deadline
+        launch = self._launch
+        if launch is not None:
+            self._launch = None
+            launch(self.run)
         if deadline < self._alarm:
             self._alarm = deadline
             self._nap.cancel()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 import pytest
 
 from openenv._watchdog import Watchdog
-from tests.helpers import ManualClock, all_tasks_blocked
+from tests.envs import AsyncCounterEnv
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked
+from tests.serving import factory_path
 
 pytestmark = pytest.mark.anyio
 
@@ -69,3 +73,38 @@ async def test_it_stands_guard_only_while_it_runs() -> None:
         clock.advance(5.0)
         await all_tasks_blocked()
         assert not scope.cancel_called
+
+
+async def test_given_a_launcher_it_starts_its_task_with_the_first_scope_armed() -> None:
+    clock = ManualClock()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as owner:
+            launched: list[object] = []
+
+            def launch(run: Callable[[], Awaitable[None]]) -> None:
+                launched.append(run)
+                owner.start_soon(run)
+
+            watchdog = Watchdog(clock, launch=launch)
+            assert launched == []  # no task yet
+            first, second = anyio.CancelScope(), anyio.CancelScope()
+            watchdog.arm(first, 1.0)
+            watchdog.arm(second, 2.0)
+            assert len(launched) == 1  # one task, for every scope
+            await clock.advance_when_blocked(2.0)
+            await all_tasks_blocked()
+            assert (first.cancel_called, second.cancel_called) == (True, True)
+            owner.cancel_scope.cancel()
+
+
+async def test_an_owned_client_starts_its_timer_task_with_its_first_call() -> None:
+    url = f"inproc://{factory_path(AsyncCounterEnv)}"
+    with anyio.fail_after(5):
+        before = len(anyio.get_running_tasks())
+        async with CounterClient(url, timeout=5) as env:
+            await all_tasks_blocked()
+            opened = len(anyio.get_running_tasks()) - before  # the transport's idle work alone
+            await env.reset()
+            await all_tasks_blocked()
+            called = len(anyio.get_running_tasks()) - before
+    assert (opened, called) == (1, 2)
