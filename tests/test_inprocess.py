@@ -47,6 +47,8 @@ class TaskRecordingEnv(AsyncCounterEnv):
 
 
 class AlwaysWaitingEnv(TaskRecordingEnv):
+    """Every step waits (a checkpoint) first."""
+
     async def step(self, action: CountAction) -> CountObservation:
         await anyio.lowlevel.checkpoint()
         return await super().step(action)
