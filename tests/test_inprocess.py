@@ -58,9 +58,10 @@ def _client(env: AsyncCounterEnv) -> CounterClient:
     return CounterClient(transport=InProcessTransport(factory=lambda: env))
 
 
-async def _trials(client: CounterClient) -> None:
-    """Enough quick steps (the reset before counts too) that the next call is run at once."""
+async def _reset_and_trials(client: CounterClient) -> None:
+    """A reset, then enough quick steps (the reset counts too) that the next call is run at once."""
     await all_tasks_blocked()  # the session's task (the client's owner's) waits for requests
+    await client.reset()
     for _ in range(TRIAL_CALLS):
         await client.step(CountAction(by=1))
 
@@ -69,8 +70,7 @@ async def test_quick_calls_run_in_the_sessions_task_then_at_once_in_the_callers(
     env = TaskRecordingEnv()
     with anyio.fail_after(LIMIT):
         async with _client(env) as client:
-            await client.reset()
-            await _trials(client)
+            await _reset_and_trials(client)
             result = await client.step(CountAction(by=1))
     me = anyio.get_current_task().id
     assert env.tasks[0] != me  # the first calls ran in the session's task (the client's owner's)
@@ -82,8 +82,7 @@ async def test_calls_that_wait_are_never_run_at_once() -> None:
     env = AlwaysWaitingEnv()
     with anyio.fail_after(LIMIT):
         async with _client(env) as client:
-            await client.reset()
-            await _trials(client)
+            await _reset_and_trials(client)
             for _ in range(3):
                 await client.step(CountAction(by=1))
     assert anyio.get_current_task().id not in env.tasks
@@ -93,8 +92,7 @@ async def test_a_call_run_at_once_that_waits_finishes_there_and_later_calls_go_b
     env = TaskRecordingEnv()
     with anyio.fail_after(LIMIT):
         async with _client(env) as client:
-            await client.reset()
-            await _trials(client)
+            await _reset_and_trials(client)
             waited = await client.step(CountAction(by=-1))  # waits after all: finished in this task
             after = await client.step(CountAction(by=1))
     me = anyio.get_current_task().id
@@ -107,8 +105,7 @@ async def test_a_call_run_at_once_cut_by_its_caller_ends_the_session_and_says_wh
     env = TaskRecordingEnv()
     with anyio.fail_after(LIMIT):
         async with _client(env) as client:
-            await client.reset()
-            await _trials(client)
+            await _reset_and_trials(client)
             async with anyio.create_task_group() as tasks:
 
                 async def cancel_once_waiting() -> None:
@@ -129,8 +126,7 @@ async def test_an_ownerless_client_is_served_at_once_after_the_trials_too() -> N
     with anyio.fail_after(LIMIT):
         await client.connect()
         try:
-            await client.reset()
-            await _trials(client)
+            await _reset_and_trials(client)
             await client.step(CountAction(by=-1))  # waits after all: finished here, then the shielded way again
             result = await client.step(CountAction(by=1))
         finally:
@@ -152,8 +148,7 @@ async def test_the_sessions_of_one_factory_learn_together() -> None:
             CounterClient(transport=InProcessTransport(factory=factory)) as first,
             CounterClient(transport=InProcessTransport(factory=factory)) as second,
         ):
-            await first.reset()
-            await _trials(first)  # the first session's calls teach the second's too
+            await _reset_and_trials(first)  # the first session's calls teach the second's too
             await second.reset()
             await second.step(CountAction(by=1))
             assert envs[1].tasks[-1] == me
@@ -169,13 +164,9 @@ async def test_event_loops_learn_apart() -> None:
     env = TaskRecordingEnv()
     me = anyio.get_current_task().id
 
-    async def steps(client: CounterClient) -> None:
-        await client.reset()
-        await _trials(client)
-
     with anyio.fail_after(LIMIT):
         async with CounterClient(transport=InProcessTransport(factory=factory)) as client:
-            await steps(client)
+            await _reset_and_trials(client)
     assert env.tasks[-1] == me
 
     other: list[int] = []
