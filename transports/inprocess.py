@@ -247,11 +247,17 @@ class InProcessTransport(Transport):
         finally:
             self._kept = False
 
-    async def _serve(self, frame: bytes) -> None:
-        """Handle one request in the session's task (or shielded, in an ownerless caller's); queue its reply.
+    async def _serve(self, frame: bytes, *, at_once: bool = False) -> None:
+        """Handle one request; queue its reply.
 
-        Learns whether the factory's calls wait: after `TRIAL_CALLS` that did
-        not, requests are served at once (`_serve_at_once`).
+        In the session's task (or shielded, in an ownerless caller's); or, with
+        ``at_once``, in the caller's task, where a call that waits after all is
+        finished. Learns whether the factory's calls wait: after `TRIAL_CALLS`
+        that did not, requests are served at once.
+
+        Raises:
+            ConnectionClosed: Served at once, the caller was cancelled while the
+                call waited: the call was cut, and the session has ended.
         """
         session = self._session
         if session is None or session.closed:
@@ -261,31 +267,12 @@ class InProcessTransport(Transport):
             outcome = start(session.handle(frame))
             self._habits.ran(waited=isinstance(outcome, Suspended))
             if isinstance(outcome, Suspended):
-                outcome = await finish(outcome)
-        finally:
-            self._served()
-        self._answer(outcome)
-
-    async def _serve_at_once(self, frame: bytes) -> None:
-        """Handle one request in the caller's task; one that waits after all is finished here.
-
-        Raises:
-            ConnectionClosed: The caller was cancelled while the call waited: the
-                call was cut, and the session has ended.
-        """
-        session = self._session
-        if session is None or session.closed:
-            return
-        self._serving = True
-        try:
-            outcome = start(session.handle(frame))
-            if isinstance(outcome, Suspended):
-                self._habits.ran(waited=True)
                 try:
                     outcome = await finish(outcome)
                 except anyio.get_cancelled_exc_class():
-                    self._ended = "the in-process session ended: a call that waited was cut by its caller"
-                    self._end()
+                    if at_once:
+                        self._ended = "the in-process session ended: a call that waited was cut by its caller"
+                        self._end()
                     raise
         finally:
             self._served()
@@ -383,7 +370,7 @@ class InProcessTransport(Transport):
             raise ConnectionClosed("the transport is not connected")
         while not outbox and inbox and not self._serving:
             if self._habits.at_once:
-                await self._serve_at_once(inbox.get_nowait())
+                await self._serve(inbox.get_nowait(), at_once=True)
             elif self._kept:
                 break  # `keep`'s task serves it
             else:

@@ -49,7 +49,7 @@ from openenv import (
     ProtocolError,
 )
 
-from .._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Resumed, fits
+from .._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Resumed, fits
 from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
@@ -346,9 +346,7 @@ class Link(ClientLink):
             or self._protocol.state is not State.OPEN
         ):
             return
-        assert self._envelope is not None
-        for message in self._envelope.encode_within(state.outgoing(), self._server_limit):
-            self._send_data(message)
+        self._queue(state.outgoing())
         unsent = self._unsent
         unsent += self._protocol.data_to_send()
         data = b"".join(unsent)
@@ -677,11 +675,16 @@ class Link(ClientLink):
             if not entries and not self._unsent:
                 return
             self._check_writable()
-            assert self._envelope is not None
-            if entries:
-                for message in self._envelope.encode_within(entries, self._server_limit):
-                    self._send_data(message)
+            self._queue(entries)
             await self._write_pending()
+
+    def _queue(self, entries: list[Entry]) -> None:
+        """Hand posted entries to the protocol, in envelopes no larger than the server takes."""
+        if not entries:
+            return  # only what an earlier write left is to go
+        assert self._envelope is not None
+        for message in self._envelope.encode_within(entries, self._server_limit):
+            self._send_data(message)
 
     def _check_writable(self) -> None:
         if self._ended is not None:
