@@ -7,6 +7,7 @@ lifetime, its bounds, what a WebSocket attached to it may do, and its errors.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,10 +18,13 @@ import httpx
 import pytest
 
 import openenv
-from openenv.examples.echo import EchoEnv, EchoEnvironment
+from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment
+from tests.envs import AsyncCounterEnv
 from tests.helpers import wait_until
 from tests.test_server_app import RawWebSocket, WebSocketClosed
 from transports._sessions import SessionRegistry
+from transports._wrapping import WrappingTransport
+from transports.inprocess import InProcessTransport
 from transports.mcp_session import MCPSessionTransport
 from transports.runner import RunningServer
 
@@ -404,3 +408,48 @@ async def test_a_wrapping_transport_runs_its_inner_ones_idle_work(wrapper: str, 
             task_group.start_soon(outer.keep)
             await inner.kept.wait()
             task_group.cancel_scope.cancel()
+
+
+async def test_a_pool_over_mcp_sessions_sends_as_their_websockets_do() -> None:
+    """A wrapper takes on its inner transport's ``send_waits``: the pool then sends its batch from one task."""
+    with anyio.fail_after(LIMIT):
+        async with (
+            mcp_server() as (server, _),
+            openenv.EnvPool(server.url.replace("http", "http+mcp", 1), size=3, client=EchoEnv) as pool,
+        ):
+            transports = [client.transport for client in pool.clients]
+            assert all(isinstance(transport, MCPSessionTransport) for transport in transports)
+            assert [transport.send_waits for transport in transports if transport is not None] == [False] * 3
+            await pool.reset()
+            actions = [CallToolAction(tool_name="echo_message", arguments={"message": f"m{n}"}) for n in range(3)]
+            results = await pool.step(actions)
+            assert [result.observation.result for result in results] == ["m0", "m1", "m2"]  # type: ignore[union-attr]
+            assert [lease.transport for lease in registry_of(server).leases()] == ["mcp"] * 3
+
+
+class _InProcessWrapper(WrappingTransport):
+    """A wrapper whose inner transport is an in-process session of the counter environment."""
+
+    async def __aenter__(self) -> _InProcessWrapper:
+        inner = InProcessTransport(factory=AsyncCounterEnv)
+        await inner.__aenter__()
+        self._wrap(inner)
+        return self
+
+    async def aclose(self) -> None:
+        if self._inner is not None:
+            await self._inner.aclose()
+
+
+async def test_a_wrapping_transport_hands_frames_over_without_waiting_when_its_inner_one_can() -> None:
+    with anyio.fail_after(LIMIT):
+        async with _InProcessWrapper() as wrapper:
+            assert wrapper.send_waits is False
+            with pytest.raises(anyio.WouldBlock):
+                wrapper.receive_nowait()  # nothing sent yet
+            wrapper.send_nowait(b'{"type": "reset", "data": {"start": 5}}')
+            reply = json.loads(await wrapper.receive())
+            assert reply["type"] == "observation"
+            assert reply["data"]["observation"]["count"] == 5
+        with pytest.raises(openenv.ConnectionClosed):
+            wrapper.send_nowait(b'{"type": "state"}')

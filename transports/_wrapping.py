@@ -10,11 +10,20 @@ __all__ = ["WrappingTransport"]
 class WrappingTransport(Transport):
     """Sends, receives and does its idle work on ``_inner``, the transport it opened.
 
-    A subclass opens ``_inner`` in ``__aenter__`` and says in `_is_open`
-    whether it may still be used.
+    A subclass opens its inner transport in ``__aenter__``, hands it to
+    `_wrap`, and says in `_is_open` whether it may still be used. What the
+    inner transport can do without waiting (`send_nowait`, `receive_nowait`,
+    ``send_waits``) the wrapper can too, so an `openenv.EnvPool` batches its
+    sessions as it would on the inner transport's own.
     """
 
     _inner: Transport | None = None
+
+    def _wrap(self, inner: Transport) -> None:
+        """Carry the frames on ``inner``, an open transport; take on its dialect and whether its sends wait."""
+        self._inner = inner
+        self.dialect = inner.dialect
+        self.send_waits = inner.send_waits
 
     def _is_open(self) -> bool:
         """Whether frames may go through ``_inner`` (it is set, and the subclass has not closed)."""
@@ -46,6 +55,24 @@ class WrappingTransport(Transport):
             ConnectionClosed: The channel is closed or broken.
         """
         return await self._channel().receive()
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Hand one frame to the inner transport at once, if it can without waiting.
+
+        Raises:
+            anyio.WouldBlock: It cannot: await `send` instead.
+            ConnectionClosed: The channel is closed or broken.
+        """
+        self._channel().send_nowait(frame)
+
+    def receive_nowait(self) -> bytes:
+        """A frame the inner transport holds already, without waiting.
+
+        Raises:
+            anyio.WouldBlock: It holds none: await `receive` instead.
+            ConnectionClosed: The channel has ended and every frame was returned.
+        """
+        return self._channel().receive_nowait()
 
     async def keep(self) -> None:
         """The inner transport's idle work (answering pings, resuming), run by the client's owner."""

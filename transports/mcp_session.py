@@ -125,8 +125,7 @@ class MCPSessionTransport(WrappingTransport):
             with anyio.CancelScope(shield=True):
                 await self._close_session()
             raise
-        self._inner = websocket
-        self.dialect = websocket.dialect
+        self._wrap(websocket)
         return self
 
     async def __aexit__(

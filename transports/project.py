@@ -131,8 +131,7 @@ class ProjectTransport(WrappingTransport):
         except BaseException:
             await self._release()
             raise
-        self._inner = inner
-        self.dialect = inner.dialect
+        self._wrap(inner)
         return self
 
     async def __aexit__(
