@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 __all__ = ["BUSY_RESPONSE", "ConnectionCap", "cap_connections", "fit_to_open_files", "refuse_compression"]
@@ -142,6 +143,28 @@ def _cap_of(server: Any) -> ConnectionCap | None:
     return cap
 
 
+async def _run_within_cap(
+    server: Any, run: Callable[[], Awaitable[None]], refuse: Callable[[], Awaitable[None]]
+) -> None:
+    """Serve one of hypercorn's connections (``run``) within its server's cap; ``refuse`` it once the cap is reached.
+
+    A connection is counted once, by the outermost capped class (the class may
+    be installed again on top of others installed after it).
+    """
+    cap = _cap_of(server)
+    if cap is None or getattr(server, "_openenv_counted", False):
+        await run()
+        return
+    server._openenv_counted = True
+    if not cap.take():
+        await refuse()
+        return
+    try:
+        await run()
+    finally:
+        cap.give_back()
+
+
 def _install_trio() -> None:
     import hypercorn.trio.run
 
@@ -156,21 +179,13 @@ def _install_trio() -> None:
         _openenv_capped = True
 
         async def run(self) -> None:
-            cap = _cap_of(self)
-            if cap is None or getattr(self, "_openenv_counted", False):
-                await super().run()
-                return
-            self._openenv_counted = True
-            if not cap.take():
-                with contextlib.suppress(Exception):
-                    await self.stream.send_all(BUSY_RESPONSE)
-                with contextlib.suppress(Exception):
-                    await self.stream.aclose()
-                return
-            try:
-                await super().run()
-            finally:
-                cap.give_back()
+            await _run_within_cap(self, super().run, self._refuse)
+
+        async def _refuse(self) -> None:
+            with contextlib.suppress(Exception):
+                await self.stream.send_all(BUSY_RESPONSE)
+            with contextlib.suppress(Exception):
+                await self.stream.aclose()
 
     run_module.TCPServer = CappedTCPServer
 
@@ -187,20 +202,12 @@ def _install_asyncio() -> None:
         _openenv_capped = True
 
         async def run(self) -> None:
-            cap = _cap_of(self)
-            if cap is None or getattr(self, "_openenv_counted", False):
-                await super().run()
-                return
-            self._openenv_counted = True
-            if not cap.take():
-                with contextlib.suppress(Exception):
-                    self.writer.write(BUSY_RESPONSE)
-                    self.writer.close()
-                return
-            try:
-                await super().run()
-            finally:
-                cap.give_back()
+            await _run_within_cap(self, super().run, self._refuse)
+
+        async def _refuse(self) -> None:
+            with contextlib.suppress(Exception):
+                self.writer.write(BUSY_RESPONSE)
+                self.writer.close()
 
         async def protocol_send(self, event: Any) -> None:
             if isinstance(event, RawData) and self.writer.transport.is_closing():
