@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -23,6 +24,7 @@ import openenv
 from openenv.examples.echo import EchoEnvironment
 from tests.helpers import ManualClock, free_port
 from tests.test_server_app import RawWebSocket, WebSocketClosed
+from transports import runner
 from transports.app import create_app
 from transports.cli import main
 from transports.runner import ServerName, current_backend, serve
@@ -116,6 +118,27 @@ async def test_an_app_that_fails_to_start(anyio_backend: str, server: ServerName
     with anyio.fail_after(LIMIT), pytest.raises(RuntimeError, match="failed to start: ValueError: no database"):
         async with serve(Starlette(lifespan=failing_lifespan), server=server):
             pytest.fail("the block must not run")
+
+
+@pytest.mark.anyio
+async def test_a_server_cut_short_after_its_shutdown_grace_is_no_failure_of_the_block(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that outlives its grace is cancelled; what its teardown raises then is logged, not raised."""
+
+    async def stubborn(*args: object, task_status: anyio.abc.TaskStatus[None], **kwargs: object) -> None:
+        task_status.started()
+        try:
+            await anyio.sleep_forever()  # deaf to the stop
+        finally:
+            raise RuntimeError("InvalidStateError in its teardown")  # as hypercorn's worker_serve, cancelled
+
+    monkeypatch.setitem(runner._DRIVERS, "hypercorn", stubborn)
+    with anyio.fail_after(LIMIT):
+        async with serve(EchoEnvironment, server="hypercorn", shutdown_timeout=0.1) as server:
+            assert server.server == "hypercorn"
+    assert "the hypercorn server failed as it was cut short after its shutdown grace" in caplog.text
+    assert "InvalidStateError in its teardown" in caplog.text
 
 
 @pytest.mark.anyio

@@ -304,12 +304,18 @@ async def _serving(
     started = False
     stop = anyio.Event()
     stopped = anyio.Event()
+    cut_short = False  # the server outlived its shutdown bound and was cancelled
 
     async def run_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:
             await _DRIVERS[name](watched, sock, config, stop, embedded=embedded, task_status=task_status)
         except Exception as exc:  # kept for the host: a task group would cancel the caller's block
-            server_errors.append(exc)
+            if cut_short:
+                # Its teardown failed under the cancellation (hypercorn's worker_serve can): the stop is
+                # ours, and the server is gone either way.
+                logger.warning("the %s server failed as it was cut short after its shutdown grace: %r", name, exc)
+            else:
+                server_errors.append(exc)
         finally:
             stopped.set()
 
@@ -346,6 +352,7 @@ async def _serving(
                         # Graceful first; the server bounds its own grace, this bounds the server.
                         with anyio.move_on_after(config.shutdown_timeout + 2.0):
                             await stopped.wait()
+                        cut_short = not stopped.is_set()
                         task_group.cancel_scope.cancel()
     finally:
         sock.close()
