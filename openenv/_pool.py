@@ -24,6 +24,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
+from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._codec import ClientCodec
 from ._exceptions import (
     CapacityReachedError,
@@ -221,6 +222,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             before it is tried again.
         placement_timeout: Seconds to keep trying to open one session while every
             server refuses (``None``: no limit).
+        clock: Where the pool measures its waits (a batch's timeout, the
+            retries of a full server, ``placement_timeout``); the event loop's
+            time by default. One given here is every client's clock too.
         **client_options: Passed to every client (``timeout``, transport options).
 
     Attributes:
@@ -246,6 +250,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         max_connecting: int = 64,
         retry_interval: float = 1.0,
         placement_timeout: float | None = DEFAULT_PLACEMENT_TIMEOUT,
+        clock: Clock = EVENT_LOOP_CLOCK,
         **client_options: Any,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
@@ -266,7 +271,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self.on_error: OnError = on_error
         self.autoreset_mode: AutoResetMode = mode
         self._client_factory = client
-        self._client_options = client_options
+        self._clock = clock
+        # Handed on only when given, so that a client factory that takes no clock still works by default.
+        self._client_options = client_options if clock is EVENT_LOOP_CLOCK else {**client_options, "clock": clock}
         self._max_connecting = max_connecting
         self._retry_interval = retry_interval
         self._placement_timeout = placement_timeout
@@ -409,7 +416,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     # -- placement ---------------------------------------------------------------
 
     def _placement_deadline(self) -> float:
-        return math.inf if self._placement_timeout is None else anyio.current_time() + self._placement_timeout
+        return math.inf if self._placement_timeout is None else self._clock.now() + self._placement_timeout
 
     async def _open_session(self, deadline: float | None = None) -> _Session[ActT, ObsT, StateT]:
         """Open one session on the least-loaded server that is not being skipped, until ``deadline``."""
@@ -418,7 +425,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             deadline = self._placement_deadline()
         async with self._connecting:
             while True:
-                now = anyio.current_time()
+                now = self._clock.now()
                 candidates = [url for url in self.urls if self._avoid_until[url] <= now]
                 if not candidates:
                     await self._wait_for_a_server(now, deadline)
@@ -454,7 +461,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         owners.start_soon(keep)
 
     def _skip(self, url: str, refusal: OpenEnvError) -> None:
-        self._avoid_until[url] = anyio.current_time() + self._retry_interval
+        self._avoid_until[url] = self._clock.now() + self._retry_interval
         self._refusal[url] = refusal
 
     async def _wait_for_a_server(self, now: float, deadline: float) -> None:
@@ -464,7 +471,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         retry_at = min(self._avoid_until.values())
         if retry_at > deadline:
             self._raise_full()
-        await anyio.sleep(retry_at - now)
+        await self._clock.sleep(retry_at - now)
 
     def _raise_full(self) -> NoReturn:
         raise self._full_error()
@@ -696,7 +703,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     def _deadline(self, timeout: float | _UseClientDefault | None) -> float:
         seconds = self._timeout_of(timeout)
-        return math.inf if seconds is None else anyio.current_time() + seconds
+        return math.inf if seconds is None else self._clock.now() + seconds
 
     async def _run(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> list[Any]:
         """Send every request, take every reply, apply the policies; one result per session, in order."""
@@ -714,7 +721,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 break
             if deadline is None:
                 deadline = self._placement_deadline()
-            elif anyio.current_time() >= deadline:
+            elif self._clock.now() >= deadline:
                 for index in refused:
                     outcome.errors[index] = self._full_error()
                 break
@@ -745,13 +752,13 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         deadline = self._deadline(timeout)
         waiting = [index for index in requests if self._send_waits(index)]
         if waiting:
-            with anyio.move_on_at(deadline):
+            with self._clock.cancel_scope(deadline=deadline):
                 async with anyio.create_task_group() as apart:
                     for index in waiting:
                         apart.start_soon(self._exchange_one, index, requests[index], outcome)
                     await self._exchange_together(requests, outcome, set(waiting))
         else:
-            with anyio.move_on_at(deadline):
+            with self._clock.cancel_scope(deadline=deadline):
                 await self._exchange_together(requests, outcome, set())
         if len(outcome) < len(requests):
             # Time ran out: the replies that came meanwhile still count; the others are late.
@@ -881,7 +888,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     async def _wait_for_some(self, indices: Sequence[int], wanted: int, outcome: _Outcome, deadline: float) -> None:
         """Wait until ``wanted`` of the sessions have answered (a task per session still thinking)."""
         enough = anyio.Event()
-        with anyio.move_on_at(deadline):
+        with self._clock.cancel_scope(deadline=deadline):
             async with anyio.create_task_group() as waiting:
 
                 async def wait_one(index: int) -> None:

@@ -12,7 +12,7 @@ import openenv
 from openenv import EnvClient, EnvPool, ReplacedStepResult
 from openenv.server import Environment
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState, SyncCounterEnv
-from tests.helpers import CounterClient
+from tests.helpers import CounterClient, ManualClock, all_tasks_blocked
 from tests.serving import TRANSPORTS, serving
 
 LIMIT = 20  # seconds: the bound of every wait in these tests
@@ -140,17 +140,30 @@ async def test_a_full_server_is_retried_until_it_has_room() -> None:
 
 @pytest.mark.anyio
 async def test_every_server_at_capacity_raises_after_the_placement_timeout() -> None:
+    """The pool's waits (its retries, ``placement_timeout``) go by its clock: 30 s of retrying pass in no time."""
+    clock = ManualClock()
     with anyio.fail_after(LIMIT):
         async with openenv.serve(AsyncCounterEnv, port=0, max_sessions=1) as server:
             url = server.url.replace("http", "ws")
-            pool = EnvPool(url, size=2, client=CounterClient, retry_interval=0.01, placement_timeout=0.05)
-            async with pool:
+            pool = EnvPool(url, size=2, client=CounterClient, retry_interval=1.0, placement_timeout=30.0, clock=clock)
+            failures: list[openenv.EnvPoolError] = []
+
+            async def reset() -> None:
                 with pytest.raises(openenv.EnvPoolError) as info:
                     await pool.reset()
-            assert list(info.value.errors) == [1] or list(info.value.errors) == [0]
-            (error,) = info.value.errors.values()
+                failures.append(info.value)
+
+            async with pool, anyio.create_task_group() as task_group:
+                assert all(client._clock is clock for client in pool.clients)  # the clients' clock too
+                task_group.start_soon(reset)
+                while not failures:
+                    await all_tasks_blocked()  # the refused session waits for its retry, or is connecting
+                    if not failures:
+                        clock.advance(1.0)
+            assert 29.0 < clock.now() <= 33.0  # it gave up at its placement timeout, on its clock
+            (error,) = failures[0].errors.values()
             assert isinstance(error, openenv.CapacityReachedError)
-            assert "every server stayed at capacity" in str(error)
+            assert "every server stayed at capacity for 30.0 s" in str(error)
 
 
 @pytest.mark.anyio
