@@ -256,6 +256,36 @@ async def test_a_step_given_up_while_it_waits_in_the_links_task_ends_only_its_se
                 await wait_until(lambda: active(server) == 1, "the slow session's slot is freed")
 
 
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_the_rest_of_a_message_cut_short_by_a_give_up_is_still_answered(scheme: str) -> None:
+    """A step given up while it waits in the link's task: the steps after it in the same message go on."""
+    waiting = anyio.Event()
+    clock = ManualClock()
+    app = create_app(lambda: WaitsWhenAskedEnv(waiting), step_timeout=30.0, clock=clock)
+    with anyio.fail_after(LIMIT):
+        async with serving(app) as server:
+            url = server.url.replace("http", scheme, 1)
+            async with EnvPool(url, size=3, client=CounterClient) as pool:
+                await pool.reset()
+                await _steps_at_once(list(pool.clients))
+
+                async def run_past_the_step_timeout() -> None:
+                    await waiting.wait()
+                    await clock.advance_when_blocked(31.0)
+
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(run_past_the_step_timeout)
+                    # One message: the first step waits and is given up; the two after it were not run yet.
+                    await pool.send([CountAction(by=1, delay=5 * LIMIT), CountAction(by=1), CountAction(by=2)])
+                    with pytest.raises(openenv.EnvPoolError) as info:
+                        await pool.recv()
+                assert list(info.value.errors) == [0]
+                assert "step timeout" in str(info.value.errors[0])
+                assert (await pool.clients[1].step(CountAction(by=1))).observation.count == 2
+                assert (await pool.clients[2].step(CountAction(by=1))).observation.count == 3
+                await wait_until(lambda: active(server) == 2, "the given-up session's slot is freed")
+
+
 @pytest.mark.parametrize("factory", [AsyncCounterEnv, SyncCounterEnv])
 async def test_bad_input_and_a_raising_environment_reach_no_other_session(factory: Any) -> None:
     with anyio.fail_after(LIMIT):

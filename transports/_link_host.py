@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -76,6 +76,8 @@ NORMAL_CLOSURE: Final = 1000
 GOING_AWAY: Final = 1001
 MESSAGE_TOO_BIG: Final = 1009
 INTERNAL_ERROR: Final = 1011
+
+T = TypeVar("T")
 
 _HIDDEN_FACTORY_ERROR = "Failed to create environment (details are in the server's log)"
 
@@ -166,6 +168,9 @@ class LinkHost:
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
         self._loan: SocketLoan | None = None  # the socket lent to the lone session's thread, while it is
+        self._calls: anyio.CancelScope | None = None  # where calls answered at once run (`serve`)
+        # An envelope a give-up cut short: its entries left, and the plain calls it started.
+        self._cut: tuple[list[tuple[int, Any]], _Batch | None] | None = None
         self.on_lendable: Callable[[], object] | None = None
         self.shutting_down = False
         self.left_by_client = False
@@ -205,7 +210,7 @@ class LinkHost:
             await self._room.wait()  # the client sends faster than the sessions step: hold it back
 
     async def take(self, message: bytes) -> None:
-        """Take one message from the client and answer what can be answered at once.
+        """Take one message from the client and answer what can be answered at once (from `serve`'s ``read``).
 
         Raises:
             msgspec.DecodeError: It is not an envelope.
@@ -327,47 +332,65 @@ class LinkHost:
             if session.lease is not None:
                 session.lease.release()
 
-    async def _dispatch(self, events: list[tuple[int, Any]]) -> None:
-        """Act on one envelope's entries, in order; the replies of those answered at once are posted."""
-        batch: _Batch | None = None
+    async def serve(self, read: Callable[[], Awaitable[T]]) -> T:
+        """Run the carrier's loop, ``read``, which hands the client's messages to `take`; return what it returns.
+
+        The calls answered at once, in the carrier's task, run inside one cancel
+        scope entered here for all the messages, not one per message (a scope
+        costs more than a quick step). A call answered at once that waits after
+        all is finished in that scope, and its own scopes nest within it; giving
+        it up (the step timeout, the server's cut) cancels the scope. Then the
+        rest of its message is handled and sent in a new scope, and ``read`` is
+        run again to read on.
+        """
+        while True:
+            with anyio.CancelScope() as self._calls:
+                cut, self._cut = self._cut, None
+                if cut is not None:
+                    await self._dispatch(*cut)
+                    await self._flush()
+                return await read()
+
+    async def _dispatch(self, events: list[tuple[int, Any]], batch: _Batch | None = None) -> None:
+        """Act on one envelope's entries, in order; the replies of those answered at once are posted.
+
+        ``batch`` holds the plain calls started already for this envelope (its
+        first entries, before a give-up cut it short: see `serve`).
+        """
+        scope = self._calls
+        assert scope is not None, "messages are taken within LinkHost.serve"
         sessions = self._sessions
-        taken = 0
-        while taken < len(events):
-            # Entered before any call starts at once, so that one that waits after all is finished inside
-            # it, and its own cancel scopes nest within this one (`_finish_here`). Cancelling it gives that
-            # call up; the envelope's other entries go on in a new scope.
-            with anyio.CancelScope() as scope:
-                while taken < len(events):
-                    number, item = events[taken]
-                    taken += 1
-                    if type(item) is not msgspec.Raw:
-                        self._control(number, item)
-                        continue
-                    session = sessions.get(number)
-                    if session is None:
-                        continue  # ended meanwhile: nobody to hand it to
-                    frame = bytes(item)
-                    server_session = session.session
-                    if server_session is None or session.running or session.frames:
-                        session.frames.append(frame)  # after those waiting, in order
-                        self._count_waiting(1)
-                    elif server_session.handles_on_thread:
-                        if batch is None:
-                            batch = _Batch()
-                        session.running = True
-                        assert session.lease is not None
-                        session.lease.mark_busy()
-                        batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
-                    elif self._suspends or self._trials > 0:
-                        session.frames.append(frame)
-                        self._count_waiting(1)
-                        self._run_in_task(session)
-                    else:
-                        # At once, in this task: a call that does not wait is done before anything else runs.
-                        outcome = start(server_session.handle(frame))
-                        if isinstance(outcome, Suspended):
-                            outcome = await self._finish_here(session, outcome, scope)
-                        self._replied(session, outcome)
+        for taken, (number, item) in enumerate(events):
+            if type(item) is not msgspec.Raw:
+                self._control(number, item)
+                continue
+            session = sessions.get(number)
+            if session is None:
+                continue  # ended meanwhile: nobody to hand it to
+            frame = bytes(item)
+            server_session = session.session
+            if server_session is None or session.running or session.frames:
+                session.frames.append(frame)  # after those waiting, in order
+                self._count_waiting(1)
+            elif server_session.handles_on_thread:
+                if batch is None:
+                    batch = _Batch()
+                session.running = True
+                assert session.lease is not None
+                session.lease.mark_busy()
+                batch.started.append((session, server_session.start_on_thread(batch.calls, frame), frame))
+            elif self._suspends or self._trials > 0:
+                session.frames.append(frame)
+                self._count_waiting(1)
+                self._run_in_task(session)
+            else:
+                # At once, in this task: a call that does not wait is done before anything else runs.
+                outcome = start(server_session.handle(frame))
+                if isinstance(outcome, Suspended):
+                    self._cut = (events[taken + 1 :], batch)  # what is left of the envelope, should it be given up
+                    outcome = await self._finish_here(session, outcome, scope)
+                    self._cut = None
+                self._replied(session, outcome)
         if batch is not None:
             await self._collect(batch)
 
@@ -388,9 +411,10 @@ class LinkHost:
     async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> bytes | None:
         """A call run at once that waits after all: finish it here, once; the host runs every call in a task now.
 
-        ``scope`` was entered before the call started (a scope entered now would
-        enclose the call's own, which it entered before it waited); the registry
-        gives the call up by cancelling it (`_give_up`).
+        ``scope`` (`serve`'s) was entered before the call started (a scope
+        entered now would enclose the call's own, which it entered before it
+        waited); the registry gives the call up by cancelling it (`_give_up`),
+        and the cancellation leaves the scope.
         """
         self._suspends = True
         session.running = True
@@ -402,6 +426,9 @@ class LinkHost:
         finally:
             session.scope = None
             session.stop_running()
+        if scope.cancel_called:
+            # Given up as it returned: leave the scope now, before anything else of the carrier's waits in it.
+            await anyio.lowlevel.checkpoint()
         return reply
 
     async def _collect(self, batch: _Batch) -> None:

@@ -228,7 +228,7 @@ class PollingLink:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._watch)
                 task_status.started()
-                reason = await self._read()
+                reason = await self.host.serve(self._read)
                 tasks.cancel_scope.cancel()
             return reason
 
@@ -248,7 +248,7 @@ class PollingLink:
             self.end(self._closing or reason)
 
     async def _read(self) -> str:
-        """The carrier's loop: hand the messages taken to the host, in order, until the link is closed."""
+        """The carrier's loop (run by `LinkHost.serve`): hand the messages taken to the host, in order, until closed."""
         host, inbox = self.host, self._inbox
         while True:
             await host.room()

@@ -666,7 +666,12 @@ class Link(ClientLink):
         state = self._state
         if state is None or not self._has_output():
             return
-        async with self._write_lock:
+        lock = self._write_lock
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()  # no checkpoint: a lone session's flush finds the lock free
+        try:
             if self._broken is not None:
                 if self._reconnect is None:
                     self._raise_broken()
@@ -677,6 +682,8 @@ class Link(ClientLink):
             self._check_writable()
             self._queue(entries)
             await self._write_pending()
+        finally:
+            lock.release()
 
     def _queue(self, entries: list[Entry]) -> None:
         """Hand posted entries to the protocol, in envelopes no larger than the server takes."""

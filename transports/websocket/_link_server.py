@@ -15,6 +15,7 @@ A connection closed on purpose ends every session still open on it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 from collections.abc import Callable
@@ -209,38 +210,42 @@ class ServerLink:
 
     async def _serve(self, connection: LinkConnection) -> bool:
         """Read envelopes from ``connection`` and answer them until it ends; whether it ended on purpose."""
-        host = self._host
         await self._flush()  # the Hello, or what a connection that takes over lacks
         with anyio.CancelScope() as self._receiving:
-            while True:
-                await host.room()
-                if self._incoming is not None:
-                    return False  # another connection takes the link over
-                if connection.lend is not None and not self._awaiting_resume:
-                    await host.lend_to_lone_session(connection.lend)
-                    if self._incoming is not None:
-                        return False
-                self._in_receive = True
-                message = None
-                try:
-                    if connection.lend is None or self._awaiting_resume or not host.may_lend_later():
-                        message = await connection.receive()
-                    else:
-                        with anyio.CancelScope() as self._plain_read:
-                            message = await connection.receive()  # a cancelled read loses nothing
-                finally:
-                    self._in_receive = False
-                    self._plain_read = None
-                if message is None:
-                    continue  # the lone session may be lent the socket now
-                if self._incoming is not None:
-                    # Taken over meanwhile: this message is not taken (the client sends what it holds
-                    # again, once the server's Resumed says what it lacks).
-                    return False
-                ended = await self._answer(connection, message)
-                if ended is not None:
-                    return ended and self._incoming is None
+            return await self._host.serve(functools.partial(self._read, connection))
         return False  # its wait was cancelled: taken over
+
+    async def _read(self, connection: LinkConnection) -> bool:
+        """The carrier's loop on ``connection`` (run by `LinkHost.serve`); whether it ended on purpose."""
+        host = self._host
+        while True:
+            await host.room()
+            if self._incoming is not None:
+                return False  # another connection takes the link over
+            if connection.lend is not None and not self._awaiting_resume:
+                await host.lend_to_lone_session(connection.lend)
+                if self._incoming is not None:
+                    return False
+            self._in_receive = True
+            message = None
+            try:
+                if connection.lend is None or self._awaiting_resume or not host.may_lend_later():
+                    message = await connection.receive()
+                else:
+                    with anyio.CancelScope() as self._plain_read:
+                        message = await connection.receive()  # a cancelled read loses nothing
+            finally:
+                self._in_receive = False
+                self._plain_read = None
+            if message is None:
+                continue  # the lone session may be lent the socket now
+            if self._incoming is not None:
+                # Taken over meanwhile: this message is not taken (the client sends what it holds
+                # again, once the server's Resumed says what it lacks).
+                return False
+            ended = await self._answer(connection, message)
+            if ended is not None:
+                return ended and self._incoming is None
 
     def _lend_now(self) -> None:
         if self._plain_read is not None:
@@ -260,12 +265,14 @@ class ServerLink:
             expected = "binary" if binary else "text"
             self._close_code, self._close_reason = _UNSUPPORTED_DATA, f"a link's messages are {expected}"
             return True
+        # Its first message, the Resume, is taken before anything of the message can wait (and a give-up
+        # of a call that waits may cut the rest short: `LinkHost.serve`).
+        self._awaiting_resume = False
         try:
             await self._host.take(data if binary else data.encode())
         except (msgspec.DecodeError, LinkProtocolError) as exc:
             self._close_code, self._close_reason = _PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
             return True
-        self._awaiting_resume = False  # its first message, the Resume, is taken
         await self._flush()
         return None
 
@@ -274,7 +281,12 @@ class ServerLink:
         state = self._host.state
         if not state.has_outgoing or self._awaiting_resume:
             return
-        async with self._send_lock:
+        lock = self._send_lock
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()  # no checkpoint: most flushes find the lock free
+        try:
             connection = self._current
             if connection is None or connection.disconnected:
                 return  # kept unacknowledged: sent again to the connection that takes the link over
@@ -289,6 +301,8 @@ class ServerLink:
                         await connection.send({"type": "websocket.send", "text": message.decode()})
             except OSError:
                 connection.disconnected = True  # its receive reports the disconnect next
+        finally:
+            lock.release()
 
 
 async def _close(send: Send, code: int, reason: str) -> None:
