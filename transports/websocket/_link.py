@@ -54,6 +54,7 @@ from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
 from .._link_state import ChannelState, LinkProtocolError
+from .._locks import acquire_promptly
 from .._network_client import STREAM_ERRORS, describe
 from ._handshake import READ_SIZE, Handshaken, close_quietly
 from ._quick_frames import FrameBoundaries, whole_data_frames
@@ -667,10 +668,7 @@ class Link(ClientLink):
         if state is None or not self._has_output():
             return
         lock = self._write_lock
-        if lock.locked():
-            await lock.acquire()
-        else:
-            lock.acquire_nowait()  # no checkpoint: a lone session's flush finds the lock free
+        await acquire_promptly(lock)
         try:
             if self._broken is not None:
                 if self._reconnect is None:

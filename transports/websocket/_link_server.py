@@ -30,6 +30,7 @@ from openenv.server import SERVER_DEFAULTS, SessionMetrics
 from .._asgi import Receive, Send
 from .._link_host import LinkHost
 from .._link_state import LinkProtocolError
+from .._locks import acquire_promptly
 from .._sessions import SHUTDOWN_REASON, SessionRegistry
 from ._socket_loan import LendSocket
 
@@ -282,10 +283,7 @@ class ServerLink:
         if not state.has_outgoing or self._awaiting_resume:
             return
         lock = self._send_lock
-        if lock.locked():
-            await lock.acquire()
-        else:
-            lock.acquire_nowait()  # no checkpoint: most flushes find the lock free
+        await acquire_promptly(lock)
         try:
             connection = self._current
             if connection is None or connection.disconnected:
