@@ -168,7 +168,7 @@ def test_our_sync_client_against_the_reference_server(reference_server: Referenc
 # -- (b) the reference client, our server -----------------------------------------
 
 
-def reference_script(url: str, *args: str, python: Path | None = None) -> list[dict[str, Any]]:
+def reference_script(url: str, *args: str, python: Path) -> list[dict[str, Any]]:
     """Run the reference client's script; its results, one per operation (its ``init`` line left out)."""
     return [result for result in run_reference_client(url, *args, python=python) if result["op"] != "init"]
 

@@ -21,17 +21,13 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import statistics
-import sys
 import time
 from importlib import metadata
 
-sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
-import openenv  # noqa: E402 - after the gradio shortcut above
+from reference_import import import_reference_openenv
 
-if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
-    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
+import_reference_openenv()
 
 from openenv.core import GenericEnvClient  # noqa: E402
 

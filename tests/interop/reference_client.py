@@ -34,24 +34,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
-# openenv.core.env_server imports its gradio web UI eagerly (~5 s of the ~9 s
-# import). Marking that one module absent takes the reference's own
-# ``except ModuleNotFoundError`` fallback; the HTTP/WS paths never use it.
-# Pass --full-import to import it anyway.
-if "--full-import" in sys.argv:
-    sys.argv.remove("--full-import")
-else:
-    sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
-import openenv
+# Ours and the reference both install `openenv`: this imports the reference's, without its web UI
+# (pass --full-import to import that too), and refuses to run on ours.
+from reference_import import import_reference_openenv
 
-if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
-    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
+import_reference_openenv()
 
-from openenv.core import GenericEnvClient
+from openenv.core import GenericEnvClient  # noqa: E402 - after the reference's openenv
 
 DEFAULT_OPS: list[dict[str, Any]] = [
     {"op": "reset", "args": {"seed": 42, "episode_id": "ep-1"}},

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from types import SimpleNamespace
 
-sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
+from reference_import import import_reference_openenv
 
-from openenv.validation.graders.runtime.basic import (  # noqa: E402 - after keeping gradio out
+import_reference_openenv()
+
+from openenv.validation.graders.runtime.basic import (  # noqa: E402 - after the reference's openenv
     ObservationSchemaGrader,
     RewardWellFormedGrader,
     StateContractGrader,

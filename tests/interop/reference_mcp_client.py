@@ -20,17 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import sys
 from typing import Any
 
-# As in reference_server.py: keep the gradio web UI from being imported.
-sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
+from reference_import import import_reference_openenv
 
-import openenv  # noqa: E402 - after keeping gradio out
-
-if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
-    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
+import_reference_openenv()
 
 from openenv.core.env_server.mcp_types import CallToolAction  # noqa: E402
 from openenv.core.mcp_client import MCPToolClient  # noqa: E402

@@ -48,25 +48,17 @@ import uuid
 # The web UI (gradio) must stay off: create_app switches on this variable.
 os.environ.pop("ENABLE_WEB_INTERFACE", None)
 
-# openenv.core.env_server imports its gradio web UI eagerly (~5 s of the ~9 s
-# import). Marking that one module absent takes the reference's own
-# ``except ModuleNotFoundError`` fallback; the HTTP/WS paths never use it.
-# Pass --full-import to import it anyway.
-if "--full-import" in sys.argv:
-    sys.argv.remove("--full-import")
-else:
-    sys.modules.setdefault("openenv.core.env_server.web_interface", None)  # type: ignore[arg-type]
+# Ours and the reference both install `openenv`: this imports the reference's, without its web UI
+# (pass --full-import to import that too), and refuses to run on ours.
+from reference_import import import_reference_openenv
 
-import openenv
+import_reference_openenv()
 
-if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix)):
-    sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
-
-import uvicorn
-from openenv.core.env_server.http_server import create_app
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+import uvicorn  # noqa: E402
+from openenv.core.env_server.http_server import create_app  # noqa: E402
+from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+from pydantic import Field  # noqa: E402
 
 
 class EchoAction(Action):

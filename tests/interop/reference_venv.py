@@ -9,7 +9,7 @@ other scripts in this folder run under both).
 
 Stdlib only, so the test side can import it without pulling anything in.
 
-    python tests/interop/reference_venv.py                  # prebuild both (CI does this)
+    python tests/interop/reference_venv.py                  # build both ahead (the suite builds them on first use)
     python tests/interop/reference_venv.py --only 0.10.0    # one of them
     python tests/interop/reference_venv.py --force          # rebuild from scratch
 
@@ -101,7 +101,7 @@ class ReferenceVenvError(RuntimeError):
     """The reference venv could not be built or is unusable."""
 
 
-def venv_dir(cache_dir: Path | None = None, reference: Reference = OPENENV_CORE_0_3) -> Path:
+def venv_dir(cache_dir: Path | None = None, *, reference: Reference) -> Path:
     """Where a reference venv lives: argument, then its environment variable, then its default."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
@@ -267,7 +267,7 @@ def _build(path: Path, reference: Reference, log=None) -> None:
 
 
 def ensure_reference_python(
-    cache_dir: Path | None = None, *, reference: Reference = OPENENV_CORE_0_3, force: bool = False, log=None
+    cache_dir: Path | None = None, *, reference: Reference, force: bool = False, log=None
 ) -> Path:
     """Return the python of a venv with the ``reference`` release, building it if needed.
 
@@ -275,7 +275,7 @@ def ensure_reference_python(
     requirements) it is deleted and rebuilt. Raises ReferenceVenvError on
     failure (pip and venv steps are bounded by timeouts).
     """
-    path = venv_dir(cache_dir, reference).resolve()
+    path = venv_dir(cache_dir, reference=reference).resolve()
     if not force and _is_valid(path, reference):
         return _venv_python(path)
     with _build_lock(path):
@@ -284,9 +284,9 @@ def ensure_reference_python(
     return _venv_python(path)
 
 
-def reference_versions(cache_dir: Path | None = None, reference: Reference = OPENENV_CORE_0_3) -> dict[str, str]:
+def reference_versions(cache_dir: Path | None = None, *, reference: Reference) -> dict[str, str]:
     """Versions recorded in the marker (the reference's distribution, uvicorn, websockets, ...)."""
-    data = json.loads((venv_dir(cache_dir, reference).resolve() / MARKER_NAME).read_text())
+    data = json.loads((venv_dir(cache_dir, reference=reference).resolve() / MARKER_NAME).read_text())
     return dict(data.get("versions", {}))
 
 
@@ -306,7 +306,7 @@ class ReferenceServer:
 
     def __init__(
         self,
-        python: Path | None = None,
+        python: Path,
         *,
         port: int = 0,
         host: str = "127.0.0.1",
@@ -315,7 +315,7 @@ class ReferenceServer:
         max_lifetime: float = 900.0,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.python = Path(python) if python is not None else ensure_reference_python()
+        self.python = Path(python)
         self.host = host
         self.requested_port = port
         self.max_sessions = max_sessions
@@ -434,9 +434,8 @@ def _wait_ready(proc: subprocess.Popen[str], timeout: float) -> int:
     )
 
 
-def run_reference_client(url: str, *args: str, python: Path | None = None, timeout: float = 60.0) -> list[dict]:
-    """Run ``reference_client.py URL [args]``; return its JSON lines as dicts."""
-    python = Path(python) if python is not None else ensure_reference_python()
+def run_reference_client(url: str, *args: str, python: Path, timeout: float = 60.0) -> list[dict]:
+    """Run ``reference_client.py URL [args]`` with a reference's ``python``; return its JSON lines as dicts."""
     proc = subprocess.run(
         [str(python), str(CLIENT_SCRIPT), url, *args],
         cwd=_neutral_cwd(),
@@ -457,10 +456,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=None, help="venv location (with --only; default: see above)")
+    parser.add_argument("--dir", type=Path, default=None, help="venv location (needs --only; default: see above)")
     parser.add_argument("--only", choices=[r.version for r in REFERENCES], help="build this reference only")
     parser.add_argument("--force", action="store_true", help="rebuild even if a valid venv exists")
     args = parser.parse_args(argv)
+    if args.dir is not None and args.only is None:
+        parser.error("--dir is the location of one venv: name which with --only 0.10.0 or --only 0.3.0")
     chosen = [r for r in REFERENCES if args.only in (None, r.version)]
     for reference in chosen:
         try:
