@@ -125,6 +125,14 @@ class Environment(Generic[ActT, ObsT, StateT]):
             number may also arrive as a numeric string and an ``int`` as an
             integral float (``"3"`` and ``3.0`` for ``3``), as OpenEnv's pydantic
             models accept; set it to ``True`` in the class body to refuse them.
+        thread_affinity: Whether a session's plain methods all run on one thread
+            of the session's own (``True``, the default: thread-local state, such
+            as a simulator's context, stays put). Set it to ``False`` in the class
+            body when the environment keeps no state of a thread's: a server that
+            steps many sessions at once then runs their plain steps one after the
+            other on a thread they share, one hand-over for the batch rather than
+            one per session. A session's methods still never run on two threads
+            at once, and a slow step still holds up no other session.
     """
 
     action_type: Any = dict
@@ -132,6 +140,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
     state_type: Any = dict
     reset_observation_type: Any = None
     strict_validation: bool = False
+    thread_affinity: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

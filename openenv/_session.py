@@ -143,7 +143,8 @@ class ServerSession:
         if strict is None:
             strict = bool(getattr(env, "strict_validation", False))
         self.codec: ServerCodec[Any] = server_codec(dialect, getattr(env, "action_type", dict), strict)
-        self._worker = SessionWorker()
+        # An environment without thread affinity lets a batch's plain steps share a thread (`CallBatch`).
+        self._worker = SessionWorker(shared=getattr(env, "thread_affinity", True) is False)
         # A tool environment's async step may hand plain tools to the session's thread.
         self._plain_steps = runs_plain_steps(env)
         handle_mcp = getattr(env, "handle_mcp", None)

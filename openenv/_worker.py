@@ -14,6 +14,12 @@ call ran shorter than that; otherwise (or if the wait runs out) it awaits the
 call like any other event, and the other sessions run meanwhile. Either way a
 call blocks the event loop for at most `INLINE_WAIT`.
 
+An environment without thread affinity (``thread_affinity = False``) lets a
+batch's calls (`CallBatch`) run one after the other on a thread shared by the
+sessions instead, one hand-over for them all; the calls a slow one holds up go
+to their sessions' own threads, and a session's other calls wait for its call
+on the shared thread, so its methods still never run on two threads at once.
+
 An ``async`` method runs on the event loop; wrapped by `SessionWorker.serving`
 (the session does so for a tool environment with plain tools), the plain code
 it hands to `run_on_session_thread` runs on the session's thread too, so the
@@ -80,11 +86,14 @@ class Call:
         "detached",
         "error",
         "finished",
+        "followers",
         "function",
         "guard",
+        "home",
         "kwargs",
         "ran_for",
         "result",
+        "taken",
         "waiter",
     )
 
@@ -113,6 +122,20 @@ class Call:
         self.abandoned = False  # nobody waits for it any more (SessionWorker.abandon)
         self.detached = False  # nobody ever waited for it (SessionWorker.run_detached)
         self.waiter: anyio.Event | None = None
+        # A call on a shared thread (`SessionWorker.start` with ``shared``): the session's worker,
+        # whether a thread has taken it (a shared one, or the session's own when taken back),
+        # and the session's calls queued meanwhile, sent to its own thread once it is done.
+        self.home: SessionWorker | None = None
+        self.taken = False
+        self.followers: list[tuple[queue.SimpleQueue[Call | None], Call | None]] | None = None
+
+    def take(self) -> bool:
+        """Claim a shared call for the thread that will run it; ``False``: another thread has it."""
+        with self.guard:
+            if self.taken:
+                return False
+            self.taken = True
+            return True
 
     def outcome(self) -> Any:
         """What the function returned, or raise what it raised."""
@@ -131,10 +154,16 @@ class CallBatch:
     loop once per call; a batch wakes it once, when its last call finishes (or
     `wait`'s time runs out first, so that slow calls do not hold up the quick).
 
+    The calls of sessions that allow it (``shared``: their environments keep
+    no state of a thread's) are not handed to each session's thread: `wait`
+    hands them, in order, to one shared thread, one hand-over for them all.
+    Those it has not started when `wait`'s time runs out (a slow call holds it)
+    go to their sessions' own threads instead.
+
     Use it on the event loop that hands the calls over.
     """
 
-    __slots__ = ("_done", "_left", "_lock", "_token", "calls")
+    __slots__ = ("_done", "_launched", "_left", "_lock", "_shared", "_token", "calls")
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
@@ -142,6 +171,8 @@ class CallBatch:
         self._lock = threading.Lock()
         self._done: anyio.Event | None = None
         self._token = anyio.lowlevel.current_token()
+        self._shared: list[Call] = []  # for a shared thread, not handed over yet (`launch`)
+        self._launched: list[Call] = []  # handed to shared threads
 
     def _add(self, call: Call) -> None:
         with self._lock:
@@ -157,6 +188,16 @@ class CallBatch:
             with contextlib.suppress(anyio.RunFinishedError):
                 anyio.from_thread.run_sync(done.set, token=self._token)
 
+    def launch(self) -> None:
+        """Hand the calls for a shared thread added so far to one; `wait` does it first.
+
+        Call it before anything else that may wait, so that those calls never wait on it.
+        """
+        shared, self._shared = self._shared, []
+        if shared:
+            self._launched.extend(shared)
+            _run_on_a_shared_thread(shared)
+
     async def wait(self, seconds: float) -> None:
         """Return once every call has finished, or after ``seconds`` (then some may still run).
 
@@ -167,6 +208,7 @@ class CallBatch:
         Args:
             seconds: The most to wait.
         """
+        self.launch()
         deadline = time.perf_counter() + INLINE_WAIT
         for call in self.calls:
             if call.completed:
@@ -182,6 +224,10 @@ class CallBatch:
             await done.wait()
         with self._lock:
             self._done = None
+        for call in self._launched:  # still waiting behind a slow call: to their sessions' own threads
+            home = call.home
+            if home is not None and call.take():
+                home._own_queue().put(call)
 
 
 class SessionWorker:
@@ -192,10 +238,15 @@ class SessionWorker:
 
     Args:
         name: The thread's name.
+        shared: The calls handed over within a batch (`start`) may run on a
+            thread shared with other sessions instead (see `CallBatch`): for an
+            environment that keeps no state of a thread's. Every other call runs
+            on the session's own thread, after any shared call still running.
     """
 
-    def __init__(self, *, name: str = "openenv-session") -> None:
+    def __init__(self, *, name: str = "openenv-session", shared: bool = False) -> None:
         self._name = name
+        self._shared = shared
         self._calls: queue.SimpleQueue[Call | None] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -285,8 +336,20 @@ class SessionWorker:
         Raises:
             RuntimeError: The worker is closed.
         """
-        call = self._in_hand = self._queue(function, args, {}, batch)
+        if self._shared and not self._closed and self._settled():
+            call = Call(function, args, {}, batch)
+            call.home = self
+            batch._add(call)
+            batch._shared.append(call)
+        else:
+            call = self._queue(function, args, {}, batch)
+        self._in_hand = call
         return call
+
+    def _settled(self) -> bool:
+        """Whether no call handed to a shared thread is still to run or running."""
+        call = self._in_hand
+        return call is None or call.home is None or call.completed
 
     @property
     def abandoned(self) -> bool:
@@ -346,12 +409,27 @@ class SessionWorker:
         """Hand a call to the thread (started by the first one); raise if the worker is closed."""
         if self._closed:
             raise RuntimeError("the session's worker is closed")
-        calls = self._calls if self._calls is not None else self._start()
         call = Call(function, args, kwargs, batch)
         if batch is not None:
             batch._add(call)
-        calls.put(call)
+        self._put(self._own_queue(), call)
         return call
+
+    def _put(self, calls: queue.SimpleQueue[Call | None], call: Call | None) -> None:
+        """Queue a call (or the end) on the session's own thread, after a shared call still to run or running."""
+        shared = self._in_hand
+        if shared is not None and shared.home is not None:
+            with shared.guard:
+                if not shared.completed:  # never two threads at once: its thread queues it once done
+                    if shared.followers is None:
+                        shared.followers = []
+                    shared.followers.append((calls, call))
+                    return
+        calls.put(call)
+
+    def _own_queue(self) -> queue.SimpleQueue[Call | None]:
+        """The queue of the session's own thread (started by the first call)."""
+        return self._calls if self._calls is not None else self._start()
 
     def serving(self, function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         """Wrap a coroutine function so that `run_on_session_thread` calls made inside it use this worker.
@@ -382,7 +460,7 @@ class SessionWorker:
             return
         self._closed = True
         if self._calls is not None:
-            self._calls.put(None)
+            self._put(self._calls, None)
 
 
 _serving: contextvars.ContextVar[SessionWorker | None] = contextvars.ContextVar("openenv_session_worker", default=None)
@@ -452,34 +530,80 @@ async def _wait_for(call: Call, *, on_cancel: Callable[[], object] | None = None
 
 
 def _run_calls(calls: queue.SimpleQueue[Call | None], token: anyio.lowlevel.EventLoopToken) -> None:
-    """The thread: run calls in order until the ``None`` that ends it."""
-    global _abandoned_running
+    """A session's own thread: run calls in order until the ``None`` that ends it."""
     while True:
         call = calls.get()
-        if call is None:
+        if call is None or not _run_call(call, token):
             return
-        start = time.perf_counter()
+        del call  # its result is not kept while the thread waits
+
+
+def _run_call(call: Call, token: anyio.lowlevel.EventLoopToken) -> bool:
+    """Run one call on this thread and tell whoever waits; ``False`` once the event loop has ended."""
+    global _abandoned_running
+    start = time.perf_counter()
+    try:
+        call.result = call.function(*call.args, **call.kwargs)
+    except BaseException as exc:  # handed to the caller, whatever it is
+        call.error = exc
+    call.ran_for = time.perf_counter() - start
+    with call.guard:
+        call.completed = True
+        waiter = call.waiter
+        unwaited = call.abandoned or call.detached
+        followers, call.followers = call.followers, None
+    call.finished.release()
+    if followers:  # the session's calls queued while this one ran elsewhere: to its own thread, in order
+        for calls, follower in followers:
+            calls.put(follower)
+    if call.batch is not None:
+        call.batch._finished_one()
+    if unwaited:  # nobody waits for it: what it returned or raised goes nowhere
+        if call.abandoned:
+            with _abandoned_lock:
+                _abandoned_running -= 1
+        return True
+    if waiter is not None:
         try:
-            call.result = call.function(*call.args, **call.kwargs)
-        except BaseException as exc:  # handed to the caller, whatever it is
-            call.error = exc
-        call.ran_for = time.perf_counter() - start
-        with call.guard:
-            call.completed = True
-            waiter = call.waiter
-            unwaited = call.abandoned or call.detached
-        call.finished.release()
-        if call.batch is not None:
-            call.batch._finished_one()
-        if unwaited:  # nobody waits for it: what it returned or raised goes nowhere
-            if call.abandoned:
-                with _abandoned_lock:
-                    _abandoned_running -= 1
-            del call, waiter
-            continue
-        if waiter is not None:
-            try:
-                anyio.from_thread.run_sync(waiter.set, token=token)
-            except anyio.RunFinishedError:  # the event loop has ended: nobody waits any more
-                return
-        del call, waiter
+            anyio.from_thread.run_sync(waiter.set, token=token)
+        except anyio.RunFinishedError:  # the event loop has ended: nobody waits any more
+            return False
+    return True
+
+
+SHARED_THREAD_IDLE = 60.0
+"""Seconds a shared thread (`CallBatch`) waits for work before it ends."""
+
+_idle_shared: list[queue.SimpleQueue[list[Call]]] = []  # the inboxes of the shared threads waiting for work
+_idle_shared_lock = threading.Lock()
+
+
+def _run_on_a_shared_thread(calls: list[Call]) -> None:
+    """Hand ``calls`` to a shared thread that waits for work (one is started if none does); it runs them in order."""
+    with _idle_shared_lock:
+        inbox = _idle_shared.pop() if _idle_shared else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        # A daemon, as a session's own: a call stuck there must not keep the process alive.
+        threading.Thread(target=_run_shared, args=(inbox,), name="openenv-shared", daemon=True).start()
+    inbox.put(calls)
+
+
+def _run_shared(inbox: queue.SimpleQueue[list[Call]]) -> None:
+    """A shared thread: run each batch's calls that no other thread took, then wait for more (or end)."""
+    while True:
+        try:
+            calls = inbox.get(timeout=SHARED_THREAD_IDLE)
+        except queue.Empty:
+            with _idle_shared_lock:
+                if inbox in _idle_shared:
+                    _idle_shared.remove(inbox)
+                    return
+            continue  # handed work just now
+        for call in calls:
+            batch = call.batch
+            if batch is not None and call.take() and not _run_call(call, batch._token):
+                break
+        del calls
+        with _idle_shared_lock:
+            _idle_shared.append(inbox)

@@ -16,9 +16,9 @@ import anyio.lowlevel
 import pytest
 
 import openenv
-from openenv import Action, EnvClient, Observation, State
+from openenv import Action, EnvClient, EnvPool, Observation, State
 from openenv._tools import runs_plain_steps
-from openenv._worker import SessionWorker
+from openenv._worker import Call, CallBatch, SessionWorker, wait_for
 from openenv.examples.echo import EchoEnvironment
 from openenv.server import Environment, ServerSession
 from tests.envs import SyncCounterEnv
@@ -27,6 +27,8 @@ pytestmark = pytest.mark.anyio
 
 # Bounds every wait on a thread: generous, as the machine may be loaded.
 WAIT = 10.0
+# How long a test gives what must not happen yet (a close queued beside a running step) to show.
+NOT_BEFORE = 0.5
 
 
 class GateAction(Action):
@@ -366,3 +368,115 @@ async def test_a_plain_method_reaches_the_event_loop_with_a_token_and_gets_a_cle
     assert reply["data"]["message"].startswith("NoEventLoopError: ")
     assert (await ask(session, {"type": "step", "data": {}}))["type"] == "observation"  # the session goes on
     await session.aclose()
+
+
+# -- environments without thread affinity: a batch's plain steps on a shared thread ---------------
+
+
+class SharedGatedEnv(GatedEnv):
+    """`GatedEnv`, keeping no state of a thread's: a batch's plain steps may share one."""
+
+    thread_affinity = False
+
+
+def thread_name(ident: int) -> str:
+    return next(thread.name for thread in threading.enumerate() if thread.ident == ident)
+
+
+def step_frame(block: bool = False) -> bytes:
+    return json.dumps({"type": "step", "data": {"block": block}}).encode()
+
+
+def thread_of(call: Call) -> int:
+    return int(json.loads(call.outcome())["data"]["observation"]["thread"])
+
+
+@pytest.mark.parametrize(
+    ("env", "threads", "name"), [(GatedEnv, 8, "openenv-session"), (SharedGatedEnv, 1, "openenv-shared")]
+)
+async def test_a_batchs_plain_steps_share_a_thread_only_without_thread_affinity(
+    env: type[GatedEnv], threads: int, name: str
+) -> None:
+    sessions = [ServerSession(env()) for _ in range(8)]
+    for session in sessions:
+        await ask(session, {"type": "reset"})
+    batch = CallBatch()
+    calls = [session.start_on_thread(batch, step_frame()) for session in sessions]
+    with anyio.fail_after(WAIT):
+        await batch.wait(WAIT)
+    ran_on = {thread_of(call) for call in calls}
+    assert len(ran_on) == threads
+    assert {thread_name(ident) for ident in ran_on} == {name}
+    for session in sessions:
+        await session.aclose()
+
+
+async def test_without_thread_affinity_a_slow_step_holds_up_no_other_session() -> None:
+    sessions = [ServerSession(SharedGatedEnv()) for _ in range(4)]
+    for session in sessions:
+        await ask(session, {"type": "reset"})
+    batch = CallBatch()
+    blocked, *others = [
+        session.start_on_thread(batch, step_frame(block=index == 0)) for index, session in enumerate(sessions)
+    ]
+    # The batch's wait runs out while the first step holds the shared thread: the steps behind it
+    # go to their sessions' own threads, and are answered while it still blocks.
+    with anyio.fail_after(WAIT):
+        await batch.wait(0.05)
+        for call in others:
+            await wait_for(call)
+    assert GatedEnv.entered.is_set()
+    assert not blocked.completed
+    GatedEnv.gate.set()
+    with anyio.fail_after(WAIT):
+        await wait_for(blocked)
+    assert GatedEnv.timed_out == [False]
+    for session in sessions:
+        await session.aclose()
+
+
+async def test_without_thread_affinity_a_close_after_a_given_up_step_waits_for_it() -> None:
+    events: list[str] = []
+    closed = threading.Event()
+
+    class ClosingSharedEnv(SharedGatedEnv):
+        def step(self, action: GateAction) -> GateObservation:
+            events.append("step")
+            try:
+                return super().step(action)
+            finally:
+                events.append("step returned")
+
+        def close(self) -> None:
+            events.append("close")
+            closed.set()
+
+    session = ServerSession(ClosingSharedEnv())
+    await ask(session, {"type": "reset"})
+    batch = CallBatch()
+    session.start_on_thread(batch, step_frame(block=True))
+    async with anyio.create_task_group() as group:
+        group.start_soon(batch.wait, WAIT)
+        await anyio.to_thread.run_sync(GatedEnv.entered.wait, WAIT)
+        # Given up while it blocks (a step timeout): the plain close is queued behind it, never beside it.
+        assert session.abandon()
+        with anyio.fail_after(WAIT):
+            await session.aclose()
+        # A close queued beside the step would run at once on the session's own thread.
+        assert not await anyio.to_thread.run_sync(closed.wait, NOT_BEFORE)
+        assert events == ["step"]
+        GatedEnv.gate.set()
+        assert await anyio.to_thread.run_sync(closed.wait, WAIT)
+        group.cancel_scope.cancel()
+    assert events == ["step", "step returned", "close"]
+
+
+async def test_a_pool_on_a_link_steps_an_environment_without_thread_affinity_on_a_shared_thread() -> None:
+    async with (
+        openenv.serve(SharedGatedEnv, port=0) as server,
+        EnvPool(server.url, size=8, client=GatedClient) as pool,
+    ):
+        await pool.reset()
+        with anyio.fail_after(WAIT):
+            results = await pool.step([GateAction() for _ in range(8)])
+        assert {thread_name(result.observation.thread) for result in results} == {"openenv-shared"}

@@ -16,9 +16,10 @@ would take), builds its environment, and answers each envelope as one batch:
   waiting for it, once: from then on the host runs every call in a task;
 - a plain (``def``) environment's calls go to each session's own thread all at
   once, and the carrier is woken once, when they are done
-  (`openenv._worker.CallBatch`). One that takes longer than `BATCH_WAIT` does
-  not hold the others' replies: it finishes in a task of its own, and its
-  reply follows;
+  (`openenv._worker.CallBatch`; an environment without thread affinity: to
+  one thread they share, one after the other). One that takes longer than
+  `BATCH_WAIT` does not hold the others' replies: it finishes in a task of
+  its own, and its reply follows;
 - every other frame (a close, an MCP call, a frame that does not decode) goes
   through `openenv.server.ServerSession.handle`, in order with the session's others.
 
@@ -387,6 +388,8 @@ class LinkHost:
                 # At once, in this task: a call that does not wait is done before anything else runs.
                 outcome = start(server_session.handle(frame))
                 if isinstance(outcome, Suspended):
+                    if batch is not None:
+                        batch.calls.launch()  # the plain calls started already run while this one waits
                     self._cut = (events[taken + 1 :], batch)  # what is left of the envelope, should it be given up
                     outcome = await self._finish_here(session, outcome, scope)
                     self._cut = None

@@ -10,6 +10,7 @@ _STYLES = {
     "reference": {"color": "#777777", "linestyle": "-", "marker": "s", "linewidth": 2.5},
     "ws-pool-shared": {"color": "#1f77b4", "linestyle": "-", "marker": "o"},
     "ws-pool-own": {"color": "#1f77b4", "linestyle": "--", "marker": "o"},
+    "ws-pool-shared-unbound": {"color": "#d62728", "linestyle": "-", "marker": "o"},
     "ws-clients-shared": {"color": "#ff7f0e", "linestyle": "-", "marker": "^"},
     "ws-clients-own": {"color": "#ff7f0e", "linestyle": "--", "marker": "^"},
     "ws-pool-recv-shared": {"color": "#17becf", "linestyle": "-", "marker": "D"},

@@ -149,6 +149,8 @@ def goals(results: dict[str, Any]) -> list[Goal]:
                  "connections", 4, lambda value: f"{value:.0f}"),
         _at_least(rows, "Plain `def step` echo, EnvPool of 1,024: ≥ 30,000 steps/s", "ws-pool-shared-plain", 1024,
                   30_000),
+        _at_least(rows, "... the same, its environment without thread affinity (`thread_affinity = False`)",
+                  "ws-pool-shared-unbound-plain", 1024, 30_000),
         _no_errors(rows, "4,096 sessions from one process (shared connection, async echo): 0 errors", shared_async,
                    4096),
         _at_most(rows, "Opening 1,024 sessions (shared connection): ≤ 0.5 s", shared_async, 1024, "open_s", 0.5,

@@ -25,7 +25,15 @@ __all__ = [
     "MessageAction",
     "MessageEchoEnv",
     "MessageObservation",
+    "UnboundMessageEchoEnv",
 ]
+
+
+class UnboundMessageEchoEnv(MessageEchoEnv):
+    """The plain echo without thread affinity: a batch's steps may share a thread."""
+
+    thread_affinity = False
+
 
 BLOB_SIZE = 2**20
 # Random, so that permessage-deflate (which both clients offer) cannot shrink it

@@ -28,11 +28,20 @@ from tests.benchmarks._pairs import say
 from tests.benchmarks._servers import ROOT, Server, our_server, reference_server, run_client
 
 FACTORIES = {"async": "tests.benchmarks.envs:AsyncMessageEchoEnv", "plain": "tests.benchmarks.envs:MessageEchoEnv"}
+# The plain echo with ``thread_affinity = False``: a batch's steps share a thread on the server.
+UNBOUND_FACTORY = "tests.benchmarks.envs:UnboundMessageEchoEnv"
 COUNTS = (64, 256, 1024, 4096)
 # --quick: every row at 256 sessions, the rows of the goals at 1,024 too.
 QUICK_COUNTS = (256, 1024)
 GOAL_ROWS = frozenset(
-    {"reference-async", "ws-pool-shared-async", "ws-clients-shared-async", "ws-pool-shared-plain", "inproc-pool-async"}
+    {
+        "reference-async",
+        "ws-pool-shared-async",
+        "ws-clients-shared-async",
+        "ws-pool-shared-plain",
+        "ws-pool-shared-unbound-plain",
+        "inproc-pool-async",
+    }
 )
 REFERENCE_FLEET_CLIENT = ROOT / "tests" / "benchmarks" / "reference_fleet_client.py"
 # http+poll with a connection per session: the scale part measures it up to 1,024 sessions already.
@@ -57,7 +66,8 @@ class FleetTarget:
 
     ``share`` is ``None`` where it does not apply (in-process), ``False`` for a
     connection per session (``share=False``; the reference's only way).
-    ``available`` is ``None`` when it can be measured, else why not.
+    ``available`` is ``None`` when it can be measured, else why not. ``unbound``:
+    the plain echo without thread affinity (`UNBOUND_FACTORY`).
     """
 
     key: str
@@ -67,13 +77,19 @@ class FleetTarget:
     env: str  # async, plain
     most: int | None = None  # measured up to this many sessions (None: every count)
     available: str | None = None
+    unbound: bool = False
+
+    @property
+    def factory(self) -> str:
+        return UNBOUND_FACTORY if self.unbound else FACTORIES[self.env]
 
     @property
     def label(self) -> str:
         if self.transport == "reference":
             return f"reference clients, one connection each ({_ENVS[self.env]})"
         share = {None: "", True: ", shared connection", False: ", a connection per session"}[self.share]
-        return f"{_MODES[self.mode]} over {self.transport}{share} ({_ENVS[self.env]})"
+        unbound = ", no thread affinity" if self.unbound else ""
+        return f"{_MODES[self.mode]} over {self.transport}{share}{unbound} ({_ENVS[self.env]})"
 
 
 def _http_poll_shares() -> bool:
@@ -96,6 +112,7 @@ def fleet_targets() -> list[FleetTarget]:
                 key = f"ws-{mode}-{'shared' if share else 'own'}-{env}"
                 most = UNSHARED_PLAIN_MOST if env == "plain" and not share else None
                 targets.append(FleetTarget(key, "ws", mode, share, env, most=most))
+    targets.append(FleetTarget("ws-pool-shared-unbound-plain", "ws", "pool", True, "plain", unbound=True))
     targets.append(FleetTarget("ws-pool-recv-shared-async", "ws", "pool-recv", True, "async", available=no_recv))
     for mode in ("pool", "clients"):
         targets.append(
@@ -123,7 +140,7 @@ def _server(target: FleetTarget, python: Path, count: int) -> AbstractContextMan
     if target.transport == "reference":
         options = ["--async-step"] if target.env == "async" else []
         return reference_server(python, *options, max_sessions=2 * count + 16)
-    return our_server(FACTORIES[target.env], "asyncio", "--max-sessions", room, "--max-connections", room)
+    return our_server(target.factory, "asyncio", "--max-sessions", room, "--max-connections", room)
 
 
 def _command(target: FleetTarget, python: Path, server: Server | None, count: int, seconds: float) -> list[str]:
@@ -134,7 +151,7 @@ def _command(target: FleetTarget, python: Path, server: Server | None, count: in
         assert server is not None
         return [str(python), str(REFERENCE_FLEET_CLIENT), server.url, *figures]
     if target.transport == "inproc":
-        url = f"inproc://{FACTORIES[target.env]}"
+        url = f"inproc://{target.factory}"
     else:
         assert server is not None
         url = server.url.replace("http://", f"{target.transport}://", 1)
