@@ -480,3 +480,23 @@ async def test_a_pool_on_a_link_steps_an_environment_without_thread_affinity_on_
         with anyio.fail_after(WAIT):
             results = await pool.step([GateAction() for _ in range(8)])
         assert {thread_name(result.observation.thread) for result in results} == {"openenv-shared"}
+
+
+async def test_without_thread_affinity_a_new_batch_takes_another_shared_thread_while_one_is_held() -> None:
+    held, quick = ServerSession(SharedGatedEnv()), ServerSession(SharedGatedEnv())
+    for session in (held, quick):
+        await ask(session, {"type": "reset"})
+    first, second = CallBatch(), CallBatch()
+    blocked = held.start_on_thread(first, step_frame(block=True))
+    async with anyio.create_task_group() as group:
+        group.start_soon(first.wait, WAIT)
+        await anyio.to_thread.run_sync(GatedEnv.entered.wait, WAIT)
+        call = quick.start_on_thread(second, step_frame())
+        # Not behind the held thread (that would take the whole wait): on another shared one, at once.
+        with anyio.fail_after(WAIT / 2):
+            await second.wait(WAIT)
+        assert thread_name(thread_of(call)) == "openenv-shared"
+        GatedEnv.gate.set()
+    assert thread_of(blocked) != thread_of(call)
+    for session in (held, quick):
+        await session.aclose()
