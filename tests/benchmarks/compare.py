@@ -43,6 +43,7 @@ that drift hits all alike: compare the ratios, not the absolute figures.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import statistics
@@ -408,6 +409,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DOCS, help="where benchmarks.md/.json and img/ go (docs/)")
     parser.add_argument("--from-json", type=Path, help="skip measuring: rewrite the page and plot from this JSON")
     args = parser.parse_args()
+    if importlib.util.find_spec("matplotlib") is None:
+        # Said before the run, not after it: the plots are drawn last, once every figure is measured.
+        parser.exit(2, "the plots need matplotlib: pip install -e '.[bench]' (the bench extra), then run again\n")
     if args.from_json:
         results = json.loads(args.from_json.read_text())
     else:
