@@ -69,7 +69,7 @@ def process_is_gone(pid: int) -> bool:
     """Whether process ``pid`` has exited (its sockets are closed), reaped or not."""
     try:
         return "State:\tZ" in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before or while the file is read
         return True
 
 
