@@ -34,7 +34,7 @@ from ._exceptions import (
 from ._generics import bind_alias_type_attributes, bind_type_attributes
 from ._limits import CLOSE_FRAME_TIMEOUT, DEFAULT_REPLY_TIMEOUT, PARTING_FRAME_WAIT, SEND_GRACE
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
-from ._messages import ErrorReply, MCPMessage, ObservationReply, StateReply
+from ._messages import ErrorReply, MCPMessage, ObservationData, ObservationReply, StateReply
 from ._registry import check_transport_options, create_transport, takes_option
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
@@ -806,7 +806,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     def _step_result(self, reply: Any) -> StepResult[ObsT]:
         if not isinstance(reply, ObservationReply):
             raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
-        data = reply.data
+        return self._result_of(reply.data)
+
+    def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:
+        """The result an observation reply's data makes: reward and done set on a Struct observation too."""
         observation = data.observation
         if self._observation_is_struct:
             if self._observation_is_frozen:

@@ -26,6 +26,7 @@ from ._messages import (
     ResetRequest,
     StateReply,
     StateRequest,
+    StepBatchReply,
     StepRequest,
 )
 from ._types import ActT, ObsT, StateT
@@ -38,6 +39,7 @@ __all__ = [
     "RequestError",
     "ServerCodec",
     "client_codec",
+    "error_data",
     "server_codec",
     "validation_errors",
 ]
@@ -138,6 +140,13 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         # A reply that fails to validate is decoded again, loosely, to tell a
         # malformed frame (a protocol error) from one that does not fit our types.
         self._decode_loose = _decoder(dialect, Reply).decode
+        # Batches decode every observation in one call: only into one type (a union is decoded in two steps).
+        self.batches = members is None
+        if self.batches:
+            self._decode_batch = _decoder(dialect, StepBatchReply[observation_type]).decode
+            # A batch whose observations do not all fit is read again, each observation on its own.
+            self._decode_batch_raw = _decoder(dialect, StepBatchReply[msgspec.Raw]).decode
+            self._decode_observation = _decoder(dialect, observation_type).decode
 
     def _id(self, request_id: int) -> int | None:
         return request_id if self._request_ids else None
@@ -208,6 +217,57 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
             msgspec.EncodeError: A value msgspec cannot encode.
         """
         return self._encode(MCPMessage(data=message, id=self._id(request_id)))
+
+    def step_batch(self, actions: list[Any]) -> bytes:
+        """Encode the actions of a batch of steps as one message (see `StepBatchReply`).
+
+        Args:
+            actions: One action per session of the batch, in its order.
+
+        Returns:
+            The message.
+
+        Raises:
+            TypeError: A value of a type msgspec cannot encode.
+            msgspec.EncodeError: A value msgspec cannot encode.
+        """
+        return self._encode(actions)
+
+    def decode_step_batch(self, message: bytes) -> tuple[StepBatchReply[ObsT], dict[int, ReplyValidationError]]:
+        """Decode the replies to a batch of steps (only when `batches` is true).
+
+        Args:
+            message: What the batch's host answered.
+
+        Returns:
+            The replies, their observations decoded into the client's type; and
+            the error of each observation that does not fit it, by position (its
+            place in the replies is then empty), as its own reply would have failed.
+
+        Raises:
+            ProtocolError: The message is not a batch's replies.
+        """
+        try:
+            return self._decode_batch(message), {}
+        except msgspec.ValidationError:
+            pass  # some observation does not fit: find which
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"malformed batch of replies: {exc}") from exc
+        try:
+            raw = self._decode_batch_raw(message)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"malformed batch of replies: {exc}") from exc
+        observations: list[ObservationData[Any] | None] = []
+        invalid: dict[int, ReplyValidationError] = {}
+        for position, data in enumerate(raw.observations):
+            if data is not None:
+                try:
+                    data.observation = self._decode_observation(data.observation)
+                except msgspec.DecodeError as exc:
+                    invalid[position] = ReplyValidationError(f"reply does not match the client's types: {exc}")
+                    data = None
+            observations.append(data)
+        return StepBatchReply(observations, raw.errors), invalid
 
     def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply | MCPMessage:
         """Decode one reply frame.
@@ -367,6 +427,9 @@ class ServerCodec(Generic[ActT]):
                 _decode_lax, _decoder(dialect, action_type).decode, self._decode_any, action_type
             )
         self._json = dialect.encoding != "msgpack"
+        # A batch's actions are decoded in one call, strictly: one that does not fit as it is sends
+        # the batch's requests on their own (the lax conversions, and each one's own error, are there).
+        self._decode_actions = _decoder(dialect, list[action_type]).decode if members is None else None
 
     def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:
         if _out_of_range(exc):  # 1e999: no value of any type, so the frame is malformed
@@ -451,6 +514,47 @@ class ServerCodec(Generic[ActT]):
             return kind, None, request_id
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
 
+    def decode_step_batch(self, message: bytes) -> list[Any] | None:
+        """Decode the actions of a batch of steps (`ClientCodec.step_batch`, in this process), all in one call.
+
+        Args:
+            message: The batch's actions, as one message.
+
+        Returns:
+            The actions; or ``None`` when one does not fit the action type as it
+            is (or the type is a union): the batch's requests then go on their own.
+        """
+        if self._decode_actions is None:
+            return None
+        # No `MAX_NESTING` look here: a batch is made by this process's own pool, never read off a network.
+        try:
+            return self._decode_actions(message)  # type: ignore[no-any-return]
+        except (msgspec.DecodeError, RecursionError):
+            return None
+
+    def step_batch_reply(self, replies: StepBatchReply[Any]) -> bytes:
+        """Encode the replies to a batch of steps as one message.
+
+        Args:
+            replies: Each step's observation data (`observation_data`) or error data.
+
+        Returns:
+            The message.
+
+        Raises:
+            TypeError: An observation holds a value that cannot be encoded.
+            msgspec.EncodeError: The same, for a value msgspec cannot encode.
+        """
+        return self._encode(replies)
+
+    def encoding_error(self, value: Any) -> Exception | None:
+        """Why ``value`` cannot be encoded, or ``None`` if it can (to find the observation that spoils a batch)."""
+        try:
+            self._encode(value)
+        except (TypeError, msgspec.EncodeError, RecursionError) as exc:
+            return exc
+        return None
+
     def observation(self, observation: Any, request_id: int | None) -> bytes:
         """Encode an observation reply, lifting ``done`` and ``reward`` (and non-empty ``metadata``) beside it.
 
@@ -465,6 +569,21 @@ class ServerCodec(Generic[ActT]):
         Raises:
             TypeError: The observation is not a Struct or a dict, or cannot be encoded.
         """
+        return self._encode(ObservationReply(data=self.observation_data(observation), id=request_id))
+
+    def observation_data(self, observation: Any) -> ObservationData[Any]:
+        """An observation reply's data: its fields, ``done`` and ``reward`` (and non-empty ``metadata``) beside them.
+
+        Args:
+            observation: What the environment returned: a Struct, a dict, or
+                anything msgspec turns into a dict.
+
+        Returns:
+            The data.
+
+        Raises:
+            TypeError: The observation is not a Struct or a dict.
+        """
         if isinstance(observation, msgspec.Struct):
             fields = msgspec.structs.asdict(observation)
         elif isinstance(observation, dict):
@@ -474,8 +593,7 @@ class ServerCodec(Generic[ActT]):
             if not isinstance(fields, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
         fields, reward, done, metadata = lift_observation_fields(fields)
-        reply = ObservationReply(data=ObservationData(fields, reward, done, metadata), id=request_id)
-        return self._encode(reply)
+        return ObservationData(fields, reward, done, metadata)
 
     def state(self, state: Any, request_id: int | None) -> bytes:
         """Encode a state reply.
@@ -515,10 +633,27 @@ class ServerCodec(Generic[ActT]):
         Returns:
             The frame.
         """
-        data: dict[str, Any] = {"message": message, "code": code}
-        if extra:
-            data.update(extra)
+        return self.encode_error(error_data(code, message, extra), request_id)
+
+    def encode_error(self, data: dict[str, Any], request_id: int | None) -> bytes:
+        """Encode an error reply whose ``data`` is made already (`error_data`).
+
+        Args:
+            data: The reply's data.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+        """
         return self._encode(ErrorReply(data=data, id=request_id))
+
+
+def error_data(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An error reply's ``data``: ``message``, ``code`` and any ``extra`` fields."""
+    data: dict[str, Any] = {"message": message, "code": code}
+    if extra:
+        data.update(extra)
+    return data
 
 
 # A codec holds nothing of its session (and msgspec's encoders and decoders are thread-safe), while

@@ -37,6 +37,7 @@ __all__ = [
     "ResetRequest",
     "StateReply",
     "StateRequest",
+    "StepBatchReply",
     "StepRequest",
 ]
 
@@ -137,3 +138,16 @@ class IncomingRequest(msgspec.Struct):
     type: str
     data: msgspec.Raw = msgspec.Raw(b"")
     id: int | None = None
+
+
+class StepBatchReply(msgspec.Struct, Generic[ObsT]):
+    """The replies to a batch of steps, as one message, in the batch's order (in-process only, never on a wire).
+
+    Each step is answered as its own request would be: the ``data`` of its
+    observation reply, or of its error reply (by position, in ``errors``). A
+    position with neither was not stepped: its session could not take part
+    (it ended, or a call before it waited), and its request goes on its own.
+    """
+
+    observations: list[ObservationData[ObsT] | None]
+    errors: dict[int, dict[str, Any]] = msgspec.field(default_factory=dict)

@@ -23,6 +23,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 
+from ._batch import StepBatcher
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
 from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._codec import ClientCodec
@@ -41,6 +42,7 @@ from ._exceptions import (
     UnknownTypeError,
     UnsupportedSchemeError,
     ValidationError,
+    server_error_from_frame,
 )
 from ._limits import DEFAULT_PLACEMENT_TIMEOUT
 from ._messages import StateReply
@@ -139,8 +141,11 @@ class _Pending:
         self.reset_arguments = reset_arguments
 
 
-# What a request of a batch is: its kind, its encoder (given the request id), and the reset's arguments.
-_Request = tuple[Literal["reset", "step", "state"], Callable[[EnvClient[Any, Any, Any], int], bytes], dict[str, Any]]
+# What a request of a batch is: its kind, its encoder (given the request id), the reset's arguments, and
+# the step's action (stepped with others of its host as one message: `openenv._batch`).
+_Request = tuple[
+    Literal["reset", "step", "state"], Callable[[EnvClient[Any, Any, Any], int], bytes], dict[str, Any], Any
+]
 
 
 class EnvPool(Generic[ActT, ObsT, StateT]):
@@ -694,7 +699,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     def _step_request(self, index: int, action: ActT) -> _Request:
         if self.autoreset_mode == "next_step" and self._sessions[index].done:
             return _reset({})
-        return ("step", lambda client, request_id: client._codec_or_raise().step(action, request_id), {})
+        return ("step", lambda client, request_id: client._codec_or_raise().step(action, request_id), {}, action)
 
     def _timeout_of(self, timeout: float | _UseClientDefault | None) -> float | None:
         if timeout is USE_CLIENT_DEFAULT:
@@ -750,16 +755,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """
         outcome = _Outcome()
         deadline = self._deadline(timeout)
-        waiting = [index for index in requests if self._send_waits(index)]
-        if waiting:
-            with self._clock.cancel_scope(deadline=deadline):
+        with self._clock.cancel_scope(deadline=deadline):
+            alone = await self._step_together(requests, outcome)
+            waiting = [index for index in alone if self._send_waits(index)]
+            if waiting:
                 async with anyio.create_task_group() as apart:
                     for index in waiting:
-                        apart.start_soon(self._exchange_one, index, requests[index], outcome)
-                    await self._exchange_together(requests, outcome, set(waiting))
-        else:
-            with self._clock.cancel_scope(deadline=deadline):
-                await self._exchange_together(requests, outcome, set())
+                        apart.start_soon(self._exchange_one, index, alone[index], outcome)
+                    await self._exchange_together(alone, outcome, set(waiting))
+            else:
+                await self._exchange_together(alone, outcome, set())
         if len(outcome) < len(requests):
             # Time ran out: the replies that came meanwhile still count; the others are late.
             sent = [index for index in requests if index not in outcome]
@@ -769,6 +774,88 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                     outcome.errors[index] = TimeoutError(f"no reply within {self._timeout_of(timeout)} s")
                     self._abandon(index)
         return outcome
+
+    async def _step_together(self, requests: dict[int, _Request], outcome: _Outcome) -> dict[int, _Request]:
+        """Step the sessions that share a host as one message per host; the requests left to go on their own."""
+        hosts: dict[tuple[StepBatcher, ClientCodec[Any, Any, Any]], list[int]] = {}
+        sessions = self._sessions
+        for index, request in requests.items():
+            if request[0] != "step":
+                continue
+            client = sessions[index].client
+            transport, codec = client.transport, client._codec
+            if transport is None or codec is None or not codec.batches:
+                continue
+            batcher = transport._step_batcher()
+            if batcher is not None:
+                hosts.setdefault((batcher, codec), []).append(index)
+        alone = requests
+        for (batcher, codec), indices in hosts.items():
+            if len(indices) > 1:
+                answered = await self._step_batch(batcher, codec, indices, requests, outcome)
+                if answered:
+                    if alone is requests:
+                        alone = dict(requests)
+                    for index in answered:
+                        del alone[index]
+        return alone
+
+    async def _step_batch(
+        self,
+        batcher: StepBatcher,
+        codec: ClientCodec[Any, Any, Any],
+        indices: list[int],
+        requests: dict[int, _Request],
+        outcome: _Outcome,
+    ) -> list[int]:
+        """Step one host's sessions as one message (those whose client is free); the sessions answered."""
+        sessions = self._sessions
+        taken: list[int] = []
+        for index in indices:
+            lock = sessions[index].client._lock
+            if lock is None:
+                continue
+            try:
+                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+            except anyio.WouldBlock:
+                continue
+            taken.append(index)
+        try:
+            if len(taken) < 2:
+                return []
+            try:
+                message = codec.step_batch([requests[index][3] for index in taken])
+            except (TypeError, msgspec.EncodeError):
+                return []  # each request, on its own, says whose action cannot be encoded
+            transports = [sessions[index].client.transport for index in taken]
+            reply = await batcher.step(transports, message)  # type: ignore[arg-type]
+            if reply is None:
+                return []
+            try:
+                replies, invalid = codec.decode_step_batch(reply)
+            except ProtocolError as exc:
+                for index in taken:
+                    outcome.errors[index] = exc
+                return taken
+            answered: list[int] = []
+            errors, observations = replies.errors, replies.observations
+            for position, index in enumerate(taken[: len(observations)]):
+                data = observations[position]
+                if data is not None:
+                    outcome.ready[index] = sessions[index].client._result_of(data)
+                elif position in errors:
+                    outcome.errors[index] = server_error_from_frame(errors[position])
+                elif position in invalid:
+                    outcome.errors[index] = invalid[position]
+                else:
+                    continue  # not stepped: its request goes on its own
+                answered.append(index)
+            return answered
+        finally:
+            for index in taken:
+                lock = sessions[index].client._lock
+                assert lock is not None
+                lock.release()
 
     def _send_waits(self, index: int) -> bool:
         transport = self._sessions[index].client.transport
@@ -799,7 +886,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     async def _send(self, index: int, request: _Request) -> None:
         """Send one session's request (it leaves with the others to its server); note it as pending."""
-        kind, encode, reset_arguments = request
+        kind, encode, reset_arguments, _ = request
         client = self._sessions[index].client
         lock = client._lock
         if lock is None:
@@ -987,7 +1074,7 @@ class _Outcome:
 
 
 def _reset(arguments: dict[str, Any]) -> _Request:
-    return ("reset", lambda client, request_id: client._codec_or_raise().reset(arguments, request_id), arguments)
+    return ("reset", lambda client, request_id: client._codec_or_raise().reset(arguments, request_id), arguments, None)
 
 
-_STATE: _Request = ("state", lambda client, request_id: client._codec_or_raise().state(request_id), {})
+_STATE: _Request = ("state", lambda client, request_id: client._codec_or_raise().state(request_id), {}, None)

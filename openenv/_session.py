@@ -21,11 +21,11 @@ import anyio.from_thread
 import anyio.lowlevel
 import msgspec
 
-from ._codec import RequestError, ServerCodec, server_codec
+from ._codec import RequestError, ServerCodec, error_data, server_codec
 from ._environment import Environment
 from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
-from ._messages import Dialect
+from ._messages import Dialect, ObservationData
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
 from ._worker import Call, CallBatch, SessionWorker
 
@@ -278,6 +278,31 @@ class ServerSession:
             self._count(metrics, kind, error, started, len(frame), reply)
         return reply
 
+    async def step_decoded(self, action: Any) -> ObservationData[Any] | dict[str, Any]:
+        """Take a step on an action decoded already (one of a batch's), answering as `handle` would.
+
+        Args:
+            action: The action, of the environment's action type.
+
+        Returns:
+            The observation reply's data; or, when the environment raised (or
+            returned no Struct or dict), the ``EXECUTION_ERROR`` reply's data.
+        """
+        metrics = self._metrics
+        started = _clock() if metrics is not None else 0.0
+        error = None
+        reply: ObservationData[Any] | dict[str, Any]
+        try:
+            reply = self.codec.observation_data(await self._step(action))
+        except Exception as exc:
+            error = "EXECUTION_ERROR"
+            reply = self.execution_error_data(exc)
+        if metrics is not None:
+            metrics.step_done(self._name, _clock() - started)
+            if error is not None:
+                metrics.error(self._name, error)
+        return reply
+
     def _count(
         self,
         metrics: SessionMetrics,
@@ -312,9 +337,20 @@ class ServerSession:
 
     def _execution_error(self, exc: Exception, request_id: int | None) -> bytes:
         """The reply when the environment raised, or returned something that cannot be encoded."""
-        logger.exception("environment error in session")
+        return self.codec.encode_error(self.execution_error_data(exc), request_id)
+
+    def execution_error_data(self, exc: Exception) -> dict[str, Any]:
+        """Log what the environment raised (or returned that cannot be encoded); the ``EXECUTION_ERROR`` reply's data.
+
+        Args:
+            exc: The exception.
+
+        Returns:
+            The error reply's data: it names the exception unless `error_details` is off.
+        """
+        logger.exception("environment error in session", exc_info=exc)
         message = f"{type(exc).__name__}: {exc}" if self.error_details else _HIDDEN_EXECUTION_ERROR
-        return self.codec.error("EXECUTION_ERROR", message, request_id=request_id)
+        return error_data("EXECUTION_ERROR", message)
 
     async def run_on_thread(self, function: Callable[[], Any], stop: Callable[[], object]) -> Any:
         """Run ``function`` on the session's thread until it returns; ``stop()`` makes it return soon.

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._messages import Dialect
+
+if TYPE_CHECKING:
+    from ._batch import StepBatcher
 
 __all__ = ["Transport"]
 
@@ -205,6 +208,13 @@ class Transport(ABC):
         what must happen while nobody calls: answering the server's pings,
         pinging a quiet server, noticing and resuming a dropped connection.
         """
+
+    def _step_batcher(self) -> StepBatcher | None:
+        """What steps this session together with others of its host, as one message; ``None`` (the default): nothing.
+
+        Not part of the contract: openenv's own transports offer it (see `openenv._batch`).
+        """
+        return None
 
     @abstractmethod
     async def aclose(self) -> None:

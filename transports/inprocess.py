@@ -32,15 +32,19 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
 import anyio.lowlevel
+import msgspec
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
+from openenv._batch import StepBatcher
+from openenv._codec import ServerCodec
 from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
+from openenv._messages import ObservationData, StepBatchReply
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
 
@@ -63,12 +67,20 @@ class _Habits:
         parked: The transports whose `keep` waits while their calls run at once.
     """
 
-    __slots__ = ("parked", "trials", "waits")
+    __slots__ = ("batchers", "parked", "trials", "waits")
 
     def __init__(self) -> None:
         self.trials = TRIAL_CALLS
         self.waits = False
         self.parked: weakref.WeakSet[InProcessTransport] = weakref.WeakSet()
+        self.batchers: dict[ServerCodec[Any], _Batcher] = {}  # one per codec: a batch's actions are of one type
+
+    def batcher(self, codec: ServerCodec[Any]) -> _Batcher:
+        """What steps a batch of these environments' sessions whose actions ``codec`` reads."""
+        batcher = self.batchers.get(codec)
+        if batcher is None:
+            batcher = self.batchers[codec] = _Batcher(self, codec)
+        return batcher
 
     @property
     def at_once(self) -> bool:
@@ -84,6 +96,53 @@ class _Habits:
                     transport._unpark()
         elif self.trials > 0:
             self.trials -= 1
+
+
+class _Batcher(StepBatcher):
+    """Steps a batch of one factory's in-process sessions (one codec's), one after the other, in the caller's task.
+
+    Only while their calls run at once (`_Habits.at_once`): each step is then
+    what the session's own request would have been, served at once. A call
+    that waits after all is finished there, and the sessions after it go on
+    their own (to their tasks, from then on).
+    """
+
+    def __init__(self, habits: _Habits, codec: ServerCodec[Any]) -> None:
+        self._habits = habits
+        self._codec = codec
+
+    async def step(self, transports: Sequence[Transport], message: bytes) -> bytes | None:
+        """Step each session on its action; the replies as one message (see `StepBatcher.step`)."""
+        codec = self._codec
+        actions = codec.decode_step_batch(message)
+        if actions is None or len(actions) != len(transports):
+            return None
+        observations: list[ObservationData[Any] | None] = []
+        errors: dict[int, dict[str, Any]] = {}
+        habits = self._habits
+        for position, (transport, action) in enumerate(zip(transports, actions, strict=True)):
+            assert isinstance(transport, InProcessTransport)
+            if not habits.at_once:  # a call before waited: the rest go on their own, to their tasks
+                observations.append(None)
+                continue
+            reply = await transport._step_at_once(action)
+            if isinstance(reply, dict):
+                errors[position] = reply
+                observations.append(None)
+            else:
+                observations.append(reply)
+        replies = StepBatchReply(observations, errors)
+        try:
+            return codec.step_batch_reply(replies)
+        except (TypeError, msgspec.EncodeError, RecursionError):
+            # An observation holds what cannot be encoded: its session gets the error its own reply would.
+            for position, data in enumerate(observations):
+                failure = codec.encoding_error(data) if data is not None else None
+                if failure is not None:
+                    session = transports[position]._session  # type: ignore[attr-defined]
+                    errors[position] = session.execution_error_data(failure)
+                    observations[position] = None
+            return codec.step_batch_reply(replies)
 
 
 _LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = anyio.lowlevel.RunVar(
@@ -277,6 +336,49 @@ class InProcessTransport(Transport):
         finally:
             self._served()
         self._answer(outcome)
+
+    def _step_batcher(self) -> StepBatcher | None:
+        """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
+        session, inbox, outbox = self._session, self._to_server, self._from_server
+        if (
+            session is None
+            or inbox is None
+            or outbox is None
+            or not self._habits.at_once
+            or self._serving
+            or session.closed
+            or inbox.closed
+            or inbox  # a request waits: this step goes behind it
+            or outbox  # a reply waits to be read (a late one, to be dropped)
+        ):
+            return None
+        return self._habits.batcher(session.codec)
+
+    async def _step_at_once(self, action: Any) -> ObservationData[Any] | dict[str, Any]:
+        """One step of a batch, served at once in the caller's task as `_serve` serves a request.
+
+        The caller's cancellation while the call waited cuts the call, and ends
+        the session, as in `_serve`.
+
+        Returns:
+            The observation reply's data, or the error reply's.
+        """
+        session = self._session
+        assert session is not None
+        self._serving = True
+        try:
+            outcome = start(session.step_decoded(action))
+            self._habits.ran(waited=isinstance(outcome, Suspended))
+            if isinstance(outcome, Suspended):
+                try:
+                    outcome = await finish(outcome)
+                except anyio.get_cancelled_exc_class():
+                    self._ended = "the in-process session ended: a call that waited was cut by its caller"
+                    self._end()
+                    raise
+        finally:
+            self._served()
+        return outcome
 
     def _unpark(self) -> None:
         """Wake `keep`: requests go to the session's task again (or the channel ended)."""
