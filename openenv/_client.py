@@ -16,7 +16,7 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from ._clock import EVENT_LOOP_CLOCK, Clock
-from ._codec import ClientCodec, client_codec
+from ._codec import ClientCodec, client_codec, lift_observation_fields
 from ._exceptions import (
     ClientStateError,
     ConnectError,
@@ -807,6 +807,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         if not isinstance(reply, ObservationReply):
             raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
         return self._result_of(reply.data)
+
+    def _batch_result(self, observation: Any) -> StepResult[ObsT]:
+        """The result of a step of a batch, whose observation came whole (`openenv._messages.StepBatchReply`)."""
+        if self._observation_is_struct:
+            return StepResult(observation, observation.reward, observation.done, _own_metadata(observation))
+        return self._result_of(ObservationData(*lift_observation_fields(observation)))
 
     def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:
         """The result an observation reply's data makes: reward and done set on a Struct observation too."""

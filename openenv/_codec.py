@@ -108,6 +108,15 @@ def _decoder(dialect: Dialect, type_: Any, *, strict: bool = True) -> Any:
     return msgspec.json.Decoder(type_, strict=strict)
 
 
+class _RawStepBatchReply(msgspec.Struct):
+    """A `StepBatchReply` with its observations left encoded, to decode each on its own."""
+
+    observations: list[msgspec.Raw]
+    errors: dict[int, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+
+_NULL = {"json": b"null", "msgpack": b"\xc0"}  # an encoded None: a place in a batch with no observation
+
 Reply = Union[ObservationReply[Any], StateReply[Any], ErrorReply, MCPMessage]  # noqa: UP007 - a runtime type for msgspec
 
 
@@ -145,7 +154,7 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         if self.batches:
             self._decode_batch = _decoder(dialect, StepBatchReply[observation_type]).decode
             # A batch whose observations do not all fit is read again, each observation on its own.
-            self._decode_batch_raw = _decoder(dialect, StepBatchReply[msgspec.Raw]).decode
+            self._decode_batch_raw = _decoder(dialect, _RawStepBatchReply).decode
             self._decode_observation = _decoder(dialect, observation_type).decode
 
     def _id(self, request_id: int) -> int | None:
@@ -233,7 +242,7 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         """
         return self._encode(actions)
 
-    def decode_step_batch(self, message: bytes) -> tuple[StepBatchReply[ObsT], dict[int, ReplyValidationError]]:
+    def decode_step_batch(self, message: bytes) -> tuple[StepBatchReply[Any], dict[int, ReplyValidationError]]:
         """Decode the replies to a batch of steps (only when `batches` is true).
 
         Args:
@@ -257,16 +266,16 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
             raw = self._decode_batch_raw(message)
         except msgspec.DecodeError as exc:
             raise ProtocolError(f"malformed batch of replies: {exc}") from exc
-        observations: list[ObservationData[Any] | None] = []
+        observations: list[Any] = []
         invalid: dict[int, ReplyValidationError] = {}
-        for position, data in enumerate(raw.observations):
-            if data is not None:
+        for position, encoded in enumerate(raw.observations):
+            observation = None
+            if bytes(encoded) != _NULL[self.dialect.encoding]:
                 try:
-                    data.observation = self._decode_observation(data.observation)
+                    observation = self._decode_observation(encoded)
                 except msgspec.DecodeError as exc:
                     invalid[position] = ReplyValidationError(f"reply does not match the client's types: {exc}")
-                    data = None
-            observations.append(data)
+            observations.append(observation)
         return StepBatchReply(observations, raw.errors), invalid
 
     def decode_reply(self, frame: bytes) -> ObservationReply[ObsT] | StateReply[StateT] | ErrorReply | MCPMessage:
@@ -532,28 +541,36 @@ class ServerCodec(Generic[ActT]):
         except (msgspec.DecodeError, RecursionError):
             return None
 
-    def step_batch_reply(self, replies: StepBatchReply[Any]) -> bytes:
+    def step_batch_reply(self, replies: StepBatchReply[msgspec.Raw]) -> bytes:
         """Encode the replies to a batch of steps as one message.
 
         Args:
-            replies: Each step's observation data (`observation_data`) or error data.
+            replies: Each step's observation (`batch_observation`) or error data.
 
         Returns:
             The message.
-
-        Raises:
-            TypeError: An observation holds a value that cannot be encoded.
-            msgspec.EncodeError: The same, for a value msgspec cannot encode.
         """
         return self._encode(replies)
 
-    def encoding_error(self, value: Any) -> Exception | None:
-        """Why ``value`` cannot be encoded, or ``None`` if it can (to find the observation that spoils a batch)."""
-        try:
-            self._encode(value)
-        except (TypeError, msgspec.EncodeError, RecursionError) as exc:
-            return exc
-        return None
+    def batch_observation(self, observation: Any) -> msgspec.Raw:
+        """One step's observation in a batch's reply: encoded as it is, at once (see `StepBatchReply`).
+
+        Args:
+            observation: What the environment returned: a Struct, a dict, or
+                anything msgspec turns into a dict.
+
+        Returns:
+            The encoded observation.
+
+        Raises:
+            TypeError: The observation is not a Struct or a dict, or cannot be encoded.
+            msgspec.EncodeError: It holds a value msgspec cannot encode.
+        """
+        if not isinstance(observation, (msgspec.Struct, dict)):
+            observation = msgspec.to_builtins(observation)
+            if not isinstance(observation, dict):
+                raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
+        return msgspec.Raw(self._encode(observation))
 
     def observation(self, observation: Any, request_id: int | None) -> bytes:
         """Encode an observation reply, lifting ``done`` and ``reward`` (and non-empty ``metadata``) beside it.

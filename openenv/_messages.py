@@ -143,11 +143,12 @@ class IncomingRequest(msgspec.Struct):
 class StepBatchReply(msgspec.Struct, Generic[ObsT]):
     """The replies to a batch of steps, as one message, in the batch's order (in-process only, never on a wire).
 
-    Each step is answered as its own request would be: the ``data`` of its
-    observation reply, or of its error reply (by position, in ``errors``). A
-    position with neither was not stepped: its session could not take part
-    (it ended, or a call before it waited), and its request goes on its own.
+    Each step is answered with its observation as the environment returned it
+    (``reward``, ``done`` and ``metadata`` inside it, where a reply frame lifts
+    them beside it), or with its error reply's ``data`` (by position, in
+    ``errors``). A position with neither was not stepped: its session could not
+    take part (a call before it waited), and its request goes on its own.
     """
 
-    observations: list[ObservationData[ObsT] | None]
+    observations: list[ObsT | None]
     errors: dict[int, dict[str, Any]] = msgspec.field(default_factory=dict)

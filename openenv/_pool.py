@@ -840,9 +840,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             answered: list[int] = []
             errors, observations = replies.errors, replies.observations
             for position, index in enumerate(taken[: len(observations)]):
-                data = observations[position]
-                if data is not None:
-                    outcome.ready[index] = sessions[index].client._result_of(data)
+                observation = observations[position]
+                if observation is not None:
+                    outcome.ready[index] = sessions[index].client._batch_result(observation)
                 elif position in errors:
                     outcome.errors[index] = server_error_from_frame(errors[position])
                 elif position in invalid:

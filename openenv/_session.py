@@ -25,7 +25,7 @@ from ._codec import RequestError, ServerCodec, error_data, server_codec
 from ._environment import Environment
 from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
-from ._messages import Dialect, ObservationData
+from ._messages import Dialect
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
 from ._worker import Call, CallBatch, SessionWorker
 
@@ -278,22 +278,23 @@ class ServerSession:
             self._count(metrics, kind, error, started, len(frame), reply)
         return reply
 
-    async def step_decoded(self, action: Any) -> ObservationData[Any] | dict[str, Any]:
+    async def step_decoded(self, action: Any) -> msgspec.Raw | dict[str, Any]:
         """Take a step on an action decoded already (one of a batch's), answering as `handle` would.
 
         Args:
             action: The action, of the environment's action type.
 
         Returns:
-            The observation reply's data; or, when the environment raised (or
-            returned no Struct or dict), the ``EXECUTION_ERROR`` reply's data.
+            The observation, encoded (`ServerCodec.batch_observation`); or, when
+            the environment raised or returned what cannot be encoded, the
+            ``EXECUTION_ERROR`` reply's data.
         """
         metrics = self._metrics
         started = _clock() if metrics is not None else 0.0
         error = None
-        reply: ObservationData[Any] | dict[str, Any]
+        reply: msgspec.Raw | dict[str, Any]
         try:
-            reply = self.codec.observation_data(await self._step(action))
+            reply = self.codec.batch_observation(await self._step(action))
         except Exception as exc:
             error = "EXECUTION_ERROR"
             reply = self.execution_error_data(exc)

@@ -8,7 +8,7 @@ sessions of one event loop, and each test runs in a loop of its own.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
@@ -26,7 +26,9 @@ from openenv import (
     ReplyValidationError,
     TimeoutError,
 )
+from openenv._codec import client_codec, server_codec
 from openenv._inline import TRIAL_CALLS
+from openenv._messages import Dialect, StepBatchReply
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from tests.helpers import CounterClient, ManualClock, all_tasks_blocked
 from transports import inprocess
@@ -242,20 +244,38 @@ async def test_a_client_used_on_its_own_meanwhile_keeps_its_order(batches: list[
     assert [state.count for state in states] == [index * 100 + 1 for index in range(SIZE)]
 
 
-def test_the_reply_of_a_batch_is_one_message() -> None:
-    from openenv._codec import client_codec, server_codec
-    from openenv._messages import Dialect, ObservationData, StepBatchReply
-
-    dialect = Dialect(request_ids=True)
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_the_replies_of_a_batch_are_one_message(encoding: Literal["json", "msgpack"]) -> None:
+    dialect = Dialect(encoding=encoding, request_ids=True)
     server = server_codec(dialect, CountAction, False)
     client = client_codec(dialect, CountObservation, CountState)
     actions = server.decode_step_batch(client.step_batch([CountAction(by=1), CountAction(by=2)]))
     assert actions == [CountAction(by=1), CountAction(by=2)]
-    observation = server.observation_data(CountObservation(count=2, reward=1.0, done=True))
+    observation = server.batch_observation(CountObservation(count=2, reward=1.0, done=True))
     message = server.step_batch_reply(StepBatchReply([observation, None], {1: {"code": "EXECUTION_ERROR"}}))
     replies, invalid = client.decode_step_batch(message)
     assert invalid == {}
-    assert replies.observations[0] == ObservationData(CountObservation(count=2), 1.0, True)
-    assert replies.observations[1] is None
+    assert replies.observations == [CountObservation(count=2, reward=1.0, done=True), None]
     assert replies.errors == {1: {"code": "EXECUTION_ERROR"}}
-    assert msgspec.json.decode(message)["observations"][0]["observation"] == {"count": 2, "note": "", "metadata": {}}
+    decoded = (msgspec.json.decode if encoding == "json" else msgspec.msgpack.decode)(message)
+    assert decoded["observations"][0] == {"count": 2, "note": "", "done": True, "reward": 1.0, "metadata": {}}
+    # One observation that does not fit the client's type fails alone.
+    unfit = server.batch_observation(CountObservation(count="many"))  # type: ignore[arg-type]
+    replies, invalid = client.decode_step_batch(server.step_batch_reply(StepBatchReply([observation, None, unfit])))
+    assert replies.observations == [CountObservation(count=2, reward=1.0, done=True), None, None]
+    assert list(invalid) == [2]
+
+
+def test_an_untyped_client_gets_reward_and_done_beside_the_observation_as_from_a_reply_frame() -> None:
+    dialect = Dialect(request_ids=True)
+    server = server_codec(dialect, CountAction, False)
+    client = client_codec(dialect, dict, dict)
+    observation = server.batch_observation({"count": 2, "reward": 1, "done": True, "metadata": {"a": 1}})
+    replies, _ = client.decode_step_batch(server.step_batch_reply(StepBatchReply([observation])))
+    result = EnvClient("inproc://tests.test_pool_batch:BatchEnv")._batch_result(replies.observations[0])
+    assert (result.observation, result.reward, result.done, result.metadata) == (
+        {"count": 2, "metadata": {"a": 1}},
+        1,
+        True,
+        {"a": 1},
+    )

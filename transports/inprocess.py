@@ -44,7 +44,7 @@ from openenv._batch import StepBatcher
 from openenv._codec import ServerCodec
 from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
-from openenv._messages import ObservationData, StepBatchReply
+from openenv._messages import StepBatchReply
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
 
@@ -64,14 +64,17 @@ class _Habits:
     Attributes:
         trials: Calls left to run in sessions' tasks before the calls that follow run at once.
         waits: A call waited: every call runs in its session's task.
+        at_once: Calls run at once, in the task waiting for the reply: the trials
+            are over, and no call waited.
         parked: The transports whose `keep` waits while their calls run at once.
     """
 
-    __slots__ = ("batchers", "parked", "trials", "waits")
+    __slots__ = ("at_once", "batchers", "parked", "trials", "waits")
 
     def __init__(self) -> None:
         self.trials = TRIAL_CALLS
         self.waits = False
+        self.at_once = False  # read for every call: kept, not worked out each time
         self.parked: weakref.WeakSet[InProcessTransport] = weakref.WeakSet()
         self.batchers: dict[ServerCodec[Any], _Batcher] = {}  # one per codec: a batch's actions are of one type
 
@@ -82,20 +85,17 @@ class _Habits:
             batcher = self.batchers[codec] = _Batcher(self, codec)
         return batcher
 
-    @property
-    def at_once(self) -> bool:
-        """Whether calls run at once, in the task waiting for the reply."""
-        return self.trials <= 0 and not self.waits
-
     def ran(self, waited: bool) -> None:
         """Note how a call ran; the first that waited sends every parked session back to its task."""
         if waited:
             if not self.waits:
                 self.waits = True
+                self.at_once = False
                 for transport in list(self.parked):
                     transport._unpark()
         elif self.trials > 0:
             self.trials -= 1
+            self.at_once = self.trials <= 0 and not self.waits
 
 
 class _Batcher(StepBatcher):
@@ -117,7 +117,7 @@ class _Batcher(StepBatcher):
         actions = codec.decode_step_batch(message)
         if actions is None or len(actions) != len(transports):
             return None
-        observations: list[ObservationData[Any] | None] = []
+        observations: list[msgspec.Raw | None] = []
         errors: dict[int, dict[str, Any]] = {}
         habits = self._habits
         for position, (transport, action) in enumerate(zip(transports, actions, strict=True)):
@@ -131,18 +131,7 @@ class _Batcher(StepBatcher):
                 observations.append(None)
             else:
                 observations.append(reply)
-        replies = StepBatchReply(observations, errors)
-        try:
-            return codec.step_batch_reply(replies)
-        except (TypeError, msgspec.EncodeError, RecursionError):
-            # An observation holds what cannot be encoded: its session gets the error its own reply would.
-            for position, data in enumerate(observations):
-                failure = codec.encoding_error(data) if data is not None else None
-                if failure is not None:
-                    session = transports[position]._session  # type: ignore[attr-defined]
-                    errors[position] = session.execution_error_data(failure)
-                    observations[position] = None
-            return codec.step_batch_reply(replies)
+        return codec.step_batch_reply(StepBatchReply(observations, errors))
 
 
 _LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = anyio.lowlevel.RunVar(
@@ -339,37 +328,38 @@ class InProcessTransport(Transport):
 
     def _step_batcher(self) -> StepBatcher | None:
         """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
+        habits = self._habits
+        if not habits.at_once or self._serving:
+            return None
         session, inbox, outbox = self._session, self._to_server, self._from_server
         if (
             session is None
             or inbox is None
             or outbox is None
-            or not self._habits.at_once
-            or self._serving
             or session.closed
             or inbox.closed
             or inbox  # a request waits: this step goes behind it
             or outbox  # a reply waits to be read (a late one, to be dropped)
         ):
             return None
-        return self._habits.batcher(session.codec)
+        return habits.batcher(session.codec)
 
-    async def _step_at_once(self, action: Any) -> ObservationData[Any] | dict[str, Any]:
+    async def _step_at_once(self, action: Any) -> msgspec.Raw | dict[str, Any]:
         """One step of a batch, served at once in the caller's task as `_serve` serves a request.
 
         The caller's cancellation while the call waited cuts the call, and ends
         the session, as in `_serve`.
 
         Returns:
-            The observation reply's data, or the error reply's.
+            The observation, encoded; or the error reply's data.
         """
         session = self._session
         assert session is not None
         self._serving = True
         try:
             outcome = start(session.step_decoded(action))
-            self._habits.ran(waited=isinstance(outcome, Suspended))
             if isinstance(outcome, Suspended):
+                self._habits.ran(waited=True)  # one that did not wait teaches nothing now: the trials are over
                 try:
                     outcome = await finish(outcome)
                 except anyio.get_cancelled_exc_class():
