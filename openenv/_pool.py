@@ -3,8 +3,10 @@
 A pool step costs little more than its steps. It runs no task per session: for
 each session it encodes and sends the request (frames to one server then leave
 together, as one message on a shared connection), then collects the replies in
-order; replies that came together are taken without waiting. One deadline
-bounds the whole call. The sessions' clients have no owner of their own: the
+order; replies that came together are taken without waiting. Sessions whose
+transports share a host that can step them together (in-process sessions of
+one factory: `openenv._batch`) are stepped as one message each way instead.
+One deadline bounds the whole call. The sessions' clients have no owner of their own: the
 pool is their owner, and runs their transports' idle work (`openenv.Transport.keep`)
 in its task group.
 """
