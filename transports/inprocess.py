@@ -74,7 +74,7 @@ class _Habits:
     def __init__(self) -> None:
         self.trials = TRIAL_CALLS
         self.waits = False
-        self.at_once = False  # read for every call: kept, not worked out each time
+        self.at_once = self.trials <= 0  # read for every call: kept, not worked out each time
         self.parked: weakref.WeakSet[InProcessTransport] = weakref.WeakSet()
         self.batchers: dict[ServerCodec[Any], _Batcher] = {}  # one per codec: a batch's actions are of one type
 
