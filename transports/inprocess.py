@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -51,6 +51,8 @@ from openenv.server import ServerSession, encode_fatal_error, factory_name, load
 from ._deprecated import renamed_option
 
 __all__ = ["InProcessTransport"]
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("openenv.server")
 
@@ -299,9 +301,7 @@ class InProcessTransport(Transport):
         """Handle one request; queue its reply.
 
         In the session's task (or shielded, in an ownerless caller's); or, with
-        ``at_once``, in the caller's task, where a call that waits after all is
-        finished. Learns whether the factory's calls wait: after `TRIAL_CALLS`
-        that did not, requests are served at once.
+        ``at_once``, in the caller's task (see `_run`).
 
         Raises:
             ConnectionClosed: Served at once, the caller was cancelled while the
@@ -310,9 +310,18 @@ class InProcessTransport(Transport):
         session = self._session
         if session is None or session.closed:
             return  # the channel was closed meanwhile: the request has nobody to answer
+        self._answer(await self._run(session.handle(frame), at_once=at_once))
+
+    async def _run(self, call: Coroutine[Any, Any, _T], *, at_once: bool) -> _T:
+        """Run one of the session's calls (a request's handling, a batch's step) in this task; its outcome.
+
+        Learns whether the factory's calls wait: after `TRIAL_CALLS` that did
+        not, they run at once, in the caller's task, where one that waits after
+        all is finished; the caller's cancellation then cuts it, and ends the session.
+        """
         self._serving = True
         try:
-            outcome = start(session.handle(frame))
+            outcome = start(call)
             self._habits.ran(waited=isinstance(outcome, Suspended))
             if isinstance(outcome, Suspended):
                 try:
@@ -324,7 +333,7 @@ class InProcessTransport(Transport):
                     raise
         finally:
             self._served()
-        self._answer(outcome)
+        return outcome
 
     def _step_batcher(self) -> StepBatcher | None:
         """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
@@ -355,20 +364,7 @@ class InProcessTransport(Transport):
         """
         session = self._session
         assert session is not None
-        self._serving = True
-        try:
-            outcome = start(session.step_decoded(action))
-            if isinstance(outcome, Suspended):
-                self._habits.ran(waited=True)  # one that did not wait teaches nothing now: the trials are over
-                try:
-                    outcome = await finish(outcome)
-                except anyio.get_cancelled_exc_class():
-                    self._ended = "the in-process session ended: a call that waited was cut by its caller"
-                    self._end()
-                    raise
-        finally:
-            self._served()
-        return outcome
+        return await self._run(session.step_decoded(action), at_once=True)
 
     def _unpark(self) -> None:
         """Wake `keep`: requests go to the session's task again (or the channel ended)."""
