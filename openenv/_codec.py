@@ -586,21 +586,6 @@ class ServerCodec(Generic[ActT]):
         Raises:
             TypeError: The observation is not a Struct or a dict, or cannot be encoded.
         """
-        return self._encode(ObservationReply(data=self.observation_data(observation), id=request_id))
-
-    def observation_data(self, observation: Any) -> ObservationData[Any]:
-        """An observation reply's data: its fields, ``done`` and ``reward`` (and non-empty ``metadata``) beside them.
-
-        Args:
-            observation: What the environment returned: a Struct, a dict, or
-                anything msgspec turns into a dict.
-
-        Returns:
-            The data.
-
-        Raises:
-            TypeError: The observation is not a Struct or a dict.
-        """
         if isinstance(observation, msgspec.Struct):
             fields = msgspec.structs.asdict(observation)
         elif isinstance(observation, dict):
@@ -610,7 +595,8 @@ class ServerCodec(Generic[ActT]):
             if not isinstance(fields, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
         fields, reward, done, metadata = lift_observation_fields(fields)
-        return ObservationData(fields, reward, done, metadata)
+        reply = ObservationReply(data=ObservationData(fields, reward, done, metadata), id=request_id)
+        return self._encode(reply)
 
     def state(self, state: Any, request_id: int | None) -> bytes:
         """Encode a state reply.
