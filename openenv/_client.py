@@ -9,7 +9,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn
 
 import anyio
 import msgspec
@@ -96,6 +96,7 @@ class _ClientState(enum.Enum):
     CLOSED = 3
 
 
+_NO_PAYLOAD: Final = object()  # `EnvClient._prepare` called with an encoder of the request id alone
 _OPENED = _ClientState.OPENED  # read on every request: a name is a sixth of the cost of an enum member
 
 
@@ -860,9 +861,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             raise TimeoutError(f"no reply within {timeout} s")
 
     def _prepare(
-        self, encode: Callable[[int], bytes], codec: ClientCodec[Any, Any, Any] | None = None
+        self,
+        encode: Callable[..., bytes],
+        codec: ClientCodec[Any, Any, Any] | None = None,
+        *,
+        payload: Any = _NO_PAYLOAD,
     ) -> tuple[ClientCodec[Any, Any, Any], Transport, bytes, int]:
         """Number and encode a request; call with the lock held. Returns the codec, transport, frame and id.
+
+        ``encode(request_id)`` makes the frame; given a ``payload``,
+        ``encode(codec, payload, request_id)`` does (an `EnvPool`'s requests,
+        with no closure to make per call).
 
         Raises:
             ClientStateError: The client is not open.
@@ -874,7 +883,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._next_id += 1
         request_id = self._next_id
         try:
-            frame = encode(request_id)
+            frame = encode(request_id) if payload is _NO_PAYLOAD else encode(codec or own_codec, payload, request_id)
         except (TypeError, msgspec.EncodeError) as exc:
             raise EncodingError(f"cannot encode the request: {exc}") from exc
         except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows

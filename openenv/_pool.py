@@ -143,10 +143,15 @@ class _Pending:
         self.reset_arguments = reset_arguments
 
 
-# What a request of a batch is: its kind, its encoder (given the request id), the reset's arguments, and
-# the step's action (stepped with others of its host as one message: `openenv._batch`).
+# What a request of a batch is: its kind, its encoder, the reset's arguments, and what the encoder
+# takes besides the codec and the request id (the step's action, stepped with others of its host as
+# one message: `openenv._batch`; the reset's arguments). Module functions, not closures: a pool of
+# thousands makes one request per session per step.
 _Request = tuple[
-    Literal["reset", "step", "state"], Callable[[EnvClient[Any, Any, Any], int], bytes], dict[str, Any], Any
+    Literal["reset", "step", "state"],
+    Callable[[ClientCodec[Any, Any, Any], Any, int], bytes],
+    dict[str, Any],
+    Any,
 ]
 
 
@@ -701,7 +706,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     def _step_request(self, index: int, action: ActT) -> _Request:
         if self.autoreset_mode == "next_step" and self._sessions[index].done:
             return _reset({})
-        return ("step", lambda client, request_id: client._codec_or_raise().step(action, request_id), {}, action)
+        return ("step", _encode_step, _NO_ARGUMENTS, action)
 
     def _timeout_of(self, timeout: float | _UseClientDefault | None) -> float | None:
         if timeout is USE_CLIENT_DEFAULT:
@@ -888,7 +893,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     async def _send(self, index: int, request: _Request) -> None:
         """Send one session's request (it leaves with the others to its server); note it as pending."""
-        kind, encode, reset_arguments, _ = request
+        kind, encode, reset_arguments, payload = request
         client = self._sessions[index].client
         lock = client._lock
         if lock is None:
@@ -898,7 +903,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         except anyio.WouldBlock:
             await lock.acquire()
         try:
-            codec, transport, frame, request_id = client._prepare(lambda rid: encode(client, rid))
+            codec, transport, frame, request_id = client._prepare(encode, payload=payload)
             try:
                 transport.send_nowait(frame)  # queued: it leaves with the others' frames
             except anyio.WouldBlock:
@@ -1075,8 +1080,23 @@ class _Outcome:
         self.errors.update(other.errors)
 
 
+_NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
+
+
+def _encode_step(codec: ClientCodec[Any, Any, Any], action: Any, request_id: int) -> bytes:
+    return codec.step(action, request_id)
+
+
+def _encode_reset(codec: ClientCodec[Any, Any, Any], arguments: dict[str, Any], request_id: int) -> bytes:
+    return codec.reset(arguments, request_id)
+
+
+def _encode_state(codec: ClientCodec[Any, Any, Any], _: None, request_id: int) -> bytes:
+    return codec.state(request_id)
+
+
 def _reset(arguments: dict[str, Any]) -> _Request:
-    return ("reset", lambda client, request_id: client._codec_or_raise().reset(arguments, request_id), arguments, None)
+    return ("reset", _encode_reset, arguments, arguments)
 
 
-_STATE: _Request = ("state", lambda client, request_id: client._codec_or_raise().state(request_id), {}, None)
+_STATE: _Request = ("state", _encode_state, _NO_ARGUMENTS, None)
