@@ -7,6 +7,7 @@ loopback sockets.
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 from pathlib import Path
@@ -167,3 +168,20 @@ async def test_the_pool_modes_of_the_fleet_client_step(recv: bool) -> None:
         await run_pool(f"inproc://{FACTORIES['async']}", record, 0.0, {}, recv=recv)  # one round
     assert record.errors == 0, record.error_examples
     assert record.steps > 0
+
+
+@pytest.mark.anyio
+async def test_the_fleet_client_freezes_the_heap_before_the_timed_part_when_asked() -> None:
+    """``--gc-freeze``: the objects alive once the pool has stepped move to the permanent generation."""
+    from tests.benchmarks.fleet import FACTORIES
+    from tests.benchmarks.fleet_client import run_pool
+
+    gc.unfreeze()
+    record = FleetRecord(4)
+    try:
+        with anyio.fail_after(30):
+            await run_pool(f"inproc://{FACTORIES['async']}", record, 0.0, {}, recv=False, gc_freeze=True)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # the suite's other tests run with the collector as usual
+    assert record.errors == 0, record.error_examples

@@ -1,7 +1,7 @@
 """A fleet of openenv sessions against one server (or in-process): opened, stepped for a while, measured.
 
     python -m tests.benchmarks.fleet_client URL --sessions N --mode pool|clients|pool-recv --seconds T
-        [--no-share] [--server-pid PID] [--open-timeout S] [--backend asyncio|trio]
+        [--no-share] [--server-pid PID] [--open-timeout S] [--backend asyncio|trio] [--gc-freeze]
 
 Prints one JSON line (`tests.benchmarks._fleet_record`): steps/s, latency, errors,
 the TCP connections this process holds to the server's port (the URL's), the
@@ -18,7 +18,10 @@ the time to open the N sessions, CPU per step. Modes:
 
 ``--no-share`` gives each session a connection of its own (``share=False``);
 by default the transport decides (sessions to one server share a link where
-the transport and the server can). Before the N sessions open, one session
+the transport and the server can). ``--gc-freeze`` calls `gc.freeze` once the
+sessions are open and have stepped, before the timed part, as a long-running
+trainer may: Python's cyclic garbage collector then no longer walks the
+objects the sessions keep (docs/scaling.md, "The garbage collector"). Before the N sessions open, one session
 opens, steps and closes, so that the server has loaded what it loads lazily;
 the server's memory then is the idle figure.
 """
@@ -26,6 +29,7 @@ the server's memory then is the idle figure.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -85,7 +89,12 @@ class _Gate:
 
 
 async def run_clients(
-    url: str, record: FleetRecord, seconds: float, options: dict[str, Any], open_timeout: float
+    url: str,
+    record: FleetRecord,
+    seconds: float,
+    options: dict[str, Any],
+    open_timeout: float,
+    gc_freeze: bool = False,
 ) -> None:
     """N independent clients, each opened and stepped in a task of its own."""
     count = record.sessions
@@ -142,6 +151,8 @@ async def run_clients(
         await ready.event.wait()
         record.open_s = (max(opened_at) - started) if opened_at else None
         record.all_open()
+        if gc_freeze:
+            gc.freeze()
         record.start()
         deadline[0] = time.perf_counter() + seconds
         go.set()
@@ -152,7 +163,9 @@ async def run_clients(
         release.set()
 
 
-async def run_pool(url: str, record: FleetRecord, seconds: float, options: dict[str, Any], recv: bool) -> None:
+async def run_pool(
+    url: str, record: FleetRecord, seconds: float, options: dict[str, Any], recv: bool, gc_freeze: bool = False
+) -> None:
     """One EnvPool of N sessions: ``pool.step`` in a loop, or envpool's ``send`` and ``recv``."""
     count = record.sessions
     actions = [ACTION] * count
@@ -165,6 +178,8 @@ async def run_pool(url: str, record: FleetRecord, seconds: float, options: dict[
             record.all_open()
             for _ in range(WARM_STEPS):
                 await pool.step(actions)
+            if gc_freeze:
+                gc.freeze()
             if recv:
                 await _send_recv(pool, record, seconds)
             else:
@@ -228,6 +243,9 @@ def main() -> None:
     parser.add_argument("--server-pid", type=int, help="the server process, whose memory and CPU are read")
     parser.add_argument("--open-timeout", type=float, default=60.0, help="seconds a session may take to open")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() once the sessions are open, before the timed part"
+    )
     args = parser.parse_args()
     if args.mode == "pool-recv" and not (hasattr(EnvPool, "send") and hasattr(EnvPool, "recv")):
         print("EnvPool has no send and recv yet", file=sys.stderr)
@@ -241,10 +259,10 @@ def main() -> None:
         await warm_up(args.url, options)
         record.idle()
         if args.mode == "clients":
-            await run_clients(args.url, record, args.seconds, options, args.open_timeout)
+            await run_clients(args.url, record, args.seconds, options, args.open_timeout, args.gc_freeze)
         else:
-            await run_pool(args.url, record, args.seconds, options, recv=args.mode == "pool-recv")
-        return record.document(mode=args.mode, share=not args.no_share, backend=args.backend)
+            await run_pool(args.url, record, args.seconds, options, args.mode == "pool-recv", args.gc_freeze)
+        return record.document(mode=args.mode, share=not args.no_share, backend=args.backend, gc_freeze=args.gc_freeze)
 
     print(json.dumps(anyio.run(measure, backend=args.backend)), flush=True)
 
