@@ -21,8 +21,9 @@ by default the transport decides (sessions to one server share a link where
 the transport and the server can). ``--gc-freeze`` calls `gc.freeze` once the
 sessions are open and have stepped, before the timed part, as a long-running
 trainer may: Python's cyclic garbage collector then no longer walks the
-objects the sessions keep (docs/scaling.md, "The garbage collector"). Before the N sessions open, one session
-opens, steps and closes, so that the server has loaded what it loads lazily;
+objects the sessions keep (docs/scaling.md, "The pool is a batch"). Before the
+N sessions open, one session opens, steps and closes, so that the server has
+loaded what it loads lazily;
 the server's memory then is the idle figure.
 """
 
