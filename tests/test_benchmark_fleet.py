@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.benchmarks import _fleet_plot, _fleet_report
+from tests.benchmarks import _fleet_plot, _fleet_report, fleet_floor
 from tests.benchmarks._fleet_record import FleetRecord
 from tests.benchmarks._procfs import tcp_connections_to
 from tests.benchmarks.fleet import fleet_targets
@@ -129,6 +129,24 @@ def test_one_session_is_judged_against_the_page_before_within_the_noise() -> Non
     echo[0]["median"] = 8_000  # 1.60x: more than 10 % slower
     goal = next(goal for goal in _fleet_report.goals(results) if goal.text.startswith("One session alone, async"))
     assert goal.met is False
+
+
+def test_the_floors_stand_beside_their_goals_marked_as_floors() -> None:
+    floors = {"sessions": 1024, "threads": 50_000.4, "session_threads": 35_000, "loop": 700_000}
+    lines = _fleet_report.goals_section({"meta": {}, "fleet": {"rows": [], "floors": floors}})
+    affinity = next(line for line in lines if line.startswith("| ... the floor with thread affinity"))
+    measured = "50,000 steps/s (bare threads), 35,000 steps/s (openenv's hand-over, `CallBatch`)"
+    assert affinity.endswith(f"| {measured} | floor |")
+    loop = next(line for line in lines if line.startswith("| ... the loop issue 21 names"))
+    assert "| 700,000 steps/s (no session, no client) | floor |" in loop
+    missing = _fleet_report.goals_section({"meta": {}, "fleet": {"rows": [], "floors": {"error": "boom"}}})
+    assert any("| failed: boom | floor |" in line for line in missing)
+
+
+def test_the_floors_measure_for_real_at_a_small_size() -> None:
+    measured = {name: floor(4, 0.01) for name, floor in fleet_floor.FLOORS.items()}
+    assert set(measured) == {"threads", "session_threads", "loop"}
+    assert all(rate > 0 for rate in measured.values())
 
 
 def test_the_fleet_section_shows_each_count_and_lists_what_cannot_run_yet() -> None:

@@ -29,8 +29,10 @@ Five parts, every server and every client a process of its own on loopback
    independent clients, on a shared connection or a connection per session,
    async and plain echo, over ws://, http+poll:// and inproc://, beside the
    reference's clients at the same N (`tests.benchmarks.fleet`): steps/s, p99,
-   errors, TCP connections held, server memory per session, time to open; and
-   issue 21's goals, met or not. ``--fleet-only`` runs this part alone.
+   errors, TCP connections held, server memory per session, time to open; the
+   floors of a fleet's step on this machine (`tests.benchmarks.fleet_floor`: bare
+   threads, openenv's thread hand-over, the in-process loop); and issue 21's
+   goals, met or not. ``--fleet-only`` runs this part alone (``--fleet-rows floors``: the floors alone).
 5. **EnvPool**: one pool of 256 and of 1,024 sessions over ws:// to one
    ``openenv serve`` against the same pool over ray:// on a local Ray
    (``tests.benchmarks.bench_pool``, in a process and a loopback-only network
@@ -73,7 +75,7 @@ from tests.benchmarks._servers import (
     ws_floor_server,
 )
 from tests.benchmarks.envs import BLOB_SIZE
-from tests.benchmarks.fleet import COUNTS, GOAL_ROWS, QUICK_COUNTS, measure_fleet, one_session_before
+from tests.benchmarks.fleet import COUNTS, GOAL_ROWS, QUICK_COUNTS, measure_fleet, measure_floors, one_session_before
 from tests.interop.reference_venv import OPENENV_0_10, OPENENV_CORE_0_3, ensure_reference_python, reference_versions
 
 REFERENCE = OPENENV_0_10
@@ -346,6 +348,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 only=args.fleet_rows, big_only=args.fleet_big_only,
             )  # fmt: skip
             results["fleet"]["before"] = one_session_before()
+            if args.fleet_rows is None or args.fleet_rows in "floors":
+                results["fleet"]["floors"] = measure_floors()
     if args.pool and not args.fleet_only:  # it starts a local Ray (in a loopback-only network namespace)
         with _timer(durations, "pool"):
             results["pool"] = measure_pool(args)

@@ -205,6 +205,20 @@ def one_session_before() -> dict[str, Any]:
     return {"commit": BEFORE_FLEET, "date": page["meta"]["date"], "medians": medians}
 
 
+def measure_floors(sessions: int = 1024) -> dict[str, Any]:
+    """The floors of a fleet's step (`tests.benchmarks.fleet_floor`) at ``sessions``: its JSON, or ``{"error"}``."""
+    command = [sys.executable, "-m", "tests.benchmarks.fleet_floor", "--sessions", str(sessions)]
+    try:
+        floors = run_client(command, timeout=600)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        return {"sessions": sessions, "error": _failure(error)}
+    say(
+        f"fleet floors N={sessions}: threads {floors['threads']:,.0f}/s, session threads "
+        f"{floors['session_threads']:,.0f}/s, loop {floors['loop']:,.0f}/s"
+    )
+    return floors
+
+
 def measure_fleet(
     python: Path,
     counts: list[int],
