@@ -143,14 +143,14 @@ class _Pending:
         self.reset_arguments = reset_arguments
 
 
-# What a request of a batch is: its kind, its encoder, the reset's arguments, and what the encoder
-# takes besides the codec and the request id (the step's action, stepped with others of its host as
-# one message: `openenv._batch`; the reset's arguments). Module functions, not closures: a pool of
-# thousands makes one request per session per step.
+# What a request of a batch is: its kind and the reset's arguments (what `EnvPool._settle` reads of
+# it), its encoder, and what the encoder takes besides the codec and the request id (the step's
+# action, stepped with others of its host as one message: `openenv._batch`; the reset's arguments).
+# Module functions, not closures: a pool of thousands makes one request per session per step.
 _Request = tuple[
     Literal["reset", "step", "state"],
-    Callable[[ClientCodec[Any, Any, Any], Any, int], bytes],
     dict[str, Any],
+    Callable[[ClientCodec[Any, Any, Any], Any, int], bytes],
     Any,
 ]
 
@@ -706,7 +706,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     def _step_request(self, index: int, action: ActT) -> _Request:
         if self.autoreset_mode == "next_step" and self._sessions[index].done:
             return _reset({})
-        return ("step", _encode_step, _NO_ARGUMENTS, action)
+        return ("step", _NO_ARGUMENTS, _encode_step, action)
 
     def _timeout_of(self, timeout: float | _UseClientDefault | None) -> float | None:
         if timeout is USE_CLIENT_DEFAULT:
@@ -750,8 +750,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             if not moved:
                 break
             outcome.update(await self._exchange(moved, timeout))
-        kinds = {index: (request[0], request[2]) for index, request in requests.items()}
-        results = await self._settle(kinds, outcome, timeout)
+        results = await self._settle(requests, outcome, timeout)
         return [results[index] for index in range(self.size) if index in results]
 
     async def _exchange(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> _Outcome:
@@ -893,7 +892,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     async def _send(self, index: int, request: _Request) -> None:
         """Send one session's request (it leaves with the others to its server); note it as pending."""
-        kind, encode, reset_arguments, payload = request
+        kind, reset_arguments, encode, payload = request
         client = self._sessions[index].client
         lock = client._lock
         if lock is None:
@@ -999,7 +998,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     async def _settle(
         self,
-        kinds: Mapping[int, tuple[str, dict[str, Any]]],
+        kinds: Mapping[int, _Request | tuple[str, dict[str, Any]]],
         outcome: _Outcome,
         timeout: float | _UseClientDefault | None,
     ) -> dict[int, Any]:
@@ -1027,7 +1026,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 self._sessions[index].done = False
         failed: dict[int, Exception] = {}
         for index, error in sorted(errors.items()):
-            kind, reset_arguments = kinds.get(index, ("reset", {}))
+            kind, reset_arguments = kinds.get(index, ("reset", {}))[:2]
             if (
                 self.on_error == "raise"
                 or kind == "state"
@@ -1096,7 +1095,7 @@ def _encode_state(codec: ClientCodec[Any, Any, Any], _: None, request_id: int) -
 
 
 def _reset(arguments: dict[str, Any]) -> _Request:
-    return ("reset", _encode_reset, arguments, arguments)
+    return ("reset", arguments, _encode_reset, arguments)
 
 
-_STATE: _Request = ("state", _encode_state, _NO_ARGUMENTS, None)
+_STATE: _Request = ("state", _NO_ARGUMENTS, _encode_state, None)
