@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -169,10 +170,21 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
 
 
+def timed_rounds(rounds: int, size: int) -> int:
+    """Pool steps to time for ``size`` sessions: as many sessions' steps as ``rounds`` of 1,024, at least ``rounds``.
+
+    Linux counts a process's CPU time in 10 ms ticks: 20 steps of 256 sessions
+    take a few ticks, too few for a figure per CPU-second good to a few per cent.
+    """
+    return max(rounds, math.ceil(rounds * 1024 / size))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--rounds", type=int, default=20, help="timed pool steps per run")
+    parser.add_argument(
+        "--rounds", type=int, default=20, help="timed pool steps per run of 1,024 sessions (smaller pools: more)"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sessions-per-actor", type=int, default=256)
     parser.add_argument("--ray-cpus", type=int, default=2)
@@ -203,9 +215,10 @@ def main() -> None:
         url = server.url.replace("http://", "ws://")
         for size in args.sizes:
             runs: dict[str, list[dict[str, float]]] = {"ws": [], "ray": [], "ray-call": []}
+            rounds = timed_rounds(args.rounds, size)
             for _ in range(args.runs):
-                runs["ws"].append(anyio.run(measure_ws, url, server.pid, size, args.rounds))
-                runs["ray"].append(anyio.run(measure_ray, size, args.rounds, args.sessions_per_actor))
+                runs["ws"].append(anyio.run(measure_ws, url, server.pid, size, rounds))
+                runs["ray"].append(anyio.run(measure_ray, size, rounds, args.sessions_per_actor))
                 runs["ray-call"].append(anyio.run(measure_ray_call, size, args.rounds, args.sessions_per_actor))
             medians = {kind: median_of(kind_runs) for kind, kind_runs in runs.items()}
             medians["memory"] = anyio.run(session_memory, size)
