@@ -10,7 +10,8 @@ For each pool size, interleaved run by run so that drift hits all alike:
 
 - ``ws``: an `EnvPool` over ``ws://`` to one ``openenv serve`` process (uvicorn);
   its steps per second, and the server's and the client's steps per CPU
-  second (per core: robust to a loaded machine); and,
+  second (per core: robust to a loaded machine; the client's is its event
+  loop thread's, as Ray's driver threads share this process); and,
   on a new server, its resident memory per open session;
 - ``ray``: the same pool over ``ray://`` (actors of ``--sessions-per-actor``
   sessions, ``num_cpus=0`` so that the actors never wait for a CPU); its steps
@@ -70,10 +71,11 @@ async def step_rate(pool: EnvPool[Any, Any, Any], rounds: int) -> float:
 async def measure_ws(url: str, pid: int, size: int, rounds: int) -> dict[str, float]:
     async with EnvPool(url, size=size, client=EchoClient, max_connecting=128) as pool:
         await pool.reset()
-        cpu_before, client_before = cpu_seconds(pid), cpu_seconds(os.getpid())
+        # The client's CPU is its event loop thread's: this process also runs Ray's driver threads.
+        cpu_before, client_before = cpu_seconds(pid), time.thread_time()
         rate = await step_rate(pool, rounds)
         steps = size * (rounds + 3)
-        cpu, client_cpu = cpu_seconds(pid) - cpu_before, cpu_seconds(os.getpid()) - client_before
+        cpu, client_cpu = cpu_seconds(pid) - cpu_before, time.thread_time() - client_before
     return {
         "steps_per_s": rate,
         "server_steps_per_core_s": steps / cpu if cpu else float("nan"),
