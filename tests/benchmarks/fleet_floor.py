@@ -31,6 +31,7 @@ import anyio
 import msgspec
 
 from openenv._worker import CallBatch, SessionWorker
+from tests.benchmarks._timing import timed_rate
 from tests.benchmarks.envs import AsyncMessageEchoEnv, MessageAction
 
 # Rounds run before the timed part: threads started, caches warm.
@@ -49,14 +50,9 @@ def _rate(one_round: Callable[[], object], sessions: int, seconds: float) -> flo
 
 
 async def _async_rate(one_round: Callable[[], Awaitable[object]], sessions: int, seconds: float) -> float:
-    """`_rate` for a round that is awaited."""
-    for _ in range(WARMUP_ROUNDS):
-        await one_round()
-    rounds, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        await one_round()
-        rounds += 1
-    return rounds * sessions / (time.perf_counter() - start)
+    """`_rate` for a round that is awaited (the benchmarks' shared timing loop, one round per check)."""
+    timed = await timed_rate(one_round, seconds, warmup=WARMUP_ROUNDS, batch=1)
+    return timed["rate"] * sessions
 
 
 def threads(sessions: int, seconds: float) -> float:
