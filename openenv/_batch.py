@@ -8,6 +8,12 @@ actions as one message, the host decodes them in one call, steps each session
 in the batch's order and answers with one message (`StepBatchReply`), which
 the pool decodes in one call.
 
+Sessions that share a link to a server that takes batches are stepped
+together too (`LinkStepBatcher`): the pool encodes their actions as one array,
+which travels in one entry (``steps`` in ``docs/protocol.md``), and the server
+answers those it steps together in one entry; each step is still numbered on
+its session's channel, so a resumed link sends it again on its own.
+
 This is openenv's own protocol between its pool and its own transports, not part
 of the `openenv.Transport` contract: a transport offers it through
 ``Transport._step_batcher``, which by default offers nothing.
@@ -19,10 +25,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import msgspec
+
 if TYPE_CHECKING:
     from ._transport import Transport
 
-__all__ = ["StepBatcher"]
+__all__ = ["BatchedReply", "LinkStepBatcher", "StepBatcher"]
 
 
 class StepBatcher(ABC):
@@ -48,3 +56,57 @@ class StepBatcher(ABC):
             nothing was stepped (the actions do not fit as they are), and every
             request goes on its own.
         """
+
+
+class BatchedReply:
+    """A step's reply that came with others' in one message (``stepped``): the message, and its place there.
+
+    Attributes:
+        message: The replies, as one message (`openenv._messages.StepBatchReply`).
+        position: This reply's place in it.
+        request_id: The request it answers.
+    """
+
+    __slots__ = ("message", "position", "request_id")
+
+    def __init__(self, message: bytes | msgspec.Raw, position: int, request_id: int) -> None:
+        self.message = message
+        self.position = position
+        self.request_id = request_id
+
+
+class LinkStepBatcher(ABC):
+    """Sends one step in each of many sessions of one link as one entry; takes their replies, batched or not.
+
+    Transports whose `Transport._step_batcher` returns the same batcher can be
+    stepped together. A batcher is offered only while its session's channel is
+    open; the client numbers each step as it numbers its other requests.
+    """
+
+    @abstractmethod
+    def post(self, transports: Sequence[Transport], actions: bytes, request_ids: Sequence[int]) -> bool:
+        """Post one step in each transport's session (it leaves with the link's next message).
+
+        Args:
+            transports: The sessions' transports, each of which offered this batcher.
+            actions: Their actions, as one message (`openenv._codec.ClientCodec.step_batch`).
+            request_ids: Each step's request id, in the same order.
+
+        Returns:
+            Whether the steps were posted; ``False``: none was (the entry would not
+            fit, or the link is not open), and each request goes on its own.
+        """
+
+    @abstractmethod
+    def receive_nowait(self, transport: Transport) -> bytes | BatchedReply:
+        """The next reply of a session that came already: a frame of its own, or its place in a batch.
+
+        Raises:
+            anyio.WouldBlock: None came yet.
+            ConnectionClosed: The session has ended.
+            ProtocolError: The server broke the protocol.
+        """
+
+    @abstractmethod
+    async def receive(self, transport: Transport) -> bytes | BatchedReply:
+        """The next reply of a session, once it comes (see `receive_nowait`)."""

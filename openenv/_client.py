@@ -811,8 +811,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
 
     def _batch_result(self, observation: Any) -> StepResult[ObsT]:
         """The result of a step of a batch, whose observation came whole (`openenv._messages.StepBatchReply`)."""
-        if self._observation_is_struct:
-            return StepResult(observation, observation.reward, observation.done, _own_metadata(observation))
+        if isinstance(observation, msgspec.Struct):  # a union's member too: reward and done came in it
+            fields: Any = observation
+            return StepResult(observation, fields.reward, fields.done, _own_metadata(observation))  # type: ignore[arg-type]
         return self._result_of(ObservationData(*lift_observation_fields(observation)))
 
     def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:

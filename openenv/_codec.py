@@ -108,6 +108,13 @@ def _decoder(dialect: Dialect, type_: Any, *, strict: bool = True) -> Any:
     return msgspec.json.Decoder(type_, strict=strict)
 
 
+class _TypedStep(msgspec.Struct, Generic[ActT], tag_field="type", tag="step"):
+    """A step request read with its action in one call (`ServerCodec.decode_step`)."""
+
+    data: ActT
+    id: int | None = None
+
+
 class _RawStepBatchReply(msgspec.Struct):
     """A `StepBatchReply` with its observations left encoded, to decode each on its own."""
 
@@ -149,13 +156,17 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         # A reply that fails to validate is decoded again, loosely, to tell a
         # malformed frame (a protocol error) from one that does not fit our types.
         self._decode_loose = _decoder(dialect, Reply).decode
-        # Batches decode every observation in one call: only into one type (a union is decoded in two steps).
-        self.batches = members is None
-        if self.batches:
-            self._decode_batch = _decoder(dialect, StepBatchReply[observation_type]).decode
-            # A batch whose observations do not all fit is read again, each observation on its own.
-            self._decode_batch_raw = _decoder(dialect, _RawStepBatchReply).decode
-            self._decode_observation = _decoder(dialect, observation_type).decode
+        # A batch's observations are decoded in one call into one type; a union's, each on its own.
+        self._decode_batch = (
+            _decoder(dialect, StepBatchReply[observation_type]).decode if self._observation_union is None else None
+        )
+        # A batch whose observations do not all fit is read again, each observation on its own.
+        self._decode_batch_raw = _decoder(dialect, _RawStepBatchReply).decode
+        self._decode_observation = (
+            _decoder(dialect, observation_type).decode
+            if self._observation_union is None
+            else self._observation_union.decode
+        )
 
     def _id(self, request_id: int) -> int | None:
         return request_id if self._request_ids else None
@@ -243,7 +254,7 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         return self._encode(actions)
 
     def decode_step_batch(self, message: bytes) -> tuple[StepBatchReply[Any], dict[int, ReplyValidationError]]:
-        """Decode the replies to a batch of steps (only when `batches` is true).
+        """Decode the replies to a batch of steps.
 
         Args:
             message: What the batch's host answered.
@@ -256,12 +267,14 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
         Raises:
             ProtocolError: The message is not a batch's replies.
         """
-        try:
-            return self._decode_batch(message), {}
-        except msgspec.ValidationError:
-            pass  # some observation does not fit: find which
-        except msgspec.DecodeError as exc:
-            raise ProtocolError(f"malformed batch of replies: {exc}") from exc
+        decode = self._decode_batch
+        if decode is not None:
+            try:
+                return decode(message), {}
+            except msgspec.ValidationError:
+                pass  # some observation does not fit: find which
+            except msgspec.DecodeError as exc:
+                raise ProtocolError(f"malformed batch of replies: {exc}") from exc
         try:
             raw = self._decode_batch_raw(message)
         except msgspec.DecodeError as exc:
@@ -438,7 +451,14 @@ class ServerCodec(Generic[ActT]):
         self._json = dialect.encoding != "msgpack"
         # A batch's actions are decoded in one call, strictly: one that does not fit as it is sends
         # the batch's requests on their own (the lax conversions, and each one's own error, are there).
+        # A union's are split in one call, then each decoded into the member it fits.
         self._decode_actions = _decoder(dialect, list[action_type]).decode if members is None else None
+        self._split_actions = _decoder(dialect, list[msgspec.Raw]).decode
+        self._decode_member = (
+            StructUnionDecoder(members, encoding=dialect.encoding, strict=True).decode if members is not None else None
+        )
+        # A step whose action fits as it is is read in one call, without the request's data left raw first.
+        self._decode_step = _decoder(dialect, _TypedStep[action_type]).decode if members is None else None
 
     def _invalid(self, exc: msgspec.ValidationError, raw: Any, request_id: int | None) -> RequestError:
         if _out_of_range(exc):  # 1e999: no value of any type, so the frame is malformed
@@ -523,20 +543,54 @@ class ServerCodec(Generic[ActT]):
             return kind, None, request_id
         raise RequestError("UNKNOWN_TYPE", f"Unknown message type: {kind}", request_id=request_id)
 
-    def decode_step_batch(self, message: bytes) -> list[Any] | None:
-        """Decode the actions of a batch of steps (`ClientCodec.step_batch`, in this process), all in one call.
+    def decode_step(self, frame: bytes) -> tuple[Any, int | None] | None:
+        """Read a step request whose action fits the action type as it is, in one call.
+
+        The quick way for the frames most sessions send; any other frame (not a
+        step, an action that needs the lax conversions or fits nothing, a
+        malformed frame) gives ``None``, and `decode_request` reads it, with its
+        error if it has one.
 
         Args:
-            message: The batch's actions, as one message.
+            frame: The frame, as the client encoded it.
+
+        Returns:
+            ``(action, id)``, ``id`` being ``None`` unless the dialect carries
+            request ids; or ``None``.
+        """
+        decode = self._decode_step
+        if decode is None or (self._json and frame.count(b"[") + frame.count(b"{") > MAX_NESTING):
+            return None
+        try:
+            step = decode(frame)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        return step.data, step.id if self._request_ids else None
+
+    def decode_step_batch(self, message: bytes) -> list[Any] | None:
+        """Decode the actions of a batch of steps (`ClientCodec.step_batch`), in one call (a union's: one each).
+
+        Args:
+            message: The batch's actions, as one message: from a pool in this
+                process, or off a link (a ``steps`` entry's).
 
         Returns:
             The actions; or ``None`` when one does not fit the action type as it
-            is (or the type is a union): the batch's requests then go on their own.
+            is, or nests deeper than a request may: the batch's requests then go
+            on their own (with the lax conversions, or each one's error).
         """
-        if self._decode_actions is None:
+        # Read off a link too: nested deeper than a request may be, its requests go on their own (and are refused).
+        if (
+            self._json
+            and message.count(b"[") + message.count(b"{") > MAX_NESTING
+            and _nested_deeper_than(bytes(message), MAX_NESTING)
+        ):
             return None
-        # No `MAX_NESTING` look here: a batch is made by this process's own pool, never read off a network.
         try:
+            if self._decode_member is not None:
+                decode = self._decode_member
+                return [decode(action) for action in self._split_actions(message)]
+            assert self._decode_actions is not None
             return self._decode_actions(message)  # type: ignore[no-any-return]
         except (msgspec.DecodeError, RecursionError):
             return None
@@ -571,6 +625,20 @@ class ServerCodec(Generic[ActT]):
             if not isinstance(observation, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
         return msgspec.Raw(self._encode(observation))
+
+    def batch_reply_frame(self, reply: msgspec.Raw | dict[str, Any], request_id: int | None) -> bytes:
+        """The frame a reply in a batch stands for: the observation reply, or the error reply, of its own.
+
+        Args:
+            reply: Its observation as the batch carries it (`batch_observation`), or its error's data.
+            request_id: The request's id, or ``None``.
+
+        Returns:
+            The frame.
+        """
+        if isinstance(reply, dict):
+            return self.encode_error(reply, request_id)
+        return self.observation(self._decode_any(reply), request_id)
 
     def observation(self, observation: Any, request_id: int | None) -> bytes:
         """Encode an observation reply, lifting ``done`` and ``reward`` (and non-empty ``metadata``) beside it.

@@ -25,7 +25,7 @@ import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 
-from ._batch import StepBatcher
+from ._batch import BatchedReply, LinkStepBatcher, StepBatcher
 from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
 from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._codec import ClientCodec
@@ -783,14 +783,14 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
 
     async def _step_together(self, requests: dict[int, _Request], outcome: _Outcome) -> dict[int, _Request]:
         """Step the sessions that share a host as one message per host; the requests left to go on their own."""
-        hosts: dict[tuple[StepBatcher, ClientCodec[Any, Any, Any]], list[int]] = {}
+        hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], list[int]] = {}
         sessions = self._sessions
         for index, request in requests.items():
             if request[0] != "step":
                 continue
             client = sessions[index].client
             transport, codec = client.transport, client._codec
-            if transport is None or codec is None or not codec.batches:
+            if transport is None or codec is None:
                 continue
             batcher = transport._step_batcher()
             if batcher is not None:
@@ -798,7 +798,10 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         alone = requests
         for (batcher, codec), indices in hosts.items():
             if len(indices) > 1:
-                answered = await self._step_batch(batcher, codec, indices, requests, outcome)
+                if isinstance(batcher, LinkStepBatcher):
+                    answered = await self._step_linked(batcher, codec, indices, requests, outcome)
+                else:
+                    answered = await self._step_batch(batcher, codec, indices, requests, outcome)
                 if answered:
                     if alone is requests:
                         alone = dict(requests)
@@ -862,6 +865,117 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 lock = sessions[index].client._lock
                 assert lock is not None
                 lock.release()
+
+    async def _step_linked(
+        self,
+        batcher: LinkStepBatcher,
+        codec: ClientCodec[Any, Any, Any],
+        indices: list[int],
+        requests: dict[int, _Request],
+        outcome: _Outcome,
+    ) -> list[int]:
+        """Step one link's sessions with one entry each way (those whose client is free); the sessions answered.
+
+        Each step is numbered as its session's own request would be: a reply
+        that comes as a frame of its own (the server stepped it apart, or sent
+        it again after a resumption) is taken as such, and a late one (of a
+        call given up on) is dropped by its request id.
+        """
+        sessions = self._sessions
+        taken: list[int] = []
+        for index in indices:
+            lock = sessions[index].client._lock
+            if lock is None:
+                continue
+            try:
+                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+            except anyio.WouldBlock:
+                continue
+            taken.append(index)
+        try:
+            if len(taken) < 2:
+                return []
+            clients = [sessions[index].client for index in taken]
+            request_ids = []
+            for client in clients:
+                client._next_id += 1
+                request_ids.append(client._next_id)
+            transports = [client.transport for client in clients]
+            sent = 0
+            # In parts, each leaving at once: the server steps the first while the pool encodes the next.
+            while sent < len(taken):
+                part = slice(sent, sent + LINK_BATCH)
+                try:
+                    message = codec.step_batch([requests[index][3] for index in taken[part]])
+                except (TypeError, msgspec.EncodeError):
+                    break  # each request, on its own, says whose action cannot be encoded
+                if not batcher.post(transports[part], message, request_ids[part]):  # type: ignore[arg-type]
+                    break
+                for client, request_id in zip(clients[part], request_ids[part], strict=True):
+                    client._unanswered.append(request_id)
+                sent += len(request_ids[part])
+            answered = taken[:sent]  # the rest go on their own
+            # The replies that came batched, by the message they came in: each message is decoded once.
+            batched: dict[int, tuple[bytes | msgspec.Raw, list[tuple[int, int]]]] = {}
+            ready, errors = outcome.ready, outcome.errors
+            try:
+                for position, index in enumerate(answered):
+                    client, request_id, transport = clients[position], request_ids[position], transports[position]
+                    try:
+                        while True:
+                            try:
+                                reply = batcher.receive_nowait(transport)  # type: ignore[arg-type]
+                            except anyio.WouldBlock:
+                                reply = await batcher.receive(transport)  # type: ignore[arg-type]
+                            if type(reply) is BatchedReply:
+                                if client._owner_of(reply.request_id) != request_id:
+                                    continue  # the reply of a batch given up on
+                                batched.setdefault(id(reply.message), (reply.message, []))[1].append(
+                                    (reply.position, index)
+                                )
+                                break
+                            answer = client._reply_in(codec, reply, request_id)  # type: ignore[arg-type]
+                            if answer is not None:
+                                ready[index] = client._step_result(answer)
+                                break
+                    except OpenEnvError as exc:
+                        errors[index] = exc
+            finally:  # even when time ran out: the replies taken already count
+                for message, places in batched.values():
+                    self._take_batched(codec, message, places, outcome)
+            return answered
+        finally:
+            for index in taken:
+                lock = sessions[index].client._lock
+                assert lock is not None
+                lock.release()
+
+    def _take_batched(
+        self,
+        codec: ClientCodec[Any, Any, Any],
+        message: bytes | msgspec.Raw,
+        places: list[tuple[int, int]],
+        outcome: _Outcome,
+    ) -> None:
+        """Turn the replies of one batch's message into the results of the sessions at ``places`` (position, index)."""
+        try:
+            replies, invalid = codec.decode_step_batch(message)
+        except ProtocolError as exc:
+            for _, index in places:
+                outcome.errors[index] = exc
+            return
+        observations, errors = replies.observations, replies.errors
+        sessions = self._sessions
+        for position, index in places:
+            observation = observations[position] if position < len(observations) else None
+            if observation is not None:
+                outcome.ready[index] = sessions[index].client._batch_result(observation)
+            elif position in errors:
+                outcome.errors[index] = server_error_from_frame(errors[position])
+            elif position in invalid:
+                outcome.errors[index] = invalid[position]
+            else:
+                outcome.errors[index] = ProtocolError("the server sent no reply in its place of a batch")
 
     def _send_waits(self, index: int) -> bool:
         transport = self._sessions[index].client.transport
@@ -1078,6 +1192,9 @@ class _Outcome:
         self.ready.update(other.ready)
         self.errors.update(other.errors)
 
+
+LINK_BATCH = 128
+"""The most steps a pool sends in one entry on a link; a bigger batch leaves in parts, one after the other."""
 
 _NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
 

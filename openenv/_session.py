@@ -13,8 +13,8 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.from_thread
@@ -25,6 +25,7 @@ from ._codec import RequestError, ServerCodec, error_data, server_codec
 from ._environment import Environment
 from ._error_details import hiding_error_details
 from ._exceptions import ConnectionClosed
+from ._inline import Suspended, finish, start
 from ._messages import Dialect
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
 from ._worker import Call, CallBatch, SessionWorker
@@ -276,6 +277,54 @@ class ServerSession:
             reply = self._execution_error(exc, request_id)
         if metrics is not None:
             self._count(metrics, kind, error, started, len(frame), reply)
+        return reply
+
+    def start_handle(self, frame: bytes) -> bytes | Suspended | None:
+        """`handle` a frame, run at once in the calling task (`openenv._inline.start`).
+
+        A step whose action fits as it is (`ServerCodec.decode_step`) skips
+        `handle`'s own coroutine and its general decoding: a server answering a
+        link's envelope at once runs one per session per step. The reply is
+        `handle`'s, whatever the frame.
+
+        Args:
+            frame: The request, as the client encoded it.
+
+        Returns:
+            The reply frame (``None`` for a close request), or the `Suspended`
+            call, to be finished with `openenv._inline.finish` in the same task.
+        """
+        decoded = self.codec.decode_step(frame)
+        if decoded is None:
+            return start(self.handle(frame))
+        action, request_id = decoded
+        metrics = self._metrics
+        started = _clock() if metrics is not None else 0.0
+        try:
+            stepping = cast("Coroutine[Any, Any, Any]", self._step(action))  # an async function's, always
+            try:
+                awaiting = stepping.send(None)
+            except StopIteration as stop:
+                reply = self.codec.observation(stop.value, request_id)
+            else:
+                return start(self._finish_step(Suspended(stepping, awaiting), request_id, len(frame), started))
+        except Exception as exc:
+            return self._stepped(self._execution_error(exc, request_id), True, len(frame), started)
+        return self._stepped(reply, False, len(frame), started) if metrics is not None else reply
+
+    async def _finish_step(self, suspended: Suspended, request_id: int | None, size: int, started: float) -> bytes:
+        """The rest of a step `start_handle` began that waited, and its reply."""
+        try:
+            reply = self.codec.observation(await finish(suspended), request_id)
+        except Exception as exc:
+            return self._stepped(self._execution_error(exc, request_id), True, size, started)
+        return self._stepped(reply, False, size, started)
+
+    def _stepped(self, reply: bytes, failed: bool, size: int, started: float) -> bytes:
+        """Count a step `start_handle` answered, as `handle` counts its requests; return its reply."""
+        metrics = self._metrics
+        if metrics is not None:
+            self._count(metrics, "step", "EXECUTION_ERROR" if failed else None, started, size, reply)
         return reply
 
     async def step_decoded(self, action: Any) -> msgspec.Raw | dict[str, Any]:

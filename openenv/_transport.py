@@ -11,7 +11,7 @@ import anyio
 from ._messages import Dialect
 
 if TYPE_CHECKING:
-    from ._batch import StepBatcher
+    from ._batch import LinkStepBatcher, StepBatcher
 
 __all__ = ["Transport"]
 
@@ -209,7 +209,7 @@ class Transport(ABC):
         pinging a quiet server, noticing and resuming a dropped connection.
         """
 
-    def _step_batcher(self) -> StepBatcher | None:
+    def _step_batcher(self) -> StepBatcher | LinkStepBatcher | None:
         """What steps this session together with others of its host, as one message; ``None`` (the default): nothing.
 
         Not part of the contract: openenv's own transports offer it (see `openenv._batch`).

@@ -28,6 +28,8 @@ from typing import Annotated, Literal, TypeAlias
 
 import msgspec
 
+from openenv._messages import StepRequest
+
 __all__ = [
     "ENTRY_OVERHEAD",
     "LINK_CHANNEL",
@@ -39,6 +41,9 @@ __all__ = [
     "Open",
     "Resume",
     "Resumed",
+    "StepItem",
+    "Stepped",
+    "Steps",
     "fits",
 ]
 
@@ -97,11 +102,13 @@ class Hello(_Control, tag="hello"):
         resume_timeout: Seconds the server keeps the link's sessions after its connection drops.
         max_message_size: The largest message the server takes, in bytes (``None``: no limit):
             the client sends no envelope larger, and gives up a frame that alone would be.
+        batches: The server takes `Steps` (and answers with `Stepped`).
     """
 
     token: str
     resume_timeout: float
     max_message_size: int | None = None
+    batches: bool = False
 
 
 class Resume(_Control, tag="resume"):
@@ -130,7 +137,48 @@ class Resumed(_Control, tag="resumed"):
     opened: int = 0
 
 
-Control: TypeAlias = Open | End | Hello | Resume | Resumed
+StepItem: TypeAlias = tuple[_Number, _Number, _Number, _Number]
+"""One session's place in a `Steps` or `Stepped`: ``(channel, seq, ack, request id)``."""
+
+
+class Steps(_Control, tag="steps"):
+    """Client to server, on channel 0: one step in each of many sessions, their actions encoded as one array.
+
+    Each item counts exactly as the entry ``[channel, seq, ack, {"type": "step",
+    "id": id, "data": action}]`` would at the place of this control in its
+    envelope: numbered on its channel, acknowledged, held until acknowledged,
+    and sent again after a resumption as that very entry. Only to a server
+    whose `Hello` says it ``batches``.
+
+    Attributes:
+        channels: ``(channel, seq, ack, id)`` of each step, in order.
+        actions: The actions, one per item, as one array (in the link's encoding).
+    """
+
+    channels: list[StepItem] = []
+    actions: msgspec.Raw = msgspec.Raw(b"[]")
+
+
+class Stepped(_Control, tag="stepped"):
+    """Server to client, on channel 0: the replies to steps of a `Steps`, as one message.
+
+    Each item counts exactly as the observation or error frame on its channel
+    with that ``seq`` would (held, sent again after a resumption as that
+    frame). Steps of a `Steps` that could not be answered together (a session
+    busy, an action that needs converting) are answered with ordinary frames.
+
+    Attributes:
+        channels: ``(channel, seq, ack, id)`` of each reply, in order.
+        replies: The replies (``openenv._messages.StepBatchReply``): each
+            observation as the environment returned it (``reward`` and
+            ``done`` in it), or the error frame's data by position.
+    """
+
+    channels: list[StepItem] = []
+    replies: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+Control: TypeAlias = Open | End | Hello | Resume | Resumed | Steps | Stepped
 """Every control object."""
 
 
@@ -157,10 +205,14 @@ class EnvelopeCodec:
             self._control: msgspec.json.Decoder[Control] | msgspec.msgpack.Decoder[Control] = msgspec.json.Decoder(
                 Control
             )
+            self._actions: msgspec.json.Decoder[list[msgspec.Raw]] | msgspec.msgpack.Decoder[list[msgspec.Raw]] = (
+                msgspec.json.Decoder(list[msgspec.Raw])
+            )
         elif encoding == "msgpack":
             self._encoder = msgspec.msgpack.Encoder()
             self._entries = msgspec.msgpack.Decoder(list[_WireEntry])
             self._control = msgspec.msgpack.Decoder(Control)
+            self._actions = msgspec.msgpack.Decoder(list[msgspec.Raw])
         else:
             raise ValueError(f"unknown encoding {encoding!r}; use 'json' or 'msgpack'")
 
@@ -224,6 +276,21 @@ class EnvelopeCodec:
         if len(entries) > self.max_entries:
             raise msgspec.DecodeError(f"an envelope holds at most {self.max_entries} entries, not {len(entries)}")
         return entries
+
+    def split_actions(self, actions: msgspec.Raw | bytes) -> list[msgspec.Raw]:
+        """The actions of a `Steps`, each left encoded.
+
+        Raises:
+            msgspec.DecodeError: They are not an array.
+        """
+        try:
+            return self._actions.decode(actions)
+        except RecursionError as exc:
+            raise msgspec.DecodeError(f"nested too deeply ({exc})") from None
+
+    def step_frame(self, action: msgspec.Raw, request_id: int) -> msgspec.Raw:
+        """The frame a step of a `Steps` stands for: ``{"type": "step", "id": request_id, "data": action}``."""
+        return msgspec.Raw(self._encoder.encode(StepRequest(data=action, id=request_id)))
 
     def control(self, control: Control) -> msgspec.Raw:
         """Encode a control object, to be carried in an entry whose ``seq`` is 0.

@@ -23,8 +23,9 @@ import anyio
 import msgspec
 
 from openenv import Clock, ConnectionClosed, ProtocolError
+from openenv._batch import BatchedReply
 
-from ._envelope import End, EnvelopeCodec
+from ._envelope import End, EnvelopeCodec, Stepped
 from ._link_state import ClientLinkState
 
 __all__ = ["RECEIVE_LIMIT", "ClientLink", "LinkChannel", "for_send", "fresh"]
@@ -38,7 +39,9 @@ class LinkChannel:
 
     Attributes:
         number: The channel's number on the link (1 for the one session of an unshared link).
-        frames: Frames from the server, not yet taken by the session.
+        frames: Frames from the server, not yet taken by the session; a reply
+            that came in a batch is its `BatchedReply` (taken by a pool's batch,
+            dropped by a session's own receive: it answers a batch given up on).
         ended: Why nothing more will come, once the session's channel has ended.
     """
 
@@ -46,7 +49,7 @@ class LinkChannel:
 
     def __init__(self, number: int) -> None:
         self.number = number
-        self.frames: deque[bytes] = deque()
+        self.frames: deque[bytes | BatchedReply] = deque()
         self.ended: ConnectionClosed | ProtocolError | None = None
         # Set to wake the calls waiting in receive (they share it): a frame came, or one is to do the I/O now.
         self.waiter: anyio.Event | None = None
@@ -92,7 +95,9 @@ class ClientLink:
         # Checks that a frame is one value of the link's encoding (embedded raw, anything else breaks the envelope).
         self._check_frame: Callable[[bytes], object] | None = None
         if codec is not None:
-            self._state = ClientLinkState(codec, deliver=self._deliver, end=self._end_channel)
+            self._state = ClientLinkState(
+                codec, deliver=self._deliver, end=self._end_channel, batched=self._deliver_batched
+            )
             self._check_frame = (
                 msgspec.json.Decoder(msgspec.Raw) if codec.encoding == "json" else msgspec.msgpack.Decoder(msgspec.Raw)
             ).decode
@@ -169,6 +174,23 @@ class ClientLink:
             ProtocolError: The server broke the protocol (likewise).
         """
         frames = channel.frames
+        while frames:
+            frame = frames.popleft()
+            if type(frame) is bytes:
+                return frame
+        if channel.ended is not None:
+            raise fresh(channel.ended)
+        raise anyio.WouldBlock
+
+    def receive_step_nowait(self, channel: LinkChannel) -> bytes | BatchedReply:
+        """A frame the session holds already, or a reply of its that came in a batch.
+
+        Raises:
+            anyio.WouldBlock: It holds none.
+            ConnectionClosed: The channel has ended and every frame was returned.
+            ProtocolError: The server broke the protocol (likewise).
+        """
+        frames = channel.frames
         if frames:
             return frames.popleft()
         if channel.ended is not None:
@@ -221,6 +243,19 @@ class ClientLink:
             )
             return
         frames.append(frame if type(frame) is bytes else bytes(frame))
+        channel.wake()
+
+    def _deliver_batched(self, number: int, stepped: Stepped, position: int) -> None:
+        channel = self._channels.get(number)
+        if channel is None:
+            return
+        frames = channel.frames
+        if len(frames) >= RECEIVE_LIMIT:
+            self._end_all(
+                ProtocolError(f"the server at {self.url} sent more than {RECEIVE_LIMIT} unread frames to one session")
+            )
+            return
+        frames.append(BatchedReply(stepped.replies, position, stepped.channels[position][3]))
         channel.wake()
 
     def _end_channel(self, number: int, end: End) -> None:

@@ -51,12 +51,26 @@ import msgspec
 from anyio.abc import TaskGroup
 
 from openenv import Dialect
+from openenv._codec import ServerCodec
 from openenv._inline import TRIAL_CALLS, Suspended, finish, start
+from openenv._messages import StepBatchReply
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
-from ._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Open, Resume, fits
-from ._link_state import ChannelState, ServerLinkState
+from ._envelope import (
+    ENTRY_OVERHEAD,
+    LINK_CHANNEL,
+    End,
+    Entry,
+    EnvelopeCodec,
+    Hello,
+    Open,
+    Resume,
+    StepItem,
+    Steps,
+    fits,
+)
+from ._link_state import ChannelState, LinkProtocolError, ServerLinkState, TakenSteps
 from ._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
 
 if TYPE_CHECKING:
@@ -185,7 +199,8 @@ class LinkHost:
     def hello(self, token: str, resume_timeout: float, max_message_size: int | None) -> None:
         """Post the link's `Hello`: the first entry a client gets on a new link."""
         self.state.post_control(
-            LINK_CHANNEL, Hello(token=token, resume_timeout=resume_timeout, max_message_size=max_message_size)
+            LINK_CHANNEL,
+            Hello(token=token, resume_timeout=resume_timeout, max_message_size=max_message_size, batches=True),
         )
 
     async def host(self, carry: Callable[[], Awaitable[str]]) -> None:
@@ -361,7 +376,17 @@ class LinkHost:
         scope = self._calls
         assert scope is not None, "messages are taken within LinkHost.serve"
         sessions = self._sessions
-        for taken, (number, item) in enumerate(events):
+        taken = -1
+        while taken + 1 < len(events):
+            taken += 1
+            number, item = events[taken]
+            if type(item) is TakenSteps:
+                if batch is not None:
+                    batch.calls.launch()  # the plain calls started already run while these steps do
+                apart = await self._steps(item, events, taken, batch, scope)
+                if apart:  # stepped as frames of their own, in order, right where the steps were
+                    events = events[: taken + 1] + apart + events[taken + 1 :]
+                continue
             if type(item) is not msgspec.Raw:
                 self._control(number, item)
                 continue
@@ -386,7 +411,7 @@ class LinkHost:
                 self._run_in_task(session)
             else:
                 # At once, in this task: a call that does not wait is done before anything else runs.
-                outcome = start(server_session.handle(frame))
+                outcome = server_session.start_handle(frame)
                 if isinstance(outcome, Suspended):
                     if batch is not None:
                         batch.calls.launch()  # the plain calls started already run while this one waits
@@ -396,6 +421,142 @@ class LinkHost:
                 self._replied(session, outcome)
         if batch is not None:
             await self._collect(batch)
+
+    async def _steps(
+        self,
+        steps: TakenSteps,
+        events: list[tuple[int, Any]],
+        taken: int,
+        batch: _Batch | None,
+        scope: anyio.CancelScope,
+    ) -> list[tuple[int, Any]]:
+        """Run a `Steps`' steps at once where each can be, and answer them in one `Stepped`; the others, as frames.
+
+        A step runs at once, with its action from the batch's one decoding, when
+        its session would run its frame at once (admitted, idle, nothing
+        waiting, an async environment whose calls do not wait) and the action
+        fits as it is. Every other step becomes the frame it stands for, handled
+        as any frame right after (``events[taken]`` is the steps' place).
+
+        Returns:
+            The frames of the steps not run here, as events.
+
+        Raises:
+            transports._link_state.LinkProtocolError: The actions are not one per step.
+        """
+        control = steps.steps
+        sessions = self._sessions
+        at_once = not (self._suspends or self._trials > 0)
+        codec: ServerCodec[Any] | None = None
+        actions: list[Any] | None = None
+        split: list[msgspec.Raw] | None = None
+        apart: list[tuple[int, Any]] = []
+        apart_sessions: set[int] = set()
+        replies: list[tuple[_Session, int, msgspec.Raw | dict[str, Any]]] = []
+        for place, (position, number, request_id) in enumerate(steps.taken):
+            session = sessions.get(number)
+            if session is None:
+                continue  # ended meanwhile: nobody to answer
+            server_session = session.session
+            if (
+                at_once
+                and server_session is not None
+                and not server_session.handles_on_thread
+                and not session.running
+                and not session.frames
+                and number not in apart_sessions
+            ):
+                if codec is None:
+                    codec = server_session.codec
+                    actions = codec.decode_step_batch(bytes(control.actions))
+                    if actions is not None and len(actions) != len(control.channels):
+                        actions = None  # not one per step: said below, where they are split
+                if actions is not None and server_session.codec is codec:
+                    outcome = start(server_session.step_decoded(actions[position]))
+                    if isinstance(outcome, Suspended):
+                        # It waits after all: what is answered goes now, the rest as frames, should it be given up.
+                        self._post_stepped(replies, codec)
+                        replies = []
+                        later = self._step_frames(control, steps.taken[place + 1 :], split)
+                        self._cut = (apart + later + events[taken + 1 :], batch)
+                        outcome = await self._finish_here(session, outcome, scope)
+                        self._cut = None
+                        at_once = False  # the host runs every call in a task from now on
+                    replies.append((session, request_id, outcome))
+                    continue
+            if split is None:
+                split = self._split_actions(control)
+            apart.append((number, self.codec.step_frame(split[position], request_id)))
+            apart_sessions.add(number)
+        if replies:
+            assert codec is not None
+            self._post_stepped(replies, codec)
+        return apart
+
+    def _split_actions(self, control: Steps) -> list[msgspec.Raw]:
+        """A `Steps`' actions, each encoded on its own.
+
+        Raises:
+            transports._link_state.LinkProtocolError: They are not an array of one per step.
+        """
+        try:
+            split = self.codec.split_actions(control.actions)
+        except msgspec.DecodeError as exc:
+            raise LinkProtocolError(f"a steps control whose actions are not an array: {exc}") from exc
+        if len(split) != len(control.channels):
+            raise LinkProtocolError(f"a steps control with {len(control.channels)} steps and {len(split)} actions")
+        return split
+
+    def _step_frames(
+        self, control: Steps, taken: list[tuple[int, int, int]], split: list[msgspec.Raw] | None
+    ) -> list[tuple[int, Any]]:
+        """The frames the steps ``taken`` of a `Steps` stand for, as events."""
+        if not taken:
+            return []
+        if split is None:
+            split = self._split_actions(control)
+        return [(number, self.codec.step_frame(split[position], request_id)) for position, number, request_id in taken]
+
+    def _post_stepped(
+        self, replies: list[tuple[_Session, int, msgspec.Raw | dict[str, Any]]], codec: ServerCodec[Any]
+    ) -> None:
+        """Post the replies of steps run together as one `Stepped` (as frames of their own, should it not fit)."""
+        sessions, state = self._sessions, self.state
+        answered = [
+            (session, request_id, reply, channel)
+            for session, request_id, reply in replies
+            if session.number in sessions and (channel := state.channels.get(session.number)) is not None
+        ]
+        if not answered:
+            return
+        observations: list[msgspec.Raw | None] = []
+        errors: dict[int, dict[str, Any]] = {}
+        for position, (_, _, reply, _) in enumerate(answered):
+            if type(reply) is dict:
+                errors[position] = reply
+                observations.append(None)
+            else:
+                observations.append(reply)  # type: ignore[arg-type]
+        message = codec.step_batch_reply(StepBatchReply(observations, errors))
+        if fits(len(message) + 2 * ENTRY_OVERHEAD * len(answered), self.client_max_message_size):
+            items: list[StepItem] = []
+            for _, request_id, reply, channel in answered:
+                number, seq, ack, _ = state.post_held(channel, _HeldReply(codec, reply, request_id))
+                items.append((number, seq, ack, request_id))
+            state.post_stepped(items, msgspec.Raw(message))
+            for session, _, _, _ in answered:
+                self._stepped(session)
+        else:  # each as the frame it stands for: one too large for the client ends its session alone
+            for session, request_id, reply, _ in answered:
+                self._replied(session, codec.batch_reply_frame(reply, request_id))
+
+    def _stepped(self, session: _Session) -> None:
+        """After a step answered in a `Stepped`: what `_replied` does after posting a reply."""
+        lease = session.lease
+        assert lease is not None
+        lease.touch()  # waiting for the client again: the idle clock runs
+        if lease.close_reason is not None:
+            self._end(session, lease.close_reason, GOING_AWAY)
 
     def _control(self, number: int, control: Any) -> None:
         """Act on a control entry from the client."""
@@ -411,7 +572,7 @@ class LinkHost:
             if session is not None:
                 self._end(session, "given up by the client", NORMAL_CLOSURE)
 
-    async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> bytes | None:
+    async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> Any:
         """A call run at once that waits after all: finish it here, once; the host runs every call in a task now.
 
         ``scope`` (`serve`'s) was entered before the call started (a scope
@@ -425,7 +586,7 @@ class LinkHost:
         session.lease.mark_busy()
         session.scope = scope
         try:
-            reply: bytes | None = await finish(suspended)
+            reply = await finish(suspended)
         finally:
             session.scope = None
             session.stop_running()
@@ -522,7 +683,7 @@ class LinkHost:
             self._count_waiting(-1)
             assert session.lease is not None
             session.lease.mark_busy()
-            outcome = start(server_session.handle(waiting))
+            outcome = server_session.start_handle(waiting)
             if isinstance(outcome, Suspended):
                 self._suspends = True
                 outcome = await finish(outcome)
@@ -693,6 +854,21 @@ class LinkHost:
                 await self._flush()
             if self.on_lendable is not None and self._lendable() is not None:
                 self.on_lendable()  # a reply came from a task, or a neighbour ended: the socket may be lent now
+
+
+class _HeldReply:
+    """A reply that went out in a `Stepped`, kept until acknowledged (`transports._link_state.Held`)."""
+
+    __slots__ = ("_codec", "_reply", "_request_id")
+
+    def __init__(self, codec: ServerCodec[Any], reply: msgspec.Raw | dict[str, Any], request_id: int) -> None:
+        self._codec = codec
+        self._reply = reply
+        self._request_id = request_id
+
+    def frame(self) -> msgspec.Raw:
+        """The reply as a frame of its own: what its session would have sent."""
+        return msgspec.Raw(self._codec.batch_reply_frame(self._reply, self._request_id))
 
 
 class _Batch:

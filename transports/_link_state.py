@@ -17,12 +17,32 @@ giving up on it), and each request acknowledges every reply before it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import msgspec
 
-from ._envelope import LINK_CHANNEL, Control, End, Entry, EnvelopeCodec, Open, Resume, Resumed
+from ._envelope import (
+    LINK_CHANNEL,
+    Control,
+    End,
+    Entry,
+    EnvelopeCodec,
+    Open,
+    Resume,
+    Resumed,
+    StepItem,
+    Stepped,
+    Steps,
+)
 
-__all__ = ["ChannelState", "ClientLinkState", "LinkProtocolError", "ServerLinkState"]
+__all__ = ["ChannelState", "ClientLinkState", "Held", "LinkProtocolError", "ServerLinkState", "TakenSteps"]
+
+
+class Held(Protocol):
+    """A frame that went out in a batch (`Steps`, `Stepped`), kept as what makes it: sent again, it is encoded."""
+
+    def frame(self) -> msgspec.Raw:
+        """The frame, as the entry that stands for it after a resumption carries it."""
 
 
 class LinkProtocolError(Exception):
@@ -38,7 +58,8 @@ class ChannelState:
         received: The highest ``seq`` taken from the other side.
         unacked: ``(seq, frame)`` of each frame posted that the other side has
             not acknowledged, oldest first (a list, not a deque: it holds a frame
-            or two, and an empty deque takes ten times an empty list's memory).
+            or two, and an empty deque takes ten times an empty list's memory);
+            a frame that went out in a batch is kept as a `Held`.
     """
 
     __slots__ = ("number", "received", "sent", "unacked")
@@ -47,7 +68,7 @@ class ChannelState:
         self.number = number
         self.sent = 0
         self.received = 0
-        self.unacked: list[tuple[int, msgspec.Raw]] = []
+        self.unacked: list[tuple[int, msgspec.Raw | Held]] = []
 
     def acknowledged(self, ack: int) -> None:
         """Forget the frames the other side holds (those numbered up to ``ack``)."""
@@ -94,10 +115,22 @@ class _LinkState:
         channel = self.channels.get(number)
         self._outgoing.append((number, 0, 0 if channel is None else channel.received, self.codec.control(control)))
 
+    def post_held(self, channel: ChannelState, held: Held) -> StepItem:
+        """Number a frame that goes out in a batch, and keep it until acknowledged (it is not queued).
+
+        Returns:
+            Its item in the batch, but for the request id: ``(channel, seq, ack, 0)``.
+        """
+        channel.sent = seq = channel.sent + 1
+        channel.unacked.append((seq, held))
+        return (channel.number, seq, channel.received, 0)
+
     def _resend(self, channel: ChannelState, after: int) -> None:
         """Queue again the frames of ``channel`` numbered above ``after`` (the other side lacks them)."""
         channel.acknowledged(after)
         for seq, frame in channel.unacked:
+            if type(frame) is not msgspec.Raw:
+                frame = frame.frame()
             self._outgoing.append((channel.number, seq, channel.received, frame))
 
 
@@ -108,6 +141,9 @@ class ClientLinkState(_LinkState):
         codec: The link's envelope codec.
         deliver: Called with each new frame from the server: ``deliver(channel, frame)``.
         end: Called once per channel the server ended: ``end(channel, reason)``.
+        batched: Called with each new reply that came in a `Stepped`:
+            ``batched(channel, stepped, position)``, its request id being
+            ``stepped.channels[position][3]``.
     """
 
     def __init__(
@@ -116,10 +152,12 @@ class ClientLinkState(_LinkState):
         *,
         deliver: Callable[[int, msgspec.Raw], object],
         end: Callable[[int, End], object],
+        batched: Callable[[int, Stepped, int], object] = lambda number, stepped, position: None,
     ) -> None:
         super().__init__(codec)
         self._deliver = deliver
         self._end = end
+        self._batched = batched
         self._next_channel = 1
 
     def open(self) -> ChannelState:
@@ -172,12 +210,33 @@ class ClientLinkState(_LinkState):
                 deliver(number, frame)
                 continue
             control = self._decode_control(frame)
-            if number == LINK_CHANNEL:
+            if type(control) is Stepped and number == LINK_CHANNEL:
+                self._take_stepped(control)
+            elif number == LINK_CHANNEL:
                 link_controls.append(control)
             elif isinstance(control, End) and channel is not None:
                 del channels[number]
                 self._end(number, control)
         return link_controls
+
+    def _take_stepped(self, stepped: Stepped) -> None:
+        """Take the replies of a `Stepped` as their frames would be taken: numbered, acknowledging, each once."""
+        channels = self.channels
+        batched = self._batched
+        for position, (number, seq, ack, _) in enumerate(stepped.channels):
+            channel = channels.get(number)
+            if channel is None:
+                continue
+            if ack:
+                channel.acknowledged(ack)
+            if seq <= channel.received:
+                continue
+            channel.received = seq
+            batched(number, stepped, position)
+
+    def post_steps(self, steps: Steps) -> None:
+        """Queue a `Steps` whose items were numbered already (`post_held`)."""
+        self._outgoing.append((LINK_CHANNEL, 0, 0, self.codec.control(steps)))
 
     def resume(self) -> Entry:
         """The entry that opens a connection taking the link over: what the client holds of each channel."""
@@ -209,6 +268,22 @@ class ClientLinkState(_LinkState):
             raise LinkProtocolError(f"a control entry that cannot be read: {exc}") from exc
 
 
+class TakenSteps:
+    """The steps of a `Steps` the server takes: those numbered next on their channels, in order.
+
+    Attributes:
+        steps: The control.
+        taken: ``(position, channel, request id)`` of each step to run; the
+            others were held already, or their sessions have ended.
+    """
+
+    __slots__ = ("steps", "taken")
+
+    def __init__(self, steps: Steps, taken: list[tuple[int, int, int]]) -> None:
+        self.steps = steps
+        self.taken = taken
+
+
 class ServerLinkState(_LinkState):
     """The server's end: admits the channels the client opens, takes their frames, posts the replies.
 
@@ -220,13 +295,14 @@ class ServerLinkState(_LinkState):
         super().__init__(codec)
         self.opened = 0
 
-    def take(self, entries: Iterable[Entry]) -> list[tuple[int, msgspec.Raw | Control]]:
+    def take(self, entries: Iterable[Entry]) -> list[tuple[int, msgspec.Raw | Control | TakenSteps]]:
         """Take the entries of one envelope from the client.
 
         Returns:
             In order: ``(channel, frame)`` for each new frame of a session,
             ``(channel, control)`` for each control (`Open` on a new channel,
-            `End` of a channel the client leaves, `Resume` or `End` on the link's).
+            `End` of a channel the client leaves, `Resume` or `End` on the link's),
+            ``(0, TakenSteps)`` for a `Steps`.
             Frames already held are dropped, and so are frames of channels that
             have ended (their sessions are gone).
 
@@ -234,28 +310,28 @@ class ServerLinkState(_LinkState):
             LinkProtocolError: A control that cannot be read or is out of place
                 (an `Open` of a channel not above every one opened before).
         """
-        events: list[tuple[int, msgspec.Raw | Control]] = []
+        events: list[tuple[int, msgspec.Raw | Control | TakenSteps]] = []
         channels = self.channels
         for number, seq, ack, frame in entries:
             if seq:
-                channel = channels.get(number)
-                if channel is None:
-                    if number > self.opened:
-                        raise LinkProtocolError(f"a frame on channel {number}, which was never opened")
-                    continue  # ended: the frame has nobody to go to
-                if ack:
-                    channel.acknowledged(ack)
-                if seq <= channel.received:
-                    continue
-                if seq != channel.received + 1:
-                    raise LinkProtocolError(f"frame {seq} on channel {number} after frame {channel.received}")
-                channel.received = seq
-                events.append((number, frame))
+                if self._next_on(number, seq, ack):
+                    events.append((number, frame))
                 continue
             try:
                 control = self.codec.decode_control(frame)
             except msgspec.DecodeError as exc:
                 raise LinkProtocolError(f"a control entry that cannot be read: {exc}") from exc
+            if type(control) is Steps and number == LINK_CHANNEL:
+                if len(control.channels) > self.codec.max_entries:
+                    raise LinkProtocolError(f"a steps control holds at most {self.codec.max_entries} steps")
+                taken: list[tuple[int, int, int]] = []
+                for position, (channel, seq, ack, request_id) in enumerate(control.channels):
+                    if not seq:
+                        raise LinkProtocolError(f"a step on channel {channel} numbered 0")
+                    if self._next_on(channel, seq, ack):
+                        taken.append((position, channel, request_id))
+                events.append((number, TakenSteps(control, taken)))
+                continue
             if isinstance(control, Open):
                 if number <= self.opened:
                     raise LinkProtocolError(f"channel {number} opened again (the last opened is {self.opened})")
@@ -268,6 +344,30 @@ class ServerLinkState(_LinkState):
                 raise LinkProtocolError(f"a {type(control).__name__} control from the client")
             events.append((number, control))
         return events
+
+    def _next_on(self, number: int, seq: int, ack: int) -> bool:
+        """Take a frame's numbers: whether it is the next on its channel (else held already, or the channel ended).
+
+        Raises:
+            LinkProtocolError: A channel never opened, or a number skipped.
+        """
+        channel = self.channels.get(number)
+        if channel is None:
+            if number > self.opened:
+                raise LinkProtocolError(f"a frame on channel {number}, which was never opened")
+            return False  # ended: the frame has nobody to go to
+        if ack:
+            channel.acknowledged(ack)
+        if seq <= channel.received:
+            return False
+        if seq != channel.received + 1:
+            raise LinkProtocolError(f"frame {seq} on channel {number} after frame {channel.received}")
+        channel.received = seq
+        return True
+
+    def post_stepped(self, items: list[StepItem], replies: msgspec.Raw) -> None:
+        """Queue a `Stepped` whose items were numbered already (`post_held`)."""
+        self._outgoing.append((LINK_CHANNEL, 0, 0, self.codec.control(Stepped(channels=items, replies=replies))))
 
     def end(self, number: int, reason: str, code: int) -> None:
         """Forget a channel whose session has ended, and tell the client (an `End` control)."""

@@ -181,7 +181,10 @@ class PollingLink(ClientLink):
         coalesced = False
         while True:
             if frames:
-                return frames.popleft()
+                frame = frames.popleft()
+                if type(frame) is bytes:
+                    return frame
+                continue  # a batch's reply: this link never asks for batches, so never gets one
             if channel.ended is not None:
                 raise fresh(channel.ended)
             if not self._coalescing:

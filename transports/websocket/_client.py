@@ -19,6 +19,7 @@ from websockets.exceptions import InvalidURI
 from websockets.uri import parse_uri
 
 from openenv import EVENT_LOOP_CLOCK, Clock, ConnectError, ConnectionClosed, Dialect, Transport
+from openenv._batch import LinkStepBatcher
 from openenv._limits import (
     DEFAULT_CLIENT_CLOSE_TIMEOUT,
     DEFAULT_CLIENT_MAX_MESSAGE_SIZE,
@@ -455,6 +456,13 @@ class WebSocketTransport(Transport):
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         return link.receive_nowait(channel)
+
+    def _step_batcher(self) -> LinkStepBatcher | None:
+        """Steps this session with the others of its link as one entry, when the server takes batches."""
+        link, channel = self._link, self._channel
+        if link is None or channel is None or channel.ended is not None:
+            return None
+        return link.step_batcher()
 
     async def keep(self) -> None:
         """Keep the connection while nobody calls: answer pings, ping a quiet server, resume a drop.

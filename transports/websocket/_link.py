@@ -48,8 +48,10 @@ from openenv import (
     OpenEnvError,
     ProtocolError,
 )
+from openenv._batch import BatchedReply
 
 from .._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Resumed, fits
+from .._link_batch import LinkBatcher
 from .._link_client import ClientLink, LinkChannel
 from .._link_client import for_send as _for_send
 from .._link_client import fresh as _fresh
@@ -172,6 +174,7 @@ class Link(ClientLink):
         self._token: str | None = None  # the link's resume token, from the server's Hello
         self._server_resume_timeout = 0.0
         self._server_limit: int | None = None  # the largest message the server takes, from its Hello
+        self._batcher: LinkBatcher | None = None  # set once the server's Hello says it takes steps entries
         self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
         self.resumes = 0
@@ -253,6 +256,11 @@ class Link(ClientLink):
         channel = super().open()
         self._act_on_early_events()
         return channel
+
+    def step_batcher(self) -> LinkBatcher | None:
+        """What steps this link's sessions together, while the server takes batches and others share the link."""
+        batcher = self._batcher
+        return batcher if batcher is not None and len(self._channels) > 1 else None
 
     async def send(self, channel: LinkChannel, frame: bytes) -> None:
         """Send one of a session's frames.
@@ -363,7 +371,22 @@ class Link(ClientLink):
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
 
-        Frames that came before the channel ended are returned first.
+        Frames that came before the channel ended are returned first. A reply
+        that came in a batch (`receive_step`) is dropped: it answers a batch
+        given up on.
+
+        Raises:
+            ConnectionClosed: The channel has ended (the server ended the
+                session, the link broke and was not resumed, or it was closed).
+            ProtocolError: The server broke the protocol.
+        """
+        while True:
+            frame = await self.receive_step(channel)
+            if type(frame) is bytes:
+                return frame
+
+    async def receive_step(self, channel: LinkChannel) -> bytes | BatchedReply:
+        """The next frame for a session, or its reply that came in a batch; see `receive`.
 
         Raises:
             ConnectionClosed: The channel has ended (the server ended the
@@ -651,6 +674,8 @@ class Link(ClientLink):
                 self._token = control.token
                 self._server_resume_timeout = control.resume_timeout
                 self._server_limit = control.max_message_size
+                if control.batches and self._batcher is None:
+                    self._batcher = LinkBatcher(self)
             elif isinstance(control, Resumed):
                 state.resumed(control)
                 self._resumed = True
