@@ -579,17 +579,18 @@ class ServerCodec(Generic[ActT]):
             is, or nests deeper than a request may: the batch's requests then go
             on their own (with the lax conversions, or each one's error).
         """
-        # Read off a link too: nested deeper than a request may be, its requests go on their own (and are refused).
-        if (
-            self._json
-            and message.count(b"[") + message.count(b"{") > MAX_NESTING
-            and _nested_deeper_than(bytes(message), MAX_NESTING)
-        ):
-            return None
         try:
+            split = None
+            # Read off a link too: one nested deeper than a request may be sends the steps on their own (and
+            # is refused there). In a request, an action sits one level down; only a long one can be that deep.
+            if self._json and message.count(b"[") + message.count(b"{") > MAX_NESTING:
+                split = self._split_actions(message)
+                for action in split:
+                    if len(action) > 2 * MAX_NESTING and _nested_deeper_than(bytes(action), MAX_NESTING - 1):
+                        return None
             if self._decode_member is not None:
                 decode = self._decode_member
-                return [decode(action) for action in self._split_actions(message)]
+                return [decode(action) for action in (split or self._split_actions(message))]
             assert self._decode_actions is not None
             return self._decode_actions(message)  # type: ignore[no-any-return]
         except (msgspec.DecodeError, RecursionError):

@@ -15,6 +15,7 @@ from openenv import Dialect, ProtocolError, ReplyValidationError, State
 from openenv import _codec as codecs
 from openenv._codec import ClientCodec, RequestError, ServerCodec, validation_errors
 from openenv._messages import ErrorReply, ObservationData, ObservationReply, StateReply
+from openenv._mcp_types import ListToolsAction, ListToolsObservation
 from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
 from tests.envs import CountAction, CountObservation, CountState
 
@@ -231,3 +232,42 @@ def test_codecs_are_shared_by_sessions_of_one_kind() -> None:
     alone = codecs.server_codec(json_ids, unhashable, False)
     assert alone is not codecs.server_codec(json_ids, unhashable, False)
     assert alone.decode_request(b'{"type":"step","data":{"a":1},"id":1}')[1] == {"a": 1}
+
+
+def test_a_batch_refuses_what_a_request_refuses_for_its_nesting() -> None:
+    """A batch's action nested as deep as a request may hold goes in the batch; one level more, the batch does not."""
+    server = ServerCodec(Dialect(), action_type=dict[str, Any])
+    short = b'{"by":1}'
+    for depth in range(codecs.MAX_NESTING - 4, codecs.MAX_NESTING + 2):
+        action = b'{"a":' + b"[" * depth + b"1" + b"]" * depth + b"}"
+        frame = b'{"type":"step","data":' + action + b"}"
+        try:
+            server.decode_request(frame)
+            refused = False
+        except RequestError as exc:
+            assert exc.code == "INVALID_JSON"
+            refused = True
+        batch = server.decode_step_batch(b"[" + b",".join([short, action, short]) + b"]")
+        assert (batch is None) is refused, depth
+        if batch is not None:
+            assert batch[1] == msgspec.json.decode(action)
+    assert refused  # the last depth is over the limit
+
+
+def test_a_batch_of_a_union_of_actions_decodes_each_into_its_member() -> None:
+    server = ServerCodec(Dialect(), action_type=CallToolAction | ListToolsAction)
+    batch = server.decode_step_batch(b'[{"type":"list_tools"},{"type":"call_tool","tool_name":"t","arguments":{}}]')
+    assert batch is not None
+    assert [type(action) for action in batch] == [ListToolsAction, CallToolAction]
+    assert server.decode_step_batch(b'[{"type":"list_tools"},{"tool_name":3}]') is None  # one fits no member
+    client = ClientCodec(Dialect(), observation_type=EchoObservation | ListToolsObservation, state_type=EchoState)
+    replies, invalid = client.decode_step_batch(
+        b'{"observations":[{"tools":[]},null,{"echoed_message":"hi","reward":0.2}],"errors":{"1":{"code":"X","message":"m"}}}'
+    )
+    assert not invalid
+    first, none, third = replies.observations
+    assert isinstance(first, ListToolsObservation)
+    assert none is None
+    assert isinstance(third, EchoObservation)
+    assert (third.echoed_message, third.reward) == ("hi", 0.2)
+    assert replies.errors == {1: {"code": "X", "message": "m"}}
