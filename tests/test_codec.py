@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from openenv import Dialect, ProtocolError, ReplyValidationError, State
 from openenv import _codec as codecs
 from openenv._codec import ClientCodec, RequestError, ServerCodec, validation_errors
-from openenv._messages import ErrorReply, ObservationData, ObservationReply, StateReply
 from openenv._mcp_types import ListToolsAction, ListToolsObservation
+from openenv._messages import ErrorReply, ObservationData, ObservationReply, StateReply
 from openenv.examples.echo import CallToolAction, EchoObservation, EchoState
 from tests.envs import CountAction, CountObservation, CountState
 
