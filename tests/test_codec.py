@@ -241,12 +241,13 @@ def test_a_batch_refuses_what_a_request_refuses_for_its_nesting() -> None:
     for depth in range(codecs.MAX_NESTING - 4, codecs.MAX_NESTING + 2):
         action = b'{"a":' + b"[" * depth + b"1" + b"]" * depth + b"}"
         frame = b'{"type":"step","data":' + action + b"}"
+        code = None
         try:
             server.decode_request(frame)
-            refused = False
         except RequestError as exc:
-            assert exc.code == "INVALID_JSON"
-            refused = True
+            code = exc.code
+        assert code in (None, "INVALID_JSON")
+        refused = code is not None
         batch = server.decode_step_batch(b"[" + b",".join([short, action, short]) + b"]")
         assert (batch is None) is refused, depth
         if batch is not None:
