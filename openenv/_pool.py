@@ -785,16 +785,23 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """Step the sessions that share a host as one message per host; the requests left to go on their own."""
         hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], list[int]] = {}
         sessions = self._sessions
+        last: tuple[object, object, list[int]] = (None, None, [])  # the host of the session before: mostly the same
         for index, request in requests.items():
             if request[0] != "step":
                 continue
             client = sessions[index].client
-            transport, codec = client.transport, client._codec
+            transport, codec = client._transport, client._codec
             if transport is None or codec is None:
                 continue
             batcher = transport._step_batcher()
-            if batcher is not None:
-                hosts.setdefault((batcher, codec), []).append(index)
+            if batcher is None:
+                continue
+            if batcher is last[0] and codec is last[1]:
+                last[2].append(index)
+            else:
+                indices = hosts.setdefault((batcher, codec), [])
+                indices.append(index)
+                last = (batcher, codec, indices)
         alone = requests
         for (batcher, codec), indices in hosts.items():
             if len(indices) > 1:
@@ -900,7 +907,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             for client in clients:
                 client._next_id += 1
                 request_ids.append(client._next_id)
-            transports = [client.transport for client in clients]
+            transports = [client._transport for client in clients]
             sent = 0
             # In parts, each leaving at once: the server steps the first while the pool encodes the next.
             while sent < len(taken):

@@ -376,7 +376,7 @@ def test_a_reply_that_went_in_a_batch_is_sent_again_as_its_own_frame() -> None:
             return msgspec.Raw(self.text)
 
     for number in (1, 2):
-        server.post_held(server.channels[number], Reply(b'{"type":"observation","id":%d}' % number))
+        server.post_held(server.channels[number], Reply(b'{"type":"observation","id":%d}' % number), number)
     server.outgoing()
     server.resumed(Resume(received=[(1, 1)]))  # the client holds channel 1's reply only
     resent = [(number, seq, bytes(frame)) for number, seq, _, frame in server.outgoing()[1:]]

@@ -522,41 +522,41 @@ class LinkHost:
     ) -> None:
         """Post the replies of steps run together as one `Stepped` (as frames of their own, should it not fit)."""
         sessions, state = self._sessions, self.state
-        answered = [
-            (session, request_id, reply, channel)
-            for session, request_id, reply in replies
-            if session.number in sessions and (channel := state.channels.get(session.number)) is not None
-        ]
-        if not answered:
-            return
+        channels = state.channels
+        answered: list[tuple[_Session, int, msgspec.Raw | dict[str, Any], ChannelState]] = []
         observations: list[msgspec.Raw | None] = []
         errors: dict[int, dict[str, Any]] = {}
-        for position, (_, _, reply, _) in enumerate(answered):
+        for session, request_id, reply in replies:
+            number = session.number
+            channel = channels.get(number)
+            if channel is None or number not in sessions:
+                continue  # ended meanwhile: its reply has nobody to go to
             if type(reply) is dict:
-                errors[position] = reply
+                errors[len(observations)] = reply
                 observations.append(None)
             else:
                 observations.append(reply)  # type: ignore[arg-type]
+            answered.append((session, request_id, reply, channel))
+        if not answered:
+            return
         message = codec.step_batch_reply(StepBatchReply(observations, errors))
-        if fits(len(message) + 2 * ENTRY_OVERHEAD * len(answered), self.client_max_message_size):
-            items: list[StepItem] = []
-            for _, request_id, reply, channel in answered:
-                number, seq, ack, _ = state.post_held(channel, _HeldReply(codec, reply, request_id))
-                items.append((number, seq, ack, request_id))
-            state.post_stepped(items, msgspec.Raw(message))
-            for session, _, _, _ in answered:
-                self._stepped(session)
-        else:  # each as the frame it stands for: one too large for the client ends its session alone
+        if not fits(len(message) + 2 * ENTRY_OVERHEAD * len(answered), self.client_max_message_size):
+            # Each as the frame it stands for: one too large for the client ends its session alone.
             for session, request_id, reply, _ in answered:
                 self._replied(session, codec.batch_reply_frame(reply, request_id))
-
-    def _stepped(self, session: _Session) -> None:
-        """After a step answered in a `Stepped`: what `_replied` does after posting a reply."""
-        lease = session.lease
-        assert lease is not None
-        lease.touch()  # waiting for the client again: the idle clock runs
-        if lease.close_reason is not None:
-            self._end(session, lease.close_reason, GOING_AWAY)
+            return
+        items: list[StepItem] = []
+        ending: list[tuple[_Session, str]] = []
+        for session, request_id, reply, channel in answered:
+            items.append(state.post_held(channel, _HeldReply(codec, reply, request_id), request_id))
+            lease = session.lease
+            assert lease is not None
+            lease.touch()  # waiting for the client again: the idle clock runs (as `_replied` does)
+            if lease.close_reason is not None:
+                ending.append((session, lease.close_reason))
+        state.post_stepped(items, msgspec.Raw(message))
+        for session, reason in ending:  # after the replies: their ends follow them
+            self._end(session, reason, GOING_AWAY)
 
     def _control(self, number: int, control: Any) -> None:
         """Act on a control entry from the client."""

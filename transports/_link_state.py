@@ -115,15 +115,15 @@ class _LinkState:
         channel = self.channels.get(number)
         self._outgoing.append((number, 0, 0 if channel is None else channel.received, self.codec.control(control)))
 
-    def post_held(self, channel: ChannelState, held: Held) -> StepItem:
+    def post_held(self, channel: ChannelState, held: Held, request_id: int) -> StepItem:
         """Number a frame that goes out in a batch, and keep it until acknowledged (it is not queued).
 
         Returns:
-            Its item in the batch, but for the request id: ``(channel, seq, ack, 0)``.
+            Its item in the batch: ``(channel, seq, ack, request_id)``.
         """
         channel.sent = seq = channel.sent + 1
         channel.unacked.append((seq, held))
-        return (channel.number, seq, channel.received, 0)
+        return (channel.number, seq, channel.received, request_id)
 
     def _resend(self, channel: ChannelState, after: int) -> None:
         """Queue again the frames of ``channel`` numbered above ``after`` (the other side lacks them)."""
@@ -141,9 +141,9 @@ class ClientLinkState(_LinkState):
         codec: The link's envelope codec.
         deliver: Called with each new frame from the server: ``deliver(channel, frame)``.
         end: Called once per channel the server ended: ``end(channel, reason)``.
-        batched: Called with each new reply that came in a `Stepped`:
-            ``batched(channel, stepped, position)``, its request id being
-            ``stepped.channels[position][3]``.
+        batched: Called with the new replies of each `Stepped`:
+            ``batched(stepped, positions)``, each position's channel and
+            request id being ``stepped.channels[position][0]`` and ``[3]``.
     """
 
     def __init__(
@@ -152,7 +152,7 @@ class ClientLinkState(_LinkState):
         *,
         deliver: Callable[[int, msgspec.Raw], object],
         end: Callable[[int, End], object],
-        batched: Callable[[int, Stepped, int], object] = lambda number, stepped, position: None,
+        batched: Callable[[Stepped, list[int]], object] = lambda stepped, positions: None,
     ) -> None:
         super().__init__(codec)
         self._deliver = deliver
@@ -222,7 +222,7 @@ class ClientLinkState(_LinkState):
     def _take_stepped(self, stepped: Stepped) -> None:
         """Take the replies of a `Stepped` as their frames would be taken: numbered, acknowledging, each once."""
         channels = self.channels
-        batched = self._batched
+        taken: list[int] = []
         for position, (number, seq, ack, _) in enumerate(stepped.channels):
             channel = channels.get(number)
             if channel is None:
@@ -232,7 +232,8 @@ class ClientLinkState(_LinkState):
             if seq <= channel.received:
                 continue
             channel.received = seq
-            batched(number, stepped, position)
+            taken.append(position)
+        self._batched(stepped, taken)
 
     def post_steps(self, steps: Steps) -> None:
         """Queue a `Steps` whose items were numbered already (`post_held`)."""
