@@ -826,16 +826,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     ) -> list[int]:
         """Step one host's sessions as one message (those whose client is free); the sessions answered."""
         sessions = self._sessions
-        taken: list[int] = []
-        for index in indices:
-            lock = sessions[index].client._lock
-            if lock is None:
-                continue
-            try:
-                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
-            except anyio.WouldBlock:
-                continue
-            taken.append(index)
+        taken = self._take_free(indices)
         try:
             if len(taken) < 2:
                 return []
@@ -868,10 +859,30 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 answered.append(index)
             return answered
         finally:
-            for index in taken:
-                lock = sessions[index].client._lock
-                assert lock is not None
-                lock.release()
+            self._release(taken)
+
+    def _take_free(self, indices: list[int]) -> list[int]:
+        """Take the clients of the sessions at ``indices`` that are free (locked now); their indices."""
+        sessions = self._sessions
+        taken: list[int] = []
+        for index in indices:
+            lock = sessions[index].client._lock
+            if lock is None:
+                continue
+            try:
+                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+            except anyio.WouldBlock:
+                continue
+            taken.append(index)
+        return taken
+
+    def _release(self, taken: list[int]) -> None:
+        """Let the clients `_take_free` took go."""
+        sessions = self._sessions
+        for index in taken:
+            lock = sessions[index].client._lock
+            assert lock is not None
+            lock.release()
 
     async def _step_linked(
         self,
@@ -889,16 +900,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         call given up on) is dropped by its request id.
         """
         sessions = self._sessions
-        taken: list[int] = []
-        for index in indices:
-            lock = sessions[index].client._lock
-            if lock is None:
-                continue
-            try:
-                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
-            except anyio.WouldBlock:
-                continue
-            taken.append(index)
+        taken = self._take_free(indices)
         try:
             if len(taken) < 2:
                 return []
@@ -952,10 +954,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                     self._take_batched(codec, message, places, outcome)
             return answered
         finally:
-            for index in taken:
-                lock = sessions[index].client._lock
-                assert lock is not None
-                lock.release()
+            self._release(taken)
 
     def _take_batched(
         self,
