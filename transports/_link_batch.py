@@ -92,11 +92,11 @@ class LinkBatcher(LinkStepBatcher):
                 return False  # ended meanwhile: its own request says so
             numbers.append(channel_state)
         sent = _SentSteps(actions, envelope)
-        items: list[StepItem] = []
-        for position, (channel_state, request_id) in enumerate(zip(numbers, request_ids, strict=True)):
-            channel_state.sent = seq = channel_state.sent + 1
-            channel_state.unacked.append((seq, HeldStep(sent, position, request_id)))
-            items.append((channel_state.number, seq, channel_state.received, request_id))
+        post_held = state.post_held
+        items: list[StepItem] = [
+            post_held(channel_state, HeldStep(sent, position, request_id), request_id)
+            for position, (channel_state, request_id) in enumerate(zip(numbers, request_ids, strict=True))
+        ]
         state.post_steps(Steps(channels=items, actions=msgspec.Raw(actions)))
         link._write_without_waiting()  # the server starts on them while the pool waits
         return True
