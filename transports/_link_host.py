@@ -52,7 +52,7 @@ from anyio.abc import TaskGroup
 
 from openenv import Dialect
 from openenv._codec import ServerCodec
-from openenv._inline import TRIAL_CALLS, Suspended, finish, start
+from openenv._inline import TRIAL_CALLS, Suspended, finish
 from openenv._messages import StepBatchReply
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
@@ -472,7 +472,7 @@ class LinkHost:
                     if actions is not None and len(actions) != len(control.channels):
                         actions = None  # not one per step: said below, where they are split
                 if actions is not None and server_session.codec is codec:
-                    outcome = start(server_session.step_decoded(actions[position]))
+                    outcome = server_session.start_step_decoded(actions[position])
                     if isinstance(outcome, Suspended):
                         # It waits after all: what is answered goes now, the rest as frames, should it be given up.
                         self._post_stepped(replies, codec)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -122,15 +122,16 @@ class _Batcher(StepBatcher):
         observations: list[msgspec.Raw | None] = []
         errors: dict[int, dict[str, Any]] = {}
         habits = self._habits
-        for position, (transport, action) in enumerate(zip(transports, actions, strict=True)):
-            assert isinstance(transport, InProcessTransport)
+        sessions = cast("Sequence[InProcessTransport]", transports)
+        for position, (transport, action) in enumerate(zip(sessions, actions, strict=True)):
             if not habits.at_once:  # a call before waited: the rest go on their own, to their tasks
                 observations.append(None)
                 continue
-            # Started without an await (one coroutine fewer per step): a pool of thousands steps each.
-            reply = transport._start_step(action)
+            session = transport._session
+            assert session is not None  # it offered this batcher
+            reply = session.start_step_decoded(action)
             if isinstance(reply, Suspended):
-                reply = await transport._finish(reply, at_once=True)
+                reply = await transport._finish_step(reply)
             if isinstance(reply, dict):
                 errors[position] = reply
                 observations.append(None)
@@ -229,6 +230,7 @@ class InProcessTransport(Transport):
         self._kept = False  # `keep` serves the session
         self._idle: anyio.Event | None = None  # set when no request is being handled; made by who waits for it
         self._habits = _Habits()  # what is learned of the factory's calls, shared once connected
+        self._batcher: _Batcher | None = None  # steps the session with others of its factory, once it has begun
         self._to_task: anyio.Event | None = None  # set when `keep`'s task is to serve again (or the channel ended)
         self._ended = "the in-process session has ended"  # what `ConnectionClosed` says once it has
 
@@ -271,6 +273,7 @@ class InProcessTransport(Transport):
             self._to_server.close()
             return self
         self._session = ServerSession(env, dialect=self.dialect)
+        self._batcher = self._habits.batcher(self._session.codec)
         return self
 
     async def keep(self) -> None:
@@ -355,35 +358,32 @@ class InProcessTransport(Transport):
 
     def _step_batcher(self) -> StepBatcher | None:
         """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
-        habits = self._habits
-        if not habits.at_once or self._serving:
+        batcher = self._batcher
+        if batcher is None or self._serving or not self._habits.at_once:
             return None
         session, inbox, outbox = self._session, self._to_server, self._from_server
+        assert session is not None  # set with the batcher, as the queues are
+        assert inbox is not None
+        assert outbox is not None
         if (
-            session is None
-            or inbox is None
-            or outbox is None
-            or session.closed
+            session.closed
             or inbox.closed
             or inbox  # a request waits: this step goes behind it
             or outbox  # a reply waits to be read (a late one, to be dropped)
         ):
             return None
-        return habits.batcher(session.codec)
+        return batcher
 
-    def _start_step(self, action: Any) -> msgspec.Raw | dict[str, Any] | Suspended:
-        """Start one step of a batch, served at once in the caller's task as `_serve` serves a request.
+    async def _finish_step(self, suspended: Suspended) -> msgspec.Raw | dict[str, Any]:
+        """Finish a step of a batch that waited after all, in the caller's task, as `_run` finishes a call.
 
-        A step that waited is finished by awaiting `_finish` (with ``at_once``)
-        at once: the caller's cancellation meanwhile cuts the call, and ends
-        the session, as in `_serve`.
-
-        Returns:
-            The observation, encoded; the error reply's data; or the `Suspended` step.
+        A step that did not wait ran with nothing else between its start and
+        its end, so only one that waits marks the session as serving; the
+        caller's cancellation meanwhile cuts it, and ends the session.
         """
-        session = self._session
-        assert session is not None
-        return self._start(session.step_decoded(action))
+        self._serving = True
+        self._habits.ran(waited=True)
+        return await self._finish(suspended, at_once=True)  # type: ignore[no-any-return]
 
     def _unpark(self) -> None:
         """Wake `keep`: requests go to the session's task again (or the channel ended)."""
