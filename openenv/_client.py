@@ -813,7 +813,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         """The result of a step of a batch, whose observation came whole (`openenv._messages.StepBatchReply`)."""
         if isinstance(observation, msgspec.Struct):  # a union's member too: reward and done came in it
             fields: Any = observation
-            return StepResult(observation, fields.reward, fields.done, _own_metadata(observation))  # type: ignore[arg-type]
+            metadata = getattr(observation, "metadata", None)  # `_own_metadata`'s, without its call: one per step
+            return StepResult(observation, fields.reward, fields.done, metadata if isinstance(metadata, dict) else {})  # type: ignore[arg-type]
         return self._result_of(ObservationData(*lift_observation_fields(observation)))
 
     def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
@@ -557,7 +558,10 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """
         self._check_open()
         self._check_actions(actions, self.size)
-        requests = {index: self._step_request(index, action) for index, action in enumerate(actions)}
+        if self.autoreset_mode == "next_step":
+            requests = {index: self._step_request(index, action) for index, action in enumerate(actions)}
+        else:  # every request a step: made without a call per session
+            requests = dict(enumerate(zip(repeat("step"), repeat(_NO_ARGUMENTS), repeat(_encode_step), actions)))
         return await self._run(requests, timeout)
 
     async def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
@@ -751,6 +755,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 break
             outcome.update(await self._exchange(moved, timeout))
         results = await self._settle(requests, outcome, timeout)
+        if len(results) == self.size:
+            return list(map(results.__getitem__, range(self.size)))
         return [results[index] for index in range(self.size) if index in results]
 
     async def _exchange(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> _Outcome:
@@ -782,179 +788,163 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         return outcome
 
     async def _step_together(self, requests: dict[int, _Request], outcome: _Outcome) -> dict[int, _Request]:
-        """Step the sessions that share a host as one message per host; the requests left to go on their own."""
-        hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], list[int]] = {}
+        """Step the sessions that share a host as one message per host; the requests left to go on their own.
+
+        A session joins its host's batch only while its client is free (the
+        caller may use a pool's client directly): the pool holds the client
+        until the batch is over, as a request of its own would.
+        """
+        hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], _Batch] = {}
         sessions = self._sessions
-        last: tuple[object, object, list[int]] = (None, None, [])  # the host of the session before: mostly the same
-        for index, request in requests.items():
-            if request[0] != "step":
-                continue
-            client = sessions[index].client
-            transport, codec = client._transport, client._codec
-            if transport is None or codec is None:
-                continue
-            batcher = transport._step_batcher()
-            if batcher is None:
-                continue
-            if batcher is last[0] and codec is last[1]:
-                last[2].append(index)
-            else:
-                indices = hosts.setdefault((batcher, codec), [])
-                indices.append(index)
-                last = (batcher, codec, indices)
-        alone = requests
-        for (batcher, codec), indices in hosts.items():
-            if len(indices) > 1:
-                if isinstance(batcher, LinkStepBatcher):
-                    answered = await self._step_linked(batcher, codec, indices, requests, outcome)
-                else:
-                    answered = await self._step_batch(batcher, codec, indices, requests, outcome)
-                if answered:
-                    if alone is requests:
-                        alone = dict(requests)
-                    for index in answered:
-                        del alone[index]
-        return alone
+        batch = _Batch()  # the batch of the session before (mostly this one's): a first, empty one
+        last_batcher: object = None
+        last_codec: object = None
+        try:
+            for index, request in requests.items():
+                if request[0] != "step":
+                    continue
+                client = sessions[index].client
+                transport, codec, lock = client._transport, client._codec, client._lock
+                if transport is None or codec is None or lock is None:
+                    continue
+                batcher = transport._step_batcher()
+                if batcher is None:
+                    continue
+                try:
+                    lock.acquire_nowait()  # free, unless the caller uses the client directly right now
+                except anyio.WouldBlock:
+                    continue
+                if batcher is not last_batcher or codec is not last_codec:
+                    batch = hosts.get((batcher, codec)) or hosts.setdefault((batcher, codec), _Batch())
+                    last_batcher, last_codec = batcher, codec
+                batch.indices.append(index)
+                batch.clients.append(client)
+            alone = requests
+            for (batcher, codec), batch in hosts.items():
+                if len(batch.indices) > 1:
+                    if isinstance(batcher, LinkStepBatcher):
+                        answered = await self._step_linked(batcher, codec, batch, requests, outcome)
+                    else:
+                        answered = await self._step_batch(batcher, codec, batch, requests, outcome)
+                    if answered:
+                        if alone is requests:
+                            alone = dict(requests)
+                        for index in answered:
+                            del alone[index]
+            return alone
+        finally:
+            for held in hosts.values():
+                for client in held.clients:
+                    client._lock.release()  # type: ignore[union-attr]  # taken above
 
     async def _step_batch(
         self,
         batcher: StepBatcher,
         codec: ClientCodec[Any, Any, Any],
-        indices: list[int],
+        batch: _Batch,
         requests: dict[int, _Request],
         outcome: _Outcome,
     ) -> list[int]:
-        """Step one host's sessions as one message (those whose client is free); the sessions answered."""
-        sessions = self._sessions
-        taken = self._take_free(indices)
+        """Step one host's sessions as one message; the sessions answered."""
+        indices, clients = batch.indices, batch.clients
         try:
-            if len(taken) < 2:
-                return []
-            try:
-                message = codec.step_batch([requests[index][3] for index in taken])
-            except (TypeError, msgspec.EncodeError):
-                return []  # each request, on its own, says whose action cannot be encoded
-            transports = [sessions[index].client.transport for index in taken]
-            reply = await batcher.step(transports, message)  # type: ignore[arg-type]
-            if reply is None:
-                return []
-            try:
-                replies, invalid = codec.decode_step_batch(reply)
-            except ProtocolError as exc:
-                for index in taken:
-                    outcome.errors[index] = exc
-                return taken
-            answered: list[int] = []
-            errors, observations = replies.errors, replies.observations
-            for position, index in enumerate(taken[: len(observations)]):
-                observation = observations[position]
-                if observation is not None:
-                    outcome.ready[index] = sessions[index].client._batch_result(observation)
-                elif position in errors:
-                    outcome.errors[index] = server_error_from_frame(errors[position])
-                elif position in invalid:
-                    outcome.errors[index] = invalid[position]
-                else:
-                    continue  # not stepped: its request goes on its own
-                answered.append(index)
-            return answered
-        finally:
-            self._release(taken)
-
-    def _take_free(self, indices: list[int]) -> list[int]:
-        """Take the clients of the sessions at ``indices`` that are free (locked now); their indices."""
-        sessions = self._sessions
-        taken: list[int] = []
-        for index in indices:
-            lock = sessions[index].client._lock
-            if lock is None:
-                continue
-            try:
-                lock.acquire_nowait()  # free, unless the caller uses the client directly right now
-            except anyio.WouldBlock:
-                continue
-            taken.append(index)
-        return taken
-
-    def _release(self, taken: list[int]) -> None:
-        """Let the clients `_take_free` took go."""
-        sessions = self._sessions
-        for index in taken:
-            lock = sessions[index].client._lock
-            assert lock is not None
-            lock.release()
+            message = codec.step_batch([requests[index][3] for index in indices])
+        except (TypeError, msgspec.EncodeError):
+            return []  # each request, on its own, says whose action cannot be encoded
+        reply = await batcher.step([client._transport for client in clients], message)  # type: ignore[misc]
+        if reply is None:
+            return []
+        try:
+            replies, invalid = codec.decode_step_batch(reply)
+        except ProtocolError as exc:
+            for index in indices:
+                outcome.errors[index] = exc
+            return indices
+        answered: list[int] = []
+        ready, errors = outcome.ready, replies.errors
+        for position, observation in enumerate(replies.observations[: len(indices)]):
+            index = indices[position]
+            if observation is not None:
+                ready[index] = clients[position]._batch_result(observation)
+            elif position in errors:
+                outcome.errors[index] = server_error_from_frame(errors[position])
+            elif position in invalid:
+                outcome.errors[index] = invalid[position]
+            else:
+                continue  # not stepped: its request goes on its own
+            answered.append(index)
+        return answered
 
     async def _step_linked(
         self,
         batcher: LinkStepBatcher,
         codec: ClientCodec[Any, Any, Any],
-        indices: list[int],
+        batch: _Batch,
         requests: dict[int, _Request],
         outcome: _Outcome,
     ) -> list[int]:
-        """Step one link's sessions with one entry each way (those whose client is free); the sessions answered.
+        """Step one link's sessions with one entry each way; the sessions answered.
 
         Each step is numbered as its session's own request would be: a reply
         that comes as a frame of its own (the server stepped it apart, or sent
         it again after a resumption) is taken as such, and a late one (of a
         call given up on) is dropped by its request id.
         """
-        sessions = self._sessions
-        taken = self._take_free(indices)
-        try:
-            if len(taken) < 2:
-                return []
-            clients = [sessions[index].client for index in taken]
-            request_ids = []
-            for client in clients:
-                client._next_id += 1
-                request_ids.append(client._next_id)
-            transports = [client._transport for client in clients]
-            sent = 0
-            # In parts, each leaving at once: the server steps the first while the pool encodes the next.
-            while sent < len(taken):
-                part = slice(sent, sent + LINK_BATCH)
-                try:
-                    message = codec.step_batch([requests[index][3] for index in taken[part]])
-                except (TypeError, msgspec.EncodeError):
-                    break  # each request, on its own, says whose action cannot be encoded
-                if not batcher.post(transports[part], message, request_ids[part]):  # type: ignore[arg-type]
-                    break
-                for client, request_id in zip(clients[part], request_ids[part], strict=True):
-                    client._unanswered.append(request_id)
-                sent += len(request_ids[part])
-            answered = taken[:sent]  # the rest go on their own
-            # The replies that came batched, by the message they came in: each message is decoded once.
-            batched: dict[int, tuple[bytes | msgspec.Raw, list[tuple[int, int]]]] = {}
-            ready, errors = outcome.ready, outcome.errors
+        indices, clients = batch.indices, batch.clients
+        request_ids = []
+        for client in clients:
+            client._next_id += 1
+            request_ids.append(client._next_id)
+        transports = [client._transport for client in clients]
+        sent = 0
+        # In parts, each leaving at once: the server steps the first while the pool encodes the next.
+        while sent < len(indices):
+            part = slice(sent, sent + LINK_BATCH)
             try:
-                for position, index in enumerate(answered):
-                    client, request_id, transport = clients[position], request_ids[position], transports[position]
-                    try:
-                        while True:
-                            try:
-                                reply = batcher.receive_nowait(transport)  # type: ignore[arg-type]
-                            except anyio.WouldBlock:
-                                reply = await batcher.receive(transport)  # type: ignore[arg-type]
-                            if type(reply) is BatchedReply:
-                                if client._owner_of(reply.request_id) != request_id:
-                                    continue  # the reply of a batch given up on
-                                batched.setdefault(id(reply.message), (reply.message, []))[1].append(
-                                    (reply.position, index)
-                                )
-                                break
-                            answer = client._reply_in(codec, reply, request_id)  # type: ignore[arg-type]
-                            if answer is not None:
-                                ready[index] = client._step_result(answer)
-                                break
-                    except OpenEnvError as exc:
-                        errors[index] = exc
-            finally:  # even when time ran out: the replies taken already count
-                for message, places in batched.values():
-                    self._take_batched(codec, message, places, outcome)
-            return answered
-        finally:
-            self._release(taken)
+                message = codec.step_batch([requests[index][3] for index in indices[part]])
+            except (TypeError, msgspec.EncodeError):
+                break  # each request, on its own, says whose action cannot be encoded
+            if not batcher.post(transports[part], message, request_ids[part]):  # type: ignore[arg-type]
+                break
+            for client, request_id in zip(clients[part], request_ids[part], strict=True):
+                client._unanswered.append(request_id)
+            sent += len(request_ids[part])
+        answered = indices[:sent]  # the rest go on their own
+        # The replies that came batched, by the message they came in: each message is decoded once.
+        batched: dict[int, tuple[bytes | msgspec.Raw, list[tuple[int, int]]]] = {}
+        last_message: object = None  # the message of the reply before, mostly this one's too
+        places: list[tuple[int, int]] = []  # its places
+        ready, errors = outcome.ready, outcome.errors
+        try:
+            for position, index in enumerate(answered):
+                client, request_id, transport = clients[position], request_ids[position], transports[position]
+                try:
+                    while True:
+                        try:
+                            reply = batcher.receive_nowait(transport)  # type: ignore[arg-type]
+                        except anyio.WouldBlock:
+                            reply = await batcher.receive(transport)  # type: ignore[arg-type]
+                        if type(reply) is BatchedReply:
+                            reply_id, unanswered = reply.request_id, client._unanswered
+                            if unanswered and unanswered[0] == reply_id == request_id:
+                                unanswered.popleft()  # `_owner_of`'s usual case, without its call: one per session
+                            elif client._owner_of(reply_id) != request_id:
+                                continue  # the reply of a batch given up on
+                            if reply.message is not last_message:
+                                last_message = reply.message
+                                places = batched.setdefault(id(last_message), (last_message, []))[1]
+                            places.append((reply.position, index))
+                            break
+                        answer = client._reply_in(codec, reply, request_id)  # type: ignore[arg-type]
+                        if answer is not None:
+                            ready[index] = client._step_result(answer)
+                            break
+                except OpenEnvError as exc:
+                    errors[index] = exc
+        finally:  # even when time ran out: the replies taken already count
+            for message, places in batched.values():
+                self._take_batched(codec, message, places, outcome)
+        return answered
 
     def _take_batched(
         self,
@@ -1123,16 +1113,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         timeout: float | _UseClientDefault | None,
     ) -> dict[int, Any]:
         """Apply the episode and failure policies to a batch's outcome; raise `EnvPoolError` if any failed."""
-        results: dict[int, Any] = {}
+        results: dict[int, Any] = dict(outcome.ready)
         same_step: list[int] = []
-        for index, result in outcome.ready.items():
-            results[index] = result
+        sessions, resets_now = self._sessions, self.autoreset_mode == "same_step"
+        for index, result in results.items():
             if not isinstance(result, StepResult):
                 continue  # a state
-            session = self._sessions[index]
+            session = sessions[index]
             session.fresh = False
-            session.done = result.done
-            if kinds[index][0] == "step" and result.done and self.autoreset_mode == "same_step":
+            session.done = done = result.done
+            if done and resets_now and kinds[index][0] == "step":
                 same_step.append(index)
         errors = dict(outcome.errors)
         if same_step:
@@ -1177,6 +1167,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 raise first_error  # a bug, not a session's failure: as it is
             raise EnvPoolError(failed) from first_error  # type: ignore[arg-type]
         return results
+
+
+class _Batch:
+    """The sessions of one host whose steps go together: their indices in the pool, and their clients (held)."""
+
+    __slots__ = ("clients", "indices")
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+        self.clients: list[EnvClient[Any, Any, Any]] = []
 
 
 class _Outcome:

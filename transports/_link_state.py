@@ -73,6 +73,9 @@ class ChannelState:
     def acknowledged(self, ack: int) -> None:
         """Forget the frames the other side holds (those numbered up to ``ack``)."""
         unacked = self.unacked
+        if unacked and unacked[-1][0] <= ack:  # all of them: the usual case, once per session per step
+            unacked.clear()
+            return
         held = 0
         while held < len(unacked) and unacked[held][0] <= ack:
             held += 1
