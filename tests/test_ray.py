@@ -20,6 +20,7 @@ from openenv import EnvClient, EnvPool
 from tests.envs import AsyncCounterEnv, CountAction
 from tests.helpers import CounterClient, wait_until
 from tests.serving import ROOT, factory_path, start_local_ray
+from transports._link_batch import LinkBatcher
 from transports.ray import ACTOR_NAME_PREFIX, RayTransport
 from transports.ray._transport import parse_ray_url
 
@@ -211,6 +212,30 @@ async def test_a_thousand_sessions_opened_and_closed_leave_no_actor_behind() -> 
             assert await active_sessions(fleet.actors) == [250] * 4
         assert fleet.actors == []
         await wait_until_gone(names)
+
+
+@pytest.mark.anyio
+async def test_a_pool_steps_the_sessions_of_each_actor_as_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[int] = []
+    post = LinkBatcher.post
+
+    def counted(self: LinkBatcher, transports: Any, actions: bytes, request_ids: Any) -> bool:
+        posted.append(len(transports))
+        return post(self, transports, actions, request_ids)
+
+    monkeypatch.setattr(LinkBatcher, "post", counted)
+    url = ray_url(sessions_per_actor=4, idle_timeout=0)
+    with anyio.fail_after(LIMIT):
+        async with EnvPool(url, size=8, client=CounterClient) as pool:
+            await pool.reset()
+            actors = [client.transport.actor for client in pool.clients]  # type: ignore[union-attr]
+            batchers = [client.transport._step_batcher() for client in pool.clients]  # type: ignore[union-attr]
+            # One batcher per actor's connection: the sessions of each actor go together.
+            assert None not in batchers
+            assert len(set(actors)) == len(set(batchers)) == len(set(zip(actors, batchers, strict=True))) == 2
+            results = await pool.step([CountAction(by=index) for index in range(8)])
+            assert [result.observation.count for result in results] == list(range(8))
+            assert sorted(posted) == [4, 4]
 
 
 @pytest.mark.anyio

@@ -64,6 +64,9 @@ class HeldStep:
 class LinkBatcher(LinkStepBatcher):
     """Steps the sessions of one WebSocket link as one entry (see the module's docstring).
 
+    Its sessions' transports are WebSocket transports, or transports that carry
+    their frames on one and show its ``_channel`` (`transports.ray.RayTransport`).
+
     Args:
         link: The link.
     """

@@ -8,8 +8,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from openenv import ConnectError, ConnectionClosed, Transport
+from openenv._batch import LinkStepBatcher
 from openenv.server import server_config
 from transports.websocket import WebSocketTransport
+from transports.websocket._link import LinkChannel
 
 from .._network_client import connect_once
 from ._fleet import Fleet, HostActor, fleet_for
@@ -316,6 +318,15 @@ class RayTransport(Transport):
         if self._inner is None:
             raise ConnectionClosed("the transport is not connected")
         return self._inner.receive_nowait()
+
+    def _step_batcher(self) -> LinkStepBatcher | None:
+        """Its WebSocket's: a pool steps the sessions that share an actor's connection as one entry each way."""
+        return None if self._inner is None else self._inner._step_batcher()
+
+    @property
+    def _channel(self) -> LinkChannel | None:
+        """Its WebSocket's channel on the link: what the link's batcher reads of each session it steps."""
+        return None if self._inner is None else self._inner._channel
 
     async def keep(self) -> None:
         """The WebSocket's idle work (answering the actor's server's pings, resuming a drop)."""
