@@ -547,11 +547,12 @@ class LinkHost:
             return
         items: list[StepItem] = []
         ending: list[tuple[_Session, str]] = []
+        now = self._registry.clock.now()
         for session, request_id, reply, channel in answered:
             items.append(state.post_held(channel, _HeldReply(codec, reply, request_id), request_id))
             lease = session.lease
             assert lease is not None
-            lease.touch()  # waiting for the client again: the idle clock runs (as `_replied` does)
+            lease.touch(now)  # waiting for the client again: the idle clock runs (as `_replied` does)
             if lease.close_reason is not None:
                 ending.append((session, lease.close_reason))
         state.post_stepped(items, msgspec.Raw(message))

@@ -254,11 +254,16 @@ class SessionLease:
         """Whether the slot has been given back."""
         return self._registry is None
 
-    def touch(self) -> None:
-        """Record activity now: the session is idle from this moment (it waits for its client)."""
+    def touch(self, now: float | None = None) -> None:
+        """Record activity now: the session is idle from this moment (it waits for its client).
+
+        Args:
+            now: The registry clock's time, when the caller read it already (a
+                batch answers many sessions at once).
+        """
         registry = self._registry
         if registry is not None:
-            self.idle_since = registry.clock.now()
+            self.idle_since = registry.clock.now() if now is None else now
         self.busy_since = None
         self.long_step_noticed = False
 
