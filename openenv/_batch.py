@@ -58,8 +58,11 @@ class StepBatcher(ABC):
         """
 
 
-class BatchedReply:
+class BatchedReply(msgspec.Struct, gc=False):
     """A step's reply that came with others' in one message (``stepped``): the message, and its place there.
+
+    A Struct, made in one call (one per session per step), and not tracked by
+    the garbage collector: it refers to nothing that could refer back to it.
 
     Attributes:
         message: The replies, as one message (`openenv._messages.StepBatchReply`).
@@ -67,12 +70,9 @@ class BatchedReply:
         request_id: The request it answers.
     """
 
-    __slots__ = ("message", "position", "request_id")
-
-    def __init__(self, message: bytes | msgspec.Raw, position: int, request_id: int) -> None:
-        self.message = message
-        self.position = position
-        self.request_id = request_id
+    message: bytes | msgspec.Raw
+    position: int
+    request_id: int
 
 
 class LinkStepBatcher(ABC):

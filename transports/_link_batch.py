@@ -46,15 +46,16 @@ class _SentSteps:
         return self._envelope.step_frame(split[position], request_id)
 
 
-class HeldStep:
-    """A step that went out in a ``steps`` entry, kept until acknowledged (`transports._link_state.Held`)."""
+class HeldStep(msgspec.Struct, gc=False):
+    """A step that went out in a ``steps`` entry, kept until acknowledged (`transports._link_state.Held`).
 
-    __slots__ = ("_position", "_request_id", "_sent")
+    A Struct, made in one call (one per session per step), and not tracked by
+    the garbage collector: what it refers to never refers back to it.
+    """
 
-    def __init__(self, sent: _SentSteps, position: int, request_id: int) -> None:
-        self._sent = sent
-        self._position = position
-        self._request_id = request_id
+    _sent: _SentSteps
+    _position: int
+    _request_id: int
 
     def frame(self) -> msgspec.Raw:
         """The step as a frame of its own: what its session would have sent."""

@@ -857,15 +857,16 @@ class LinkHost:
                 self.on_lendable()  # a reply came from a task, or a neighbour ended: the socket may be lent now
 
 
-class _HeldReply:
-    """A reply that went out in a `Stepped`, kept until acknowledged (`transports._link_state.Held`)."""
+class _HeldReply(msgspec.Struct, gc=False):
+    """A reply that went out in a `Stepped`, kept until acknowledged (`transports._link_state.Held`).
 
-    __slots__ = ("_codec", "_reply", "_request_id")
+    A Struct, made in one call (one per session per step), and not tracked by
+    the garbage collector: what it refers to never refers back to it.
+    """
 
-    def __init__(self, codec: ServerCodec[Any], reply: msgspec.Raw | dict[str, Any], request_id: int) -> None:
-        self._codec = codec
-        self._reply = reply
-        self._request_id = request_id
+    _codec: ServerCodec[Any]
+    _reply: msgspec.Raw | dict[str, Any]
+    _request_id: int
 
     def frame(self) -> msgspec.Raw:
         """The reply as a frame of its own: what its session would have sent."""
