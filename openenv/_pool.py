@@ -911,13 +911,13 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             sent += len(request_ids[part])
         answered = indices[:sent]  # the rest go on their own
         # The replies that came batched, by the message they came in: each message is decoded once.
-        batched: dict[int, tuple[bytes | msgspec.Raw, list[tuple[int, int]]]] = {}
+        batched: dict[int, tuple[bytes | msgspec.Raw, list[_Place]]] = {}
         last_message: object = None  # the message of the reply before, mostly this one's too
-        places: list[tuple[int, int]] = []  # its places
+        places: list[_Place] = []  # its places
         ready, errors = outcome.ready, outcome.errors
         try:
-            for position, index in enumerate(answered):
-                client, request_id, transport = clients[position], request_ids[position], transports[position]
+            # Shortest first: the steps posted (``answered``) are the first of the others.
+            for index, client, request_id, transport in zip(answered, clients, request_ids, transports, strict=False):
                 try:
                     while True:
                         try:
@@ -933,7 +933,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                             if reply.message is not last_message:
                                 last_message = reply.message
                                 places = batched.setdefault(id(last_message), (last_message, []))[1]
-                            places.append((reply.position, index))
+                            places.append((reply.position, index, client))
                             break
                         answer = client._reply_in(codec, reply, request_id)  # type: ignore[arg-type]
                         if answer is not None:
@@ -950,22 +950,21 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self,
         codec: ClientCodec[Any, Any, Any],
         message: bytes | msgspec.Raw,
-        places: list[tuple[int, int]],
+        places: list[_Place],
         outcome: _Outcome,
     ) -> None:
-        """Turn the replies of one batch's message into the results of the sessions at ``places`` (position, index)."""
+        """Turn the replies of one batch's message into the results of the sessions at ``places``."""
         try:
             replies, invalid = codec.decode_step_batch(message)
         except ProtocolError as exc:
-            for _, index in places:
+            for _, index, _ in places:
                 outcome.errors[index] = exc
             return
         observations, errors = replies.observations, replies.errors
-        sessions = self._sessions
-        for position, index in places:
+        for position, index, client in places:
             observation = observations[position] if position < len(observations) else None
             if observation is not None:
-                outcome.ready[index] = sessions[index].client._batch_result(observation)
+                outcome.ready[index] = client._batch_result(observation)
             elif position in errors:
                 outcome.errors[index] = server_error_from_frame(errors[position])
             elif position in invalid:
@@ -1201,6 +1200,9 @@ class _Outcome:
 
 LINK_BATCH = 128
 """The most steps a pool sends in one entry on a link; a bigger batch leaves in parts, one after the other."""
+
+_Place = tuple[int, int, EnvClient[Any, Any, Any]]
+"""Where a session's reply sits in a batch's message: its position there, the session's index, its client."""
 
 _NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
 
