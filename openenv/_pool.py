@@ -815,7 +815,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 except anyio.WouldBlock:
                     continue
                 if batcher is not last_batcher or codec is not last_codec:
-                    batch = hosts.get((batcher, codec)) or hosts.setdefault((batcher, codec), _Batch())
+                    found = hosts.get((batcher, codec))
+                    batch = hosts[batcher, codec] = _Batch() if found is None else found
                     last_batcher, last_codec = batcher, codec
                 batch.indices.append(index)
                 batch.clients.append(client)
