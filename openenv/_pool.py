@@ -791,8 +791,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """Step the sessions that share a host as one message per host; the requests left to go on their own.
 
         A session joins its host's batch only while its client is free (the
-        caller may use a pool's client directly): the pool holds the client
-        until the batch is over, as a request of its own would.
+        caller may use a pool's client directly): the pool takes the clients
+        as it groups them, and holds them until every host's batch is over, as
+        a request of their own would hold them.
         """
         hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], _Batch] = {}
         sessions = self._sessions
