@@ -585,9 +585,10 @@ class ServerCodec(Generic[ActT]):
             # is refused there). In a request, an action sits one level down; only a long one can be that deep.
             if self._json and message.count(b"[") + message.count(b"{") > MAX_NESTING:
                 split = self._split_actions(message)
-                for action in split:
-                    if len(action) > 2 * MAX_NESTING and _nested_deeper_than(bytes(action), MAX_NESTING - 1):
-                        return None
+                if max(map(len, split), default=0) > 2 * MAX_NESTING:  # a long one: look closer (rare)
+                    for action in split:
+                        if len(action) > 2 * MAX_NESTING and _nested_deeper_than(bytes(action), MAX_NESTING - 1):
+                            return None
             if self._decode_member is not None:
                 decode = self._decode_member
                 return [decode(action) for action in (split or self._split_actions(message))]
