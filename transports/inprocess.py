@@ -227,6 +227,9 @@ class InProcessTransport(Transport):
         self._to_server: FrameQueue[bytes] | None = None
         self._from_server: FrameQueue[bytes] | None = None
         self._serving = False  # a request is being handled (by `keep`'s task, or in a caller's)
+        # Frames sent whose replies the client has not taken: while any is, a step waits behind it, or a late
+        # reply waits to be dropped (every request is answered but a close, which ends the channel).
+        self._in_flight = 0
         self._kept = False  # `keep` serves the session
         self._idle: anyio.Event | None = None  # set when no request is being handled; made by who waits for it
         self._habits = _Habits()  # what is learned of the factory's calls, shared once connected
@@ -358,21 +361,9 @@ class InProcessTransport(Transport):
 
     def _step_batcher(self) -> StepBatcher | None:
         """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
-        batcher = self._batcher
-        if batcher is None or self._serving or not self._habits.at_once:
+        if self._in_flight or self._serving or not self._habits.at_once:
             return None
-        session, inbox, outbox = self._session, self._to_server, self._from_server
-        assert session is not None  # set with the batcher, as the queues are
-        assert inbox is not None
-        assert outbox is not None
-        if (
-            session.closed
-            or inbox.closed
-            or inbox  # a request waits: this step goes behind it
-            or outbox  # a reply waits to be read (a late one, to be dropped)
-        ):
-            return None
-        return batcher
+        return self._batcher  # ``None`` once the channel has ended
 
     async def _finish_step(self, suspended: Suspended) -> msgspec.Raw | dict[str, Any]:
         """Finish a step of a batch that waited after all, in the caller's task, as `_run` finishes a call.
@@ -408,6 +399,7 @@ class InProcessTransport(Transport):
             self._end()
 
     def _end(self) -> None:
+        self._batcher = None  # nothing more is stepped: the session has ended
         for queue in (self._to_server, self._from_server):
             if queue is not None:
                 queue.close()
@@ -428,6 +420,7 @@ class InProcessTransport(Transport):
             self._to_server.put(frame)
         except QueueClosed:
             raise ConnectionClosed(self._ended) from None
+        self._in_flight += 1
 
     def send_nowait(self, frame: bytes) -> None:
         """Queue one frame for the session (what `send` does, without the await).
@@ -441,6 +434,7 @@ class InProcessTransport(Transport):
             self._to_server.put(frame)
         except QueueClosed:
             raise ConnectionClosed(self._ended) from None
+        self._in_flight += 1
 
     def receive_nowait(self) -> bytes:
         """A reply the session has queued already.
@@ -453,6 +447,7 @@ class InProcessTransport(Transport):
         if outbox is None:
             raise ConnectionClosed("the transport is not connected")
         if outbox:
+            self._in_flight -= 1
             return outbox.get_nowait()
         if outbox.closed:
             raise ConnectionClosed(self._ended)
@@ -486,9 +481,11 @@ class InProcessTransport(Transport):
                 # A timeout or cancellation that came meanwhile takes effect now; the reply is then late.
                 await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            return await outbox.get()
+            reply = await outbox.get()
         except QueueClosed:
             raise ConnectionClosed(self._ended) from None
+        self._in_flight -= 1
+        return reply
 
     async def aclose(self) -> None:
         """End the channel: the session sees end-of-stream after its current request. Idempotent."""
