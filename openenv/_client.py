@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 import math
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn, get_origin
 
 import anyio
 import msgspec
@@ -59,6 +61,25 @@ def _own_metadata(observation: Any) -> dict[str, Any]:
     """The ``metadata`` an observation carries itself (a Struct's field, a dict's key), or an empty dict."""
     metadata = observation.get("metadata") if isinstance(observation, dict) else getattr(observation, "metadata", None)
     return metadata if isinstance(metadata, dict) else {}
+
+
+_REWARD, _DONE, _METADATA = attrgetter("reward"), attrgetter("done"), attrgetter("metadata")
+
+
+@functools.lru_cache(maxsize=256)
+def _results_at_once(observation_type: Any) -> bool:
+    """Whether each observation of this type makes its result in C (`EnvClient._batch_results`).
+
+    So it does for a Struct whose ``reward``, ``done`` and ``metadata`` are
+    fields, ``metadata`` always a dict (as `openenv.Observation`'s): its result
+    is then the one `EnvClient._batch_result` makes.
+    """
+    try:
+        fields = {field.name: field.type for field in msgspec.structs.fields(observation_type)}
+    except TypeError:  # not a Struct (a dict, a union)
+        return False
+    metadata = fields.get("metadata")
+    return "reward" in fields and "done" in fields and (metadata is dict or get_origin(metadata) is dict)
 
 
 def _tool_value(result: Any) -> Any:
@@ -257,6 +278,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._unanswered: deque[int] = deque()
         self._observation_is_struct = False
         self._observation_is_frozen = False
+        self._results_at_once = False  # `_batch_results` makes them (the observation type allows it)
         # Decodes the replies of list_tools and call_tool, whatever the client's types; built on first use.
         self._tool_codec: ClientCodec[Any, Any, Any] | None = None
         self._jsonrpc_id = 0
@@ -349,6 +371,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         obs_config = getattr(self.observation_type, "__struct_config__", None)
         self._observation_is_struct = obs_config is not None
         self._observation_is_frozen = bool(obs_config and obs_config.frozen)
+        self._results_at_once = _results_at_once(self.observation_type)
         try:
             self._codec = client_codec(self._transport.dialect, self.observation_type, self.state_type)
         except BaseException:
@@ -816,6 +839,20 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             metadata = getattr(observation, "metadata", None)  # `_own_metadata`'s, without its call: one per step
             return StepResult(observation, fields.reward, fields.done, metadata if isinstance(metadata, dict) else {})  # type: ignore[arg-type]
         return self._result_of(ObservationData(*lift_observation_fields(observation)))
+
+    def _batch_results(self, observations: list[Any]) -> list[StepResult[ObsT]] | None:
+        """The results of a batch's steps, made at once in C when every observation came whole; else ``None``.
+
+        Each is the result `_batch_result` makes, for an observation type that
+        allows it (`_results_at_once`).
+        """
+        if not self._results_at_once:
+            return None
+        try:
+            rewards, dones = map(_REWARD, observations), map(_DONE, observations)
+            return list(map(StepResult, observations, rewards, dones, map(_METADATA, observations)))
+        except AttributeError:  # a step not taken (``None`` in its place): each is looked at alone
+            return None
 
     def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:
         """The result an observation reply's data makes: reward and done set on a Struct observation too."""

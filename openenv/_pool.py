@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
+from operator import itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
@@ -805,12 +806,13 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 if request[0] != "step":
                     continue
                 client = sessions[index].client
-                transport, codec, lock = client._transport, client._codec, client._lock
-                if transport is None or codec is None or lock is None:
+                lock = client._lock
+                if lock is None:  # not connected (a client has its transport and its codec once it has its lock)
                     continue
-                batcher = transport._step_batcher()
+                batcher = client._transport._step_batcher()  # type: ignore[union-attr]  # connected
                 if batcher is None:
                     continue
+                codec: ClientCodec[Any, Any, Any] = client._codec  # type: ignore[assignment]  # connected
                 try:
                     lock.acquire_nowait()  # free, unless the caller uses the client directly right now
                 except anyio.WouldBlock:
@@ -862,9 +864,14 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             for index in indices:
                 outcome.errors[index] = exc
             return indices
+        ready, errors, observations = outcome.ready, replies.errors, replies.observations
+        if not errors and not invalid and len(observations) == len(indices):
+            results = clients[0]._batch_results(observations)  # the clients of a batch share their types
+            if results is not None:
+                ready.update(zip(indices, results, strict=True))
+                return indices
         answered: list[int] = []
-        ready, errors = outcome.ready, replies.errors
-        for position, observation in enumerate(replies.observations[: len(indices)]):
+        for position, observation in enumerate(observations[: len(indices)]):
             index = indices[position]
             if observation is not None:
                 ready[index] = clients[position]._batch_result(observation)
@@ -963,6 +970,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 outcome.errors[index] = exc
             return
         observations, errors = replies.observations, replies.errors
+        if not errors and not invalid:
+            try:
+                taken = list(map(observations.__getitem__, map(_POSITION, places)))
+            except IndexError:
+                pass  # a place the message lacks: said below
+            else:
+                results = places[0][2]._batch_results(taken)  # the clients of a batch share their types
+                if results is not None:
+                    outcome.ready.update(zip(map(_INDEX, places), results, strict=True))
+                    return
         for position, index, client in places:
             observation = observations[position] if position < len(observations) else None
             if observation is not None:
@@ -1205,6 +1222,7 @@ LINK_BATCH = 128
 
 _Place = tuple[int, int, EnvClient[Any, Any, Any]]
 """Where a session's reply sits in a batch's message: its position there, the session's index, its client."""
+_POSITION, _INDEX = itemgetter(0), itemgetter(1)
 
 _NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
 

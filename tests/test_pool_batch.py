@@ -26,6 +26,7 @@ from openenv import (
     ReplyValidationError,
     TimeoutError,
 )
+from openenv._client import _results_at_once
 from openenv._codec import client_codec, server_codec
 from openenv._inline import TRIAL_CALLS
 from openenv._messages import Dialect, StepBatchReply
@@ -244,6 +245,30 @@ async def test_a_client_used_on_its_own_meanwhile_keeps_its_order(batches: list[
     assert [state.count for state in states] == [index * 100 + 1 for index in range(SIZE)]
 
 
+async def test_a_session_with_a_request_in_flight_steps_after_it_on_its_own(batches: list[int]) -> None:
+    with anyio.fail_after(LIMIT):
+        async with EnvPool(url(), size=SIZE, client=CounterClient) as pool:
+            await until_at_once(pool)
+            client = pool.clients[2]
+            assert client._codec is not None
+            assert client.transport is not None
+            # Sent, then given up on before its reply was read (as a call cut by its timeout leaves it): the
+            # reply is a late one, for the client to drop.
+            client._next_id += 1
+            client._unanswered.append(client._next_id)
+            await client.transport.send(client._codec.step(CountAction(by=5), client._next_id))
+            batches.clear()
+            first = await pool.step([CountAction(by=1)] * SIZE)
+            second = await pool.step([CountAction(by=1)] * SIZE)
+    assert batches == [SIZE - 1, SIZE]  # behind its request the first time; in the batch again once it is read
+    assert [result.observation.count for result in first] == [
+        index * 100 + (6 if index == 2 else 1) for index in range(SIZE)
+    ]
+    assert [result.observation.count for result in second] == [
+        index * 100 + (7 if index == 2 else 2) for index in range(SIZE)
+    ]
+
+
 @pytest.mark.parametrize("encoding", ["json", "msgpack"])
 def test_the_replies_of_a_batch_are_one_message(encoding: Literal["json", "msgpack"]) -> None:
     dialect = Dialect(encoding=encoding, request_ids=True)
@@ -279,3 +304,27 @@ def test_an_untyped_client_gets_reward_and_done_beside_the_observation_as_from_a
         True,
         {"a": 1},
     )
+
+
+class LooseMetadataObservation(CountObservation):
+    """An observation whose metadata may be ``None``: its results are made one by one (``{}`` for ``None``)."""
+
+    metadata: dict[str, Any] | None = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    ("observation_type", "at_once"),
+    [(CountObservation, True), (LooseMetadataObservation, False), (dict, False), (CountObservation | None, False)],
+)
+def test_a_batch_makes_its_results_at_once_only_where_they_are_those_made_one_by_one(
+    observation_type: Any, at_once: bool
+) -> None:
+    client: EnvClient[Any, Any, Any] = EnvClient("inproc://tests.test_pool_batch:BatchEnv")
+    client._results_at_once = _results_at_once(observation_type)
+    assert client._results_at_once is at_once
+    observations = [CountObservation(count=1, reward=2, done=True, metadata={"a": 1}), CountObservation(count=2)]
+    if at_once:
+        assert client._batch_results(observations) == [client._batch_result(each) for each in observations]
+        assert client._batch_results([*observations, None]) is None  # a step not taken: each is looked at alone
+    else:
+        assert client._batch_results(observations) is None
