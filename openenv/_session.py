@@ -13,7 +13,8 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Protocol, cast
 
 import anyio
@@ -30,7 +31,15 @@ from ._messages import Dialect
 from ._tools import mcp_through_step, mcp_unsupported, runs_plain_steps, takes_tool_actions
 from ._worker import Call, CallBatch, SessionWorker
 
-__all__ = ["ServerSession", "SessionMetrics", "encode_fatal_error", "factory_name", "host_session", "serve_frames"]
+__all__ = [
+    "ServerSession",
+    "SessionMetrics",
+    "StepsAtOnce",
+    "encode_fatal_error",
+    "factory_name",
+    "host_session",
+    "serve_frames",
+]
 
 logger = logging.getLogger("openenv.server")
 
@@ -549,6 +558,63 @@ _clock = time.perf_counter
 
 # The (environment class, keyword) pairs whose dropping was logged already.
 _dropped_noted: set[tuple[type, str]] = set()
+
+
+class StepsAtOnce:
+    """A batch's steps, one session's after the other, in the calling task, each as `ServerSession.start_step_decoded`.
+
+    `run` takes them with no coroutine of its own per step, and no exception per
+    step that returns: each step's coroutine is driven as ``await`` drives it.
+    Start it with `openenv._inline.start`. It is done at once unless a step
+    waits; it is then `openenv._inline.Suspended` on that step (the one at
+    ``len(observations)``), to be finished in the same task, after `stop` if
+    the steps after it are to go on their own.
+
+    Args:
+        sessions: The sessions, one per step (of one codec: ``codec``).
+        actions: Their actions, decoded already.
+        codec: Their codec.
+
+    Attributes:
+        observations: The reply of each step taken, in order, as a batch carries
+            it (`openenv._codec.ServerCodec.batch_observation`); ``None`` where
+            the step failed.
+        errors: The ``EXECUTION_ERROR`` reply's data of each step that failed
+            (the environment raised, or returned what cannot be encoded), by position.
+    """
+
+    __slots__ = ("_actions", "_codec", "_sessions", "_stopped", "errors", "observations")
+
+    def __init__(self, sessions: Sequence[ServerSession], actions: Sequence[Any], codec: ServerCodec[Any]) -> None:
+        self._sessions = sessions
+        self._actions = actions
+        self._codec = codec
+        self._stopped = False
+        self.observations: list[msgspec.Raw | None] = []
+        self.errors: dict[int, dict[str, Any]] = {}
+
+    def stop(self) -> None:
+        """Take no step after the one running (the one that waits)."""
+        self._stopped = True
+
+    @types.coroutine
+    def run(self) -> Generator[Any, Any, None]:
+        """Take the steps, in order, until the last or `stop` (a generator-based coroutine: see the class)."""
+        observations, errors, encode = self.observations, self.errors, self._codec.batch_observation
+        for session, action in zip(self._sessions, self._actions, strict=True):
+            if self._stopped:
+                return
+            metrics = session._metrics
+            started = _clock() if metrics is not None else 0.0
+            try:
+                reply = encode((yield from session._step(action)))  # type: ignore[misc]  # an async function's coroutine
+            except Exception as exc:
+                errors[len(observations)] = session._step_decoded_failed(exc, started)
+                observations.append(None)
+                continue
+            if metrics is not None:
+                metrics.step_done(session._name, _clock() - started)
+            observations.append(reply)
 
 
 def _note_dropped(env_type: type, dropped: list[str], keywords: frozenset[str]) -> None:

@@ -33,11 +33,11 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Coroutine, Sequence
+from operator import attrgetter
 from typing import Any, Final, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
-import msgspec
 
 from openenv import ConnectError, ConnectionClosed, Dialect, Transport
 from openenv._batch import StepBatcher
@@ -45,6 +45,7 @@ from openenv._codec import ServerCodec
 from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv._messages import StepBatchReply
+from openenv._session import StepsAtOnce
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
 
@@ -119,26 +120,20 @@ class _Batcher(StepBatcher):
         actions = codec.decode_step_batch(message)
         if actions is None or len(actions) != len(transports):
             return None
-        observations: list[msgspec.Raw | None] = []
-        errors: dict[int, dict[str, Any]] = {}
-        habits = self._habits
+        if not self._habits.at_once:  # a call waited meanwhile: each goes on its own, to its task
+            return None
         sessions = cast("Sequence[InProcessTransport]", transports)
-        for position, (transport, action) in enumerate(zip(sessions, actions, strict=True)):
-            if not habits.at_once:  # a call before waited: the rest go on their own, to their tasks
-                observations.append(None)
-                continue
-            session = transport._session
-            assert session is not None  # it offered this batcher
-            reply = session.start_step_decoded(action)
-            if isinstance(reply, Suspended):
-                reply = await transport._finish_step(reply)
-            if isinstance(reply, dict):
-                errors[position] = reply
-                observations.append(None)
-            else:
-                observations.append(reply)
-        return codec.step_batch_reply(StepBatchReply(observations, errors))
+        steps = StepsAtOnce(list(map(_SERVER_SESSION, sessions)), actions, codec)
+        waiting = start(steps.run())
+        if isinstance(waiting, Suspended):  # that step is finished here; the rest go on their own, to their tasks
+            steps.stop()
+            await sessions[len(steps.observations)]._finish_step(waiting)
+        observations = steps.observations
+        observations += [None] * (len(sessions) - len(observations))
+        return codec.step_batch_reply(StepBatchReply(observations, steps.errors))
 
+
+_SERVER_SESSION: Final = attrgetter("_session")  # an in-process transport's, set once it has connected
 
 _LEARNED: Final[anyio.lowlevel.RunVar[weakref.WeakKeyDictionary[Callable[[], Any], _Habits]]] = anyio.lowlevel.RunVar(
     "openenv_inproc_habits"
@@ -365,8 +360,8 @@ class InProcessTransport(Transport):
             return None
         return self._batcher  # ``None`` once the channel has ended
 
-    async def _finish_step(self, suspended: Suspended) -> msgspec.Raw | dict[str, Any]:
-        """Finish a step of a batch that waited after all, in the caller's task, as `_run` finishes a call.
+    async def _finish_step(self, suspended: Suspended) -> None:
+        """Finish a batch's steps, waiting on this session's after all, in the caller's task, as `_run` finishes a call.
 
         A step that did not wait ran with nothing else between its start and
         its end, so only one that waits marks the session as serving; the
@@ -374,7 +369,7 @@ class InProcessTransport(Transport):
         """
         self._serving = True
         self._habits.ran(waited=True)
-        return await self._finish(suspended, at_once=True)  # type: ignore[no-any-return]
+        await self._finish(suspended, at_once=True)
 
     def _unpark(self) -> None:
         """Wake `keep`: requests go to the session's task again (or the channel ended)."""
