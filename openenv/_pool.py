@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
 
@@ -852,10 +852,10 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """Step one host's sessions as one message; the sessions answered."""
         indices, clients = batch.indices, batch.clients
         try:
-            message = codec.step_batch([requests[index][3] for index in indices])
+            message = codec.step_batch(list(map(_PAYLOAD, map(requests.__getitem__, indices))))
         except (TypeError, msgspec.EncodeError):
             return []  # each request, on its own, says whose action cannot be encoded
-        reply = await batcher.step([client._transport for client in clients], message)  # type: ignore[misc]
+        reply = await batcher.step(list(map(_TRANSPORT, clients)), message)
         if reply is None:
             return []
         try:
@@ -904,16 +904,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         for client in clients:
             client._next_id += 1
             request_ids.append(client._next_id)
-        transports = [client._transport for client in clients]
+        transports: list[Transport] = list(map(_TRANSPORT, clients))
         sent = 0
         # In parts, each leaving at once: the server steps the first while the pool encodes the next.
         while sent < len(indices):
             part = slice(sent, sent + LINK_BATCH)
             try:
-                message = codec.step_batch([requests[index][3] for index in indices[part]])
+                message = codec.step_batch(list(map(_PAYLOAD, map(requests.__getitem__, indices[part]))))
             except (TypeError, msgspec.EncodeError):
                 break  # each request, on its own, says whose action cannot be encoded
-            if not batcher.post(transports[part], message, request_ids[part]):  # type: ignore[arg-type]
+            if not batcher.post(transports[part], message, request_ids[part]):
                 break
             for client, request_id in zip(clients[part], request_ids[part], strict=True):
                 client._unanswered.append(request_id)
@@ -930,9 +930,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 try:
                     while True:
                         try:
-                            reply = batcher.receive_nowait(transport)  # type: ignore[arg-type]
+                            reply = batcher.receive_nowait(transport)
                         except anyio.WouldBlock:
-                            reply = await batcher.receive(transport)  # type: ignore[arg-type]
+                            reply = await batcher.receive(transport)
                         if type(reply) is BatchedReply:
                             reply_id, unanswered = reply.request_id, client._unanswered
                             if unanswered and unanswered[0] == reply_id == request_id:
@@ -1223,6 +1223,8 @@ LINK_BATCH = 128
 _Place = tuple[int, int, EnvClient[Any, Any, Any]]
 """Where a session's reply sits in a batch's message: its position there, the session's index, its client."""
 _POSITION, _INDEX = itemgetter(0), itemgetter(1)
+_PAYLOAD = itemgetter(3)  # a request's action (or reset arguments)
+_TRANSPORT = attrgetter("_transport")  # a client's
 
 _NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
 

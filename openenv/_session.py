@@ -600,14 +600,19 @@ class StepsAtOnce:
     @types.coroutine
     def run(self) -> Generator[Any, Any, None]:
         """Take the steps, in order, until the last or `stop` (a generator-based coroutine: see the class)."""
-        observations, errors, encode = self.observations, self.errors, self._codec.batch_observation
+        observations, errors, codec = self.observations, self.errors, self._codec
+        # `ServerCodec.batch_observation`, inline for a Struct or a dict (what steps return): no call per step.
+        encode, raw, whole = codec._encode, msgspec.Raw, (msgspec.Struct, dict)
         for session, action in zip(self._sessions, self._actions, strict=True):
             if self._stopped:
                 return
             metrics = session._metrics
             started = _clock() if metrics is not None else 0.0
             try:
-                reply = encode((yield from session._step(action)))  # type: ignore[misc]  # an async function's coroutine
+                observation = yield from session._step(action)  # type: ignore[misc]  # an async function's coroutine
+                reply = (
+                    raw(encode(observation)) if isinstance(observation, whole) else codec.batch_observation(observation)
+                )
             except Exception as exc:
                 errors[len(observations)] = session._step_decoded_failed(exc, started)
                 observations.append(None)
