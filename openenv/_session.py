@@ -336,47 +336,6 @@ class ServerSession:
             self._count(metrics, "step", "EXECUTION_ERROR" if failed else None, started, size, reply)
         return reply
 
-    def start_step_decoded(self, action: Any) -> msgspec.Raw | dict[str, Any] | Suspended:
-        """Take a step on an action decoded already (one of a batch's), run at once in the calling task.
-
-        As `start_handle` does for a frame: the step runs until it returns or
-        first waits, with no coroutine of this method's (a batch of thousands
-        runs one per session). The reply is what `handle` would answer.
-
-        Args:
-            action: The action, of the environment's action type.
-
-        Returns:
-            The observation, encoded (`ServerCodec.batch_observation`); or, when
-            the environment raised or returned what cannot be encoded, the
-            ``EXECUTION_ERROR`` reply's data; or the `Suspended` step, to be
-            finished with `openenv._inline.finish` in the same task.
-        """
-        started = _clock() if self._metrics is not None else 0.0
-        try:
-            stepping: Coroutine[Any, Any, Any] = self._step(action)  # type: ignore[assignment]  # an async function's
-            try:
-                awaiting = stepping.send(None)
-            except StopIteration as stop:
-                reply = self.codec.batch_observation(stop.value)
-            else:
-                return start(self._finish_step_decoded(Suspended(stepping, awaiting), started))
-        except Exception as exc:
-            return self._step_decoded_failed(exc, started)
-        if self._metrics is not None:
-            self._metrics.step_done(self._name, _clock() - started)
-        return reply
-
-    async def _finish_step_decoded(self, suspended: Suspended, started: float) -> msgspec.Raw | dict[str, Any]:
-        """The rest of a step `start_step_decoded` began that waited, and its reply."""
-        try:
-            reply = self.codec.batch_observation(await finish(suspended))
-        except Exception as exc:
-            return self._step_decoded_failed(exc, started)
-        if self._metrics is not None:
-            self._metrics.step_done(self._name, _clock() - started)
-        return reply
-
     def _step_decoded_failed(self, exc: Exception, started: float) -> dict[str, Any]:
         """Count a batch's step that raised (or whose observation cannot be encoded); its error reply's data."""
         reply = self.execution_error_data(exc)
@@ -561,8 +520,10 @@ _dropped_noted: set[tuple[type, str]] = set()
 
 
 class StepsAtOnce:
-    """A batch's steps, one session's after the other, in the calling task, each as `ServerSession.start_step_decoded`.
+    """A batch's steps on actions decoded already, one session's after the other, in the calling task.
 
+    As `ServerSession.start_handle` does for a frame, each step runs at once
+    unless it waits, and its reply is what `ServerSession.handle` would answer.
     `run` takes them with no coroutine of its own per step, and no exception per
     step that returns: each step's coroutine is driven as ``await`` drives it.
     Start it with `openenv._inline.start`. It is done at once unless a step

@@ -52,8 +52,9 @@ from anyio.abc import TaskGroup
 
 from openenv import Dialect
 from openenv._codec import ServerCodec
-from openenv._inline import TRIAL_CALLS, Suspended, finish
+from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._messages import StepBatchReply
+from openenv._session import StepsAtOnce
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics, encode_fatal_error, factory_name
 
@@ -452,8 +453,12 @@ class LinkHost:
         split: list[msgspec.Raw] | None = None
         apart: list[tuple[int, Any]] = []
         apart_sessions: set[int] = set()
-        replies: list[tuple[_Session, int, msgspec.Raw | dict[str, Any]]] = []
-        for place, (position, number, request_id) in enumerate(steps.taken):
+        # The steps run here, in order: each one's session and item, its server session and its action.
+        here: list[tuple[_Session, tuple[int, int, int]]] = []
+        here_sessions: list[ServerSession] = []
+        here_actions: list[Any] = []
+        for item in steps.taken:
+            position, number, request_id = item
             session = sessions.get(number)
             if session is None:
                 continue  # ended meanwhile: nobody to answer
@@ -472,26 +477,33 @@ class LinkHost:
                     if actions is not None and len(actions) != len(control.channels):
                         actions = None  # not one per step: said below, where they are split
                 if actions is not None and server_session.codec is codec:
-                    outcome = server_session.start_step_decoded(actions[position])
-                    if isinstance(outcome, Suspended):
-                        # It waits after all: what is answered goes now, the rest as frames, should it be given up.
-                        self._post_stepped(replies, codec)
-                        replies = []
-                        later = self._step_frames(control, steps.taken[place + 1 :], split)
-                        self._cut = (apart + later + events[taken + 1 :], batch)
-                        outcome = await self._finish_here(session, outcome, scope)
-                        self._cut = None
-                        at_once = False  # the host runs every call in a task from now on
-                    replies.append((session, request_id, outcome))
+                    here.append((session, item))
+                    here_sessions.append(server_session)
+                    here_actions.append(actions[position])
                     continue
             if split is None:
                 split = self._split_actions(control)
             apart.append((number, self.codec.step_frame(split[position], request_id)))
             apart_sessions.add(number)
-        if replies:
-            assert codec is not None
-            self._post_stepped(replies, codec)
-        return apart
+        if not here:
+            return apart
+        assert codec is not None
+        run = StepsAtOnce(here_sessions, here_actions, codec)
+        waiting = start(run.run())
+        if not isinstance(waiting, Suspended):
+            self._post_stepped(here, run, codec)
+            return apart
+        # A step waits after all: what is answered goes now; the steps after it go as frames (should it be given
+        # up, they are the first of what is left), each before its session's steps apart.
+        run.stop()
+        done = len(run.observations)
+        self._post_stepped(here[:done], run, codec)
+        later = self._step_frames(control, [item for _, item in here[done + 1 :]], split)
+        self._cut = (later + apart + events[taken + 1 :], batch)
+        await self._finish_here(here[done][0], waiting, scope)  # the host runs every call in a task from now on
+        self._cut = None
+        self._post_stepped(here[done : done + 1], run, codec, first=done)
+        return later + apart
 
     def _split_actions(self, control: Steps) -> list[msgspec.Raw]:
         """A `Steps`' actions, each encoded on its own.
@@ -518,24 +530,39 @@ class LinkHost:
         return [(number, self.codec.step_frame(split[position], request_id)) for position, number, request_id in taken]
 
     def _post_stepped(
-        self, replies: list[tuple[_Session, int, msgspec.Raw | dict[str, Any]]], codec: ServerCodec[Any]
+        self,
+        here: list[tuple[_Session, tuple[int, int, int]]],
+        run: StepsAtOnce,
+        codec: ServerCodec[Any],
+        first: int = 0,
     ) -> None:
-        """Post the replies of steps run together as one `Stepped` (as frames of their own, should it not fit)."""
+        """Post the replies of steps run together as one `Stepped` (as frames of their own, should it not fit).
+
+        Args:
+            here: Each step's session and item (``(position, channel, request id)``).
+            run: Where they ran: their replies are its, from ``first`` on.
+            codec: Their codec.
+            first: The place of the first of them in ``run``.
+        """
         sessions, state = self._sessions, self.state
         channels = state.channels
         answered: list[tuple[_Session, int, msgspec.Raw | dict[str, Any], ChannelState]] = []
         observations: list[msgspec.Raw | None] = []
         errors: dict[int, dict[str, Any]] = {}
-        for session, request_id, reply in replies:
+        failed = run.errors
+        for place, ((session, (_, _, request_id)), observation) in enumerate(
+            zip(here, run.observations[first:], strict=False), first
+        ):
             number = session.number
             channel = channels.get(number)
             if channel is None or number not in sessions:
                 continue  # ended meanwhile: its reply has nobody to go to
-            if type(reply) is dict:
-                errors[len(observations)] = reply
-                observations.append(None)
+            reply: msgspec.Raw | dict[str, Any]
+            if observation is None:
+                reply = errors[len(observations)] = failed[place]
             else:
-                observations.append(reply)  # type: ignore[arg-type]
+                reply = observation
+            observations.append(observation)
             answered.append((session, request_id, reply, channel))
         if not answered:
             return
