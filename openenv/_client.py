@@ -371,13 +371,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         obs_config = getattr(self.observation_type, "__struct_config__", None)
         self._observation_is_struct = obs_config is not None
         self._observation_is_frozen = bool(obs_config and obs_config.frozen)
-        self._results_at_once = _results_at_once(self.observation_type)
         try:
             self._codec = client_codec(self._transport.dialect, self.observation_type, self.state_type)
         except BaseException:
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
             raise
+        self._results_at_once = _results_at_once(self.observation_type)  # a type msgspec takes: one it can hash
         self._lock = anyio.Semaphore(1, fast_acquire=True)
         self._state = _ClientState.OPENED
 
