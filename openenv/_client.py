@@ -38,6 +38,7 @@ from ._limits import CLOSE_FRAME_TIMEOUT, DEFAULT_REPLY_TIMEOUT, PARTING_FRAME_W
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
 from ._messages import ErrorReply, MCPMessage, ObservationData, ObservationReply, StateReply
 from ._registry import check_transport_options, create_transport, takes_option
+from ._request_lock import RequestLock
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
@@ -271,7 +272,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
         # One request at a time. A semaphore, not a lock: an EnvPool takes it in the task that
         # sends a request and may give it back in another (the one that takes the reply).
-        self._lock: anyio.Semaphore | None = None
+        self._lock: RequestLock | None = None
         self._next_id = 0
         # Ids of requests sent whose replies have not been read yet, oldest first.
         # Replies come in order, so the oldest is always the next one to arrive.
@@ -378,7 +379,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             await self._transport.__aexit__(None, None, None)
             raise
         self._results_at_once = _results_at_once(self.observation_type)  # a type msgspec takes: one it can hash
-        self._lock = anyio.Semaphore(1, fast_acquire=True)
+        self._lock = RequestLock()
         self._state = _ClientState.OPENED
 
     async def __aexit__(

@@ -50,6 +50,7 @@ from ._exceptions import (
 )
 from ._limits import DEFAULT_PLACEMENT_TIMEOUT
 from ._messages import StateReply
+from ._request_lock import RequestLock
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 
@@ -807,16 +808,15 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                     continue
                 client = sessions[index].client
                 lock = client._lock
-                if lock is None:  # not connected (a client has its transport and its codec once it has its lock)
+                # Not connected (a client has its transport and codec once it has its lock); or in use: the
+                # caller uses the client directly right now.
+                if lock is None or lock.held:
                     continue
                 batcher = client._transport._step_batcher()  # type: ignore[union-attr]  # connected
                 if batcher is None:
                     continue
+                lock.held = True  # `RequestLock.acquire_nowait`, without its call: one per session
                 codec: ClientCodec[Any, Any, Any] = client._codec  # type: ignore[assignment]  # connected
-                try:
-                    lock.acquire_nowait()  # free, unless the caller uses the client directly right now
-                except anyio.WouldBlock:
-                    continue
                 if batcher is not last_batcher or codec is not last_codec:
                     found = hosts.get((batcher, codec))
                     batch = hosts[batcher, codec] = _Batch() if found is None else found
@@ -840,8 +840,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             return alone
         finally:
             for held in hosts.values():
-                for client in held.clients:
-                    client._lock.release()  # type: ignore[union-attr]  # taken above
+                RequestLock.release_all(map(_LOCK, held.clients))  # taken above
 
     async def _step_batch(
         self,
@@ -1227,6 +1226,7 @@ _Place = tuple[int, int, EnvClient[Any, Any, Any]]
 _POSITION, _INDEX = itemgetter(0), itemgetter(1)
 _PAYLOAD = itemgetter(3)  # a request's action (or reset arguments)
 _TRANSPORT = attrgetter("_transport")  # a client's
+_LOCK = attrgetter("_lock")  # a client's
 
 _NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
 
