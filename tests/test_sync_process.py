@@ -128,10 +128,15 @@ def _finish(process: subprocess.Popen[str]) -> tuple[int, str, str]:
 
 def _read_line(process: subprocess.Popen[str]) -> str:
     assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:  # the process died early: show why
-        pytest.fail(f"the process ended early:\n{_finish(process)}")
-    return line.strip()
+    # A byte at a time, from the pipe itself: what follows the line stays there for `_finish`, whose
+    # `communicate` reads the pipe, not the buffer a `readline` would have filled with the lines after it.
+    fd, line = process.stdout.fileno(), bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:  # the process died early: show why
+            pytest.fail(f"the process ended early:\n{_finish(process)}")
+        line += byte
+    return line.decode().strip()
 
 
 @contextmanager
