@@ -270,8 +270,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._state = _ClientState.UNOPENED
         self._entered_by_connect = False
         self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
-        # One request at a time. A semaphore, not a lock: an EnvPool takes it in the task that
-        # sends a request and may give it back in another (the one that takes the reply).
+        # One request at a time. Owned by no task (anyio's Lock is): an EnvPool takes it in the task
+        # that sends a request and may give it back in another (the one that takes the reply).
         self._lock: RequestLock | None = None
         self._next_id = 0
         # Ids of requests sent whose replies have not been read yet, oldest first.

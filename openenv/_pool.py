@@ -830,7 +830,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                         answered = await self._step_linked(batcher, codec, batch, requests, outcome)
                     else:
                         answered = await self._step_batch(batcher, codec, batch, requests, outcome)
-                    if len(answered) == len(alone):  # the batches are apart: these are all that were left
+                    if len(answered) == len(alone):  # no session is in two batches: these were all that were left
                         alone = {}
                     elif answered:
                         if alone is requests:

@@ -22,6 +22,9 @@ __all__ = ["RequestLock"]
 class RequestLock:
     """A lock for one client's requests (see the module's docstring).
 
+    No task owns it: one task may take it and another give it back, as a pool
+    does when one task sends a request and another takes its reply.
+
     Attributes:
         held: Whether it is held. Reading it tells whether `acquire_nowait`
             would succeed; setting it from ``False`` to ``True`` is
