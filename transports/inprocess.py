@@ -116,11 +116,11 @@ class _Batcher(StepBatcher):
 
     async def step(self, transports: Sequence[Transport], message: bytes) -> bytes | None:
         """Step each session on its action; the replies as one message (see `StepBatcher.step`)."""
+        if not self._habits.at_once:  # a call waited meanwhile: each goes on its own, to its task
+            return None
         codec = self._codec
         actions = codec.decode_step_batch(message)
         if actions is None or len(actions) != len(transports):
-            return None
-        if not self._habits.at_once:  # a call waited meanwhile: each goes on its own, to its task
             return None
         sessions = cast("Sequence[InProcessTransport]", transports)
         steps = StepsAtOnce(list(map(_SERVER_SESSION, sessions)), actions, codec)
