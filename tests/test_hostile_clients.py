@@ -42,8 +42,9 @@ from transports._public_io import public_io_only
 from transports._sessions import SessionRegistry
 from transports.app import create_app
 from transports.http import HTTPPollingTransport
+from transports.http._protocol import LINKS_PATH, SESSIONS_PATH
 from transports.runner import RunningServer, ServerName, _bind, current_backend, serve
-from transports.websocket import WebSocketTransport
+from transports.websocket import LINK_JSON_SUBPROTOCOL, WebSocketTransport
 
 pytestmark = pytest.mark.anyio
 
@@ -222,8 +223,8 @@ def test_auth_options_are_checked() -> None:
             create_app(CountedEnv, auth_token=bad)
 
 
-async def _handshake_status(server: RunningServer, origin: str | None) -> int:
-    """The HTTP status a WebSocket handshake to ``/ws`` gets (101 when accepted)."""
+async def _handshake_status(server: RunningServer, origin: str | None, subprotocol: str | None = None) -> int:
+    """The HTTP status a WebSocket handshake to ``/ws`` gets (101 when accepted), offering ``subprotocol``."""
     key = base64.b64encode(os.urandom(16)).decode()
     lines = [
         "GET /ws HTTP/1.1",
@@ -233,6 +234,8 @@ async def _handshake_status(server: RunningServer, origin: str | None) -> int:
         f"Sec-WebSocket-Key: {key}",
         "Sec-WebSocket-Version: 13",
     ]
+    if subprotocol is not None:
+        lines.append(f"Sec-WebSocket-Protocol: {subprotocol}")
     if origin is not None:
         lines.append(f"Origin: {origin}")
     async with await anyio.connect_tcp(server.host, server.port) as stream:
@@ -248,10 +251,13 @@ async def test_a_browser_origin_is_refused_unless_allowed(server_name: ServerNam
         async with serving(server_name, CountedEnv) as server, httpx.AsyncClient() as http:
             assert await _handshake_status(server, "https://evil.example") == 403
             assert await _handshake_status(server, "null") == 403
+            # A shared connection is refused the same, over either transport.
+            assert await _handshake_status(server, "https://evil.example", LINK_JSON_SUBPROTOCOL) == 403
             evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
-            created = await http.post(f"{server.url}/poll/sessions", headers=evil)
-            assert created.status_code == 403
-            assert "access-control-allow-origin" not in created.headers
+            for path in (SESSIONS_PATH, LINKS_PATH):
+                created = await http.post(f"{server.url}{path}", headers=evil)
+                assert created.status_code == 403
+                assert "access-control-allow-origin" not in created.headers
             assert CountedEnv.built == 0
             # Clients that are not browsers send no Origin: unaffected.
             async with MessageEnv(server.url) as client:
