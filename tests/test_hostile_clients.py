@@ -253,6 +253,7 @@ async def test_a_browser_origin_is_refused_unless_allowed(server_name: ServerNam
             assert await _handshake_status(server, "null") == 403
             # A shared connection is refused the same, over either transport.
             assert await _handshake_status(server, "https://evil.example", LINK_JSON_SUBPROTOCOL) == 403
+            assert await _handshake_status(server, None, LINK_JSON_SUBPROTOCOL) == 101
             evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
             for path in (SESSIONS_PATH, LINKS_PATH):
                 created = await http.post(f"{server.url}{path}", headers=evil)
