@@ -845,6 +845,23 @@ async def test_a_link_ends_when_its_client_does_not_come_back(server_name: Serve
                 assert "unknown or expired" in closed.reason
 
 
+@pytest.mark.parametrize("opened", [1, 0], ids=["a-session", "no-session"])
+async def test_a_server_stopping_ends_a_link_that_waits_for_its_client(server_name: ServerName, opened: int) -> None:
+    clock = ManualClock()  # the app's: the link's wait for its client never runs out by itself
+    app = create_app(WireEchoEnv, resume_timeout=10 * LIMIT, clock=clock)
+    # The shutdown's grace is past the test's bound too: the server stops in time only if the wait ends.
+    with anyio.fail_after(LIMIT):
+        async with serving(server_name, app, shutdown_timeout=10 * LIMIT) as server:
+            async with link_ws(server.ws_url) as ws:
+                await entries(ws)  # the Hello
+                if opened:
+                    await ws.send_text('[[1,0,0,{"type":"open"}],[1,1,0,{"type":"reset","id":1,"data":{}}]]')
+                    await entries(ws)
+            # The connection is gone without a closing handshake: the link waits for its client.
+            assert registry_of(server).active == opened
+        assert len(WireEchoEnv.closed) == opened
+
+
 @pytest.mark.parametrize("old_answers", [True, False], ids=["old-answers", "old-never-answers"])
 async def test_a_link_can_be_taken_over_from_a_connection_still_open(
     server_name: ServerName, old_answers: bool

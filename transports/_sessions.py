@@ -92,6 +92,7 @@ advances by hand.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -493,6 +494,7 @@ class SessionRegistry:
         self._slots_taken = 0  # the leases among them not yet vacated
         self._ids = itertools.count(1)
         self._emptied: anyio.Event | None = None
+        self._on_closing: set[Callable[[], object]] = set()  # called once by `close_all` (`notify_closing`)
         # Sessions admitted and turned away so far, by transport (for the server's metrics).
         self.opened: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
@@ -548,6 +550,26 @@ class SessionRegistry:
         if not self._leases and self._emptied is not None:
             self._emptied.set()
             self._emptied = None
+
+    @property
+    def closing(self) -> bool:
+        """Whether the server is stopping (`close_all` was called): it admits no session any more."""
+        return self._closing
+
+    def notify_closing(self, callback: Callable[[], object]) -> Callable[[], None]:
+        """Have ``callback`` called once the server starts stopping (`close_all`), unless it is forgotten first.
+
+        For what waits on something other than a session, which `close_all`
+        cannot ask to end: a link waiting for its client to come back.
+
+        Args:
+            callback: Called with no argument, in `close_all`'s task; it must not block.
+
+        Returns:
+            What forgets ``callback``; call it once its wait is over.
+        """
+        self._on_closing.add(callback)
+        return functools.partial(self._on_closing.discard, callback)
 
     async def wait_empty(self) -> None:
         """Return once every lease is released: no session is left, nor an environment closing."""
@@ -892,6 +914,9 @@ class SessionRegistry:
             if not lease.vacated:  # the others are over already, their environments closing
                 lease.request_close(reason)
         self._closing = True
+        for callback in list(self._on_closing):
+            callback()
+        self._on_closing.clear()
         while self._queue:  # sessions still waiting for a slot are turned away
             ticket = self._queue.popleft()
             self._uncount(ticket.client)

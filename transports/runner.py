@@ -219,9 +219,12 @@ async def _end_sessions(app: Starlette, timeout: float) -> None:
     the wait after the cut, a bound only, on the event loop's time.
     """
     registry = getattr(app.state, "sessions", None)
-    if not isinstance(registry, SessionRegistry) or not registry.leases():
+    if not isinstance(registry, SessionRegistry):
         return
+    # Even with no session left: it also ends what waits on none (a link waiting for its client).
     registry.close_all(SHUTDOWN_REASON)
+    if not registry.leases():
+        return
     with registry.clock.move_on_after(timeout):
         await registry.wait_empty()
     if not registry.leases():

@@ -112,6 +112,7 @@ class ServerLink:
         self._max_message_size = max_message_size
         self.dialect = dialect
         self._resume_timeout = resume_timeout
+        self._registry = registry
         self._clock = registry.clock
         self._on_end = on_end
         self._binary = dialect.encoding == "msgpack"
@@ -199,15 +200,28 @@ class ServerLink:
         await connection.released.wait()
 
     async def _next_connection(self, dropped: LinkConnection) -> LinkConnection | None:
-        """Let a dropped connection go and wait for one that takes the link over (``None``: none came)."""
+        """Let a dropped connection go and wait for one that takes the link over (``None``: none came).
+
+        The wait ends early when the server starts stopping: its sessions are
+        ended then, and the server would otherwise wait for this task until
+        its shutdown grace runs out.
+        """
         dropped.released.set()
         self._current = None
-        with self._clock.move_on_after(self._resume_timeout):
-            while self._incoming is None:
-                self._arrived = anyio.Event()
-                await self._arrived.wait()
+        registry = self._registry
+        forget = registry.notify_closing(self._wake)
+        try:
+            with self._clock.move_on_after(self._resume_timeout):
+                while self._incoming is None and not registry.closing:
+                    self._arrived = anyio.Event()
+                    await self._arrived.wait()
+        finally:
+            forget()
         incoming, self._incoming = self._incoming, None
         return incoming
+
+    def _wake(self) -> None:
+        self._arrived.set()
 
     async def _serve(self, connection: LinkConnection) -> bool:
         """Read envelopes from ``connection`` and answer them until it ends; whether it ended on purpose."""
