@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any, ClassVar
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 from websockets.client import ClientProtocol
@@ -27,7 +28,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 
 import openenv
-from openenv import EnvClient, State
+from openenv import ConnectionClosed, EnvClient, State
 from openenv.server import Environment
 from tests.helpers import ManualClock
 from tests.test_server_app import (
@@ -860,6 +861,29 @@ async def test_a_server_stopping_ends_a_link_that_waits_for_its_client(server_na
             # The connection is gone without a closing handshake: the link waits for its client.
             assert registry_of(server).active == opened
         assert len(WireEchoEnv.closed) == opened
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "one-session"])
+async def test_a_server_stopping_closes_an_idle_clients_link_at_once(server_name: ServerName, share: bool) -> None:
+    stop, stopped = anyio.Event(), anyio.Event()
+
+    async def run_server(*, task_status: anyio.abc.TaskStatus[str]) -> None:
+        # A grace past the test's bound: the server stops in time only if it closes the link itself.
+        async with serving(server_name, shutdown_timeout=10 * LIMIT) as server:
+            task_status.started(server.url)
+            await stop.wait()
+        stopped.set()
+
+    with anyio.fail_after(LIMIT):
+        async with anyio.create_task_group() as task_group:
+            url = await task_group.start(run_server)
+            async with MessageEnv(url, share=share) as client:
+                await client.reset()
+                stop.set()  # the client's session is idle, its owner's keeper the only reader
+                await stopped.wait()
+                with pytest.raises(ConnectionClosed, match="server shutting down"):
+                    await client.step(MessageAction(message="late"))
+        assert len(WireEchoEnv.closed) == 1
 
 
 @pytest.mark.parametrize("old_answers", [True, False], ids=["old-answers", "old-never-answers"])

@@ -579,18 +579,19 @@ def test_close_all_ends_idle_sessions_now_and_busy_ones_later() -> None:
     assert idle.close_reason == SHUTDOWN_REASON
 
 
-def test_close_all_calls_what_waits_on_no_session_once_and_not_what_was_forgotten() -> None:
+def test_close_all_calls_what_lasts_beyond_sessions_once_and_not_what_was_forgotten() -> None:
     registry = SessionRegistry()
     calls: list[str] = []
     registry.notify_closing(lambda: calls.append("waiting"))
     forget = registry.notify_closing(lambda: calls.append("forgotten"))
     forget()
-    assert not registry.closing
+    assert calls == []
     registry.close_all()  # with no session at all
-    assert registry.closing
     assert calls == ["waiting"]
     registry.cut_all()
     assert calls == ["waiting"]
+    registry.notify_closing(lambda: calls.append("late"))()  # the server stops already: at once
+    assert calls == ["waiting", "late"]
 
 
 # -- the /ws endpoint ----------------------------------------------------------------

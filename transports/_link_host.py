@@ -152,6 +152,8 @@ class LinkHost:
         client_max_message_size: The largest message its client takes (``None``: no limit).
         on_lendable: Called when the link's lone session may be lent the socket
             while the carrier waits for the client (see `lend_to_lone_session`), or ``None``.
+        on_shutting_down: Called once `shutting_down` turns true (its sessions'
+            `End` entries are posted then, not yet sent), or ``None``.
     """
 
     def __init__(
@@ -188,6 +190,7 @@ class LinkHost:
         # An envelope a give-up cut short: its entries left, and the plain calls it started.
         self._cut: tuple[list[tuple[int, Any]], _Batch | None] | None = None
         self.on_lendable: Callable[[], object] | None = None
+        self.on_shutting_down: Callable[[], object] | None = None
         self.shutting_down = False
         self.left_by_client = False
         self.client_max_message_size: int | None = None
@@ -831,8 +834,10 @@ class LinkHost:
             self._end(session, reason, GOING_AWAY)
             if self._tasks is not None:
                 self._tasks.start_soon(self._flush_soon)
-        if reason == SHUTDOWN_REASON and not self._sessions:
+        if reason == SHUTDOWN_REASON and not self._sessions and not self.shutting_down:
             self.shutting_down = True
+            if self.on_shutting_down is not None:
+                self.on_shutting_down()
 
     def _leave(self, session: _Session, reason: str) -> None:
         """The link is over: end the session; one with a call in hand is given up on, as its client has gone."""

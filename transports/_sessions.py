@@ -170,6 +170,10 @@ _REAP_MIN_INTERVAL = 0.05
 _REAP_MAX_INTERVAL = 5.0
 
 
+def _nothing() -> None:
+    """What `SessionRegistry.notify_closing` returns when it called its callback at once."""
+
+
 class SessionLease:
     """One session's slot in a `SessionRegistry`; give it back with `release`.
 
@@ -551,23 +555,22 @@ class SessionRegistry:
             self._emptied.set()
             self._emptied = None
 
-    @property
-    def closing(self) -> bool:
-        """Whether the server is stopping (`close_all` was called): it admits no session any more."""
-        return self._closing
-
     def notify_closing(self, callback: Callable[[], object]) -> Callable[[], None]:
         """Have ``callback`` called once the server starts stopping (`close_all`), unless it is forgotten first.
 
-        For what waits on something other than a session, which `close_all`
-        cannot ask to end: a link waiting for its client to come back.
+        For what lasts beyond its sessions, which `close_all` cannot ask to end:
+        a link, with no session left or waiting for its client to come back.
+        Called at once if the server is stopping already.
 
         Args:
             callback: Called with no argument, in `close_all`'s task; it must not block.
 
         Returns:
-            What forgets ``callback``; call it once its wait is over.
+            What forgets ``callback``; call it once it is no longer wanted.
         """
+        if self._closing:
+            callback()
+            return _nothing
         self._on_closing.add(callback)
         return functools.partial(self._on_closing.discard, callback)
 

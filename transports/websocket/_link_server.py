@@ -141,6 +141,10 @@ class ServerLink:
         # (its reply came from a task, its neighbour ended): the loop then lends it (`LinkHost.on_lendable`).
         self._plain_read: anyio.CancelScope | None = None
         self._host.on_lendable = self._lend_now
+        self._host.on_shutting_down = self._stop
+        # The server stops and the link holds no session: the carrier stops reading, and the
+        # connection closes with 1001 (some servers, hypercorn, would wait their whole grace for it).
+        self._stopping = False
         # A connection that takes the link over gets nothing before the client's Resume says what it holds.
         self._awaiting_resume = False
 
@@ -153,6 +157,7 @@ class ServerLink:
         session's environment is closed; the connection in use then is closed.
         """
         self._host.hello(self.token, self._resume_timeout, self._max_message_size)
+        forget = self._registry.notify_closing(self._on_server_closing)
 
         async def carry() -> str:
             connection: LinkConnection | None = first
@@ -171,8 +176,9 @@ class ServerLink:
             self._close_code, self._close_reason = _INTERNAL_ERROR, "link error"
             self._host.release_all()
         finally:
+            forget()
             self._on_end(self)
-            if self._host.shutting_down and self._close_code == _NORMAL_CLOSURE:
+            if (self._host.shutting_down or self._stopping) and self._close_code == _NORMAL_CLOSURE:
                 self._close_code, self._close_reason = _GOING_AWAY, SHUTDOWN_REASON
             last = self._current
             if last is not None and not last.disconnected:
@@ -202,38 +208,30 @@ class ServerLink:
     async def _next_connection(self, dropped: LinkConnection) -> LinkConnection | None:
         """Let a dropped connection go and wait for one that takes the link over (``None``: none came).
 
-        The wait ends early when the server starts stopping: its sessions are
-        ended then, and the server would otherwise wait for this task until
-        its shutdown grace runs out.
+        The wait ends early when the server stops (`_stop`): the server would
+        otherwise wait for this task until its shutdown grace runs out.
         """
         dropped.released.set()
         self._current = None
-        registry = self._registry
-        forget = registry.notify_closing(self._wake)
-        try:
-            with self._clock.move_on_after(self._resume_timeout):
-                while self._incoming is None and not registry.closing:
-                    self._arrived = anyio.Event()
-                    await self._arrived.wait()
-        finally:
-            forget()
+        with self._clock.move_on_after(self._resume_timeout):
+            while self._incoming is None and not self._stopping:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
         incoming, self._incoming = self._incoming, None
         return incoming
-
-    def _wake(self) -> None:
-        self._arrived.set()
 
     async def _serve(self, connection: LinkConnection) -> bool:
         """Read envelopes from ``connection`` and answer them until it ends; whether it ended on purpose."""
         await self._flush()  # the Hello, or what a connection that takes over lacks
         with anyio.CancelScope() as self._receiving:
             return await self._host.serve(functools.partial(self._read, connection))
-        return False  # its wait was cancelled: taken over
+        # Its wait was cancelled: taken over (the new connection is closed next, if the server stops), or not.
+        return self._stopping and self._incoming is None
 
     async def _read(self, connection: LinkConnection) -> bool:
         """The carrier's loop on ``connection`` (run by `LinkHost.serve`); whether it ended on purpose."""
         host = self._host
-        while True:
+        while not self._stopping:
             await host.room()
             if self._incoming is not None:
                 return False  # another connection takes the link over
@@ -261,6 +259,17 @@ class ServerLink:
             ended = await self._answer(connection, message)
             if ended is not None:
                 return ended and self._incoming is None
+        return self._incoming is None  # the server stops
+
+    def _on_server_closing(self) -> None:
+        if not self._host.sessions:
+            self._stop()  # with sessions, the last one's end for the shutdown stops it (`LinkHost.on_shutting_down`)
+
+    def _stop(self) -> None:
+        self._stopping = True
+        self._arrived.set()  # a wait for the client to come back is over too
+        if self._in_receive:
+            self._receiving.cancel()
 
     def _lend_now(self) -> None:
         if self._plain_read is not None:
