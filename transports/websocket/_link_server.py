@@ -178,7 +178,7 @@ class ServerLink:
         finally:
             forget()
             self._on_end(self)
-            if (self._host.shutting_down or self._stopping) and self._close_code == _NORMAL_CLOSURE:
+            if self._stopping and self._close_code == _NORMAL_CLOSURE:
                 self._close_code, self._close_reason = _GOING_AWAY, SHUTDOWN_REASON
             last = self._current
             if last is not None and not last.disconnected:
@@ -225,7 +225,7 @@ class ServerLink:
         await self._flush()  # the Hello, or what a connection that takes over lacks
         with anyio.CancelScope() as self._receiving:
             return await self._host.serve(functools.partial(self._read, connection))
-        # Its wait was cancelled: taken over (the new connection is closed next, if the server stops), or not.
+        # Cancelled: taken over, or the server stops. A connection taking over is served (and closed at once, stopping).
         return self._stopping and self._incoming is None
 
     async def _read(self, connection: LinkConnection) -> bool:
