@@ -7,7 +7,7 @@ one over the other, they share one directory, and the last owns the files they
 both have. When this package's ``__init__`` runs and finds upstream's
 ``openenv/core`` beside it, it warns once, in one line, with what to do. (When
 upstream's ``__init__`` is the one that runs, this code does not: then
-``transports`` and the ``openenv`` command say so, see ``transports._coexistence``.)
+``transports`` and the ``openenv`` command say so, see ``transports.cli._coexistence``.)
 """
 
 from __future__ import annotations

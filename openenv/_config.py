@@ -1,7 +1,7 @@
 """`ServerConfig`: every option of a server, with its one default, checked by msgspec.
 
 A server is configured in one place, whichever way it is started:
-`openenv.serve`, ``transports.runner.serve`` and ``run``, ``transports.app.create_app``
+`openenv.serve`, ``transports.server.runner.serve`` and ``run``, ``transports.server.app.create_app``
 and the ``openenv serve`` command all build a `ServerConfig` and read it. Each
 of them takes the fields as keyword options too (typed by `ServerOptions`), so
 ``openenv.serve(Env, max_sessions=4)`` and
@@ -46,7 +46,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
     """How a server serves an environment: its bounds, timeouts, checks and logging.
 
     Every option's default is here, and only here. Options marked *the app's*
-    belong to the ASGI app (``transports.app.create_app``): a server given a
+    belong to the ASGI app (``transports.server.app.create_app``): a server given a
     ready app takes them from the app, and refuses them in its own call. The
     others belong to the ASGI server that runs the app (``openenv.serve``,
     ``openenv serve``); an app run by another ASGI server has only the app's.
@@ -134,7 +134,7 @@ class ServerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
 
     metrics: bool = False
     """The app's: serve ``GET /metrics`` for Prometheus: sessions, steps and resets with their latency,
-    errors by code, bytes, per environment (``transports._metrics``). Behind the same token as every
+    errors by code, bytes, per environment (``transports.server._metrics``). Behind the same token as every
     route but ``/health``. Off by default: counting costs each request about a microsecond."""
 
     resume_timeout: Annotated[float, Meta(ge=0)] = 30.0

@@ -18,7 +18,7 @@ class EnvironmentMetadata(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What ``GET /metadata`` tells about an environment, as OpenEnv's servers do.
 
     By default built from the environment class (`Environment.metadata`);
-    override that classmethod, or pass one to `transports.app.create_app`, to
+    override that classmethod, or pass one to `transports.server.app.create_app`, to
     say more.
 
     Examples:
@@ -210,7 +210,7 @@ class Environment(Generic[ActT, ObsT, StateT]):
         sequence of JSON-able values (a list, a dataset that supports ``len``
         and indexing, ...). The server then answers ``GET /{name}/splits`` and
         ``POST /{name}/tasks``, ``/num_tasks``, ``/task`` and ``/task_range``
-        from it (see ``transports.task_api``); without an override they
+        from it (see ``transports.server.routes.task_api``); without an override they
         answer ``501``, as OpenEnv's do. It is called on an environment built
         for the request (and closed after it), so keep it cheap and free of
         side effects; it may be ``async``. To select a task, let ``reset``

@@ -8,7 +8,7 @@ for data that already has its types, and only when that fails converts the
 data again with `lax_convert`, which applies pydantic's rules wherever the
 type asks for a number, a bool or ``None``, then validates strictly.
 
-The rules, from pydantic 2's conversion table (``tests/test_values.py`` checks
+The rules, from pydantic 2's conversion table (``tests/core/test_values.py`` checks
 them against pydantic itself):
 
 - ``int``: a bool; a float with no fraction (within 64 bits); a string of

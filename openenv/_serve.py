@@ -109,7 +109,7 @@ def serve(
     Args:
         app_or_factory: Builds one environment per session: an `Environment`
             subclass, a function, or its ``"package.module:Factory"`` name; or an
-            ASGI app made by ``transports.app.create_app``.
+            ASGI app made by ``transports.server.app.create_app``.
         config: The server's options (`ServerConfig`); the defaults when ``None``.
         host: The address to listen on.
         port: The port; 0 (the default) picks a free one, reported as

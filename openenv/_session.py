@@ -36,6 +36,8 @@ __all__ = [
     "SessionMetrics",
     "StepsAtOnce",
     "encode_fatal_error",
+    "factory_error_message",
+    "factory_failed_frame",
     "factory_name",
     "host_session",
     "serve_frames",
@@ -68,7 +70,7 @@ class SessionMetrics(Protocol):
 
     `ServerSession` calls it once per request, from the event loop or from the
     session's thread; ``env`` is the environment's name (`factory_name`).
-    ``transports._metrics.ServerMetrics`` is the server's.
+    ``transports.server._metrics.ServerMetrics`` is the server's.
     """
 
     def step_done(self, env: str, seconds: float) -> None:
@@ -678,6 +680,41 @@ def factory_name(factory: Callable[[], Any]) -> str:
     return f"{module}:{name}" if module else name
 
 
+def factory_error_message(exc: BaseException, *, error_details: bool) -> str:
+    """What a client is told when an environment factory raised: the one wording every endpoint uses.
+
+    Args:
+        exc: What the factory raised.
+        error_details: Whether the message may name the exception (else it points at the log).
+
+    Returns:
+        ``"Failed to create environment: RuntimeError: ..."``, or the same without the exception.
+    """
+    if not error_details:
+        return _HIDDEN_FACTORY_ERROR
+    return f"Failed to create environment: {type(exc).__name__}: {exc}"
+
+
+def factory_failed_frame(
+    dialect: Dialect, factory: Callable[[], Any], exc: BaseException, *, error_details: bool
+) -> bytes:
+    """Encode the ``FACTORY_ERROR`` frame that ends a session whose environment could not be built.
+
+    Args:
+        dialect: The dialect of the channel.
+        factory: The factory that raised (named in the frame when details are shown).
+        exc: What it raised.
+        error_details: Whether the frame may name the exception and the factory.
+
+    Returns:
+        The encoded frame.
+    """
+    message = factory_error_message(exc, error_details=error_details)
+    if not error_details:
+        return encode_fatal_error(dialect, "FACTORY_ERROR", message)
+    return encode_fatal_error(dialect, "FACTORY_ERROR", message, factory_name=factory_name(factory))
+
+
 async def host_session(
     factory: Callable[[], Any],
     receive: Callable[[], Awaitable[bytes]],
@@ -753,15 +790,7 @@ async def host_session(
         env = factory()
     except Exception as exc:
         logger.exception("environment factory failed")
-        if error_details:
-            frame = encode_fatal_error(
-                dialect,
-                "FACTORY_ERROR",
-                f"Failed to create environment: {type(exc).__name__}: {exc}",
-                factory_name=factory_name(factory),
-            )
-        else:
-            frame = encode_fatal_error(dialect, "FACTORY_ERROR", _HIDDEN_FACTORY_ERROR)
+        frame = factory_failed_frame(dialect, factory, exc, error_details=error_details)
         with contextlib.suppress(ConnectionClosed):
             await send(frame)
         return

@@ -10,7 +10,16 @@ from ._environment import Environment, EnvironmentMetadata
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
 from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
-from ._session import ServerSession, SessionMetrics, encode_fatal_error, factory_name, host_session, serve_frames
+from ._session import (
+    ServerSession,
+    SessionMetrics,
+    encode_fatal_error,
+    factory_error_message,
+    factory_failed_frame,
+    factory_name,
+    host_session,
+    serve_frames,
+)
 from ._tools import MCPEnvironment, jsonrpc_error, mcp_unsupported, tool
 from ._unions import StructUnionDecoder, struct_union_members
 from ._worker import abandoned_calls
@@ -33,6 +42,8 @@ __all__ = [
     "abandoned_calls",
     "check_factory",
     "encode_fatal_error",
+    "factory_error_message",
+    "factory_failed_frame",
     "environment_metadata",
     "environment_schemas",
     "factory_name",

@@ -10,7 +10,7 @@ import pytest
 from tests import loopback
 from tests.envs import AsyncCounterEnv, SyncCounterEnv
 from tests.interop.reference_venv import MARKER_NAME, REFERENCES, venv_dir
-from transports._public_io import PUBLIC_IO_ENV, public_io_only
+from transports.shared._public_io import PUBLIC_IO_ENV, public_io_only
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -29,7 +29,7 @@ def _forget_what_test_environments_recorded() -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the tests marked ``ray`` in the loopback-only namespace, and only there.
 
-    Outside it they are deselected: `tests.test_ray_loopback` runs them in it.
+    Outside it they are deselected: `tests.transports.ray.test_ray_loopback` runs them in it.
     Inside it every other test is deselected (they ran outside).
     """
     inside = loopback.inside()

@@ -16,7 +16,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
 from openenv import Clock, EnvClient
 from tests.envs import CountAction, CountObservation, CountState
-from transports.runner import current_backend
+from transports.server.runner import current_backend
 
 
 class CounterClient(EnvClient[CountAction, CountObservation, CountState]):
@@ -129,7 +129,7 @@ async def all_tasks_blocked() -> None:
 
 
 class Upstream(Protocol):
-    """Where a proxy forwards to (a `transports.runner.RunningServer`, say)."""
+    """Where a proxy forwards to (a `transports.server.runner.RunningServer`, say)."""
 
     host: str
     port: int

@@ -1,4 +1,4 @@
-"""A three-node Ray cluster on this machine, for `tests.test_ray`: run as ``python -m tests.ray_nodes``.
+"""A three-node Ray cluster on this machine, for `tests.transports.ray.test_ray`: run as ``python -m tests.ray_nodes``.
 
 Sessions are spread over the nodes; one node is then removed, as a crash would,
 and the sessions it hosted must fail while the others step on. The outcome of

@@ -13,7 +13,7 @@ environment has answered, and the late reply is dropped as over a socket.
 Most environments' calls never wait (an echo, a game's rules), and handing each
 to the session's task costs a wake-up, two events and a trip through the event
 loop for a few microseconds of work. So, as a server does on a shared link
-(`transports._link_host`), sessions' tasks run the first
+(`transports.link._host`), sessions' tasks run the first
 `openenv._inline.TRIAL_CALLS` requests to the environments of one factory (in
 one event loop: the sessions of a pool learn together); if none of them
 waited, the requests that follow are served at once, in the task that waits
@@ -47,9 +47,8 @@ from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv._messages import StepBatchReply
 from openenv._session import StepsAtOnce
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import ServerSession, encode_fatal_error, factory_name, load_factory
-
-from ._deprecated import renamed_option
+from openenv.server import ServerSession, factory_failed_frame, load_factory
+from transports.shared._deprecated import renamed_option
 
 __all__ = ["InProcessTransport"]
 
@@ -263,10 +262,7 @@ class InProcessTransport(Transport):
             env = factory()
         except Exception as exc:
             logger.exception("environment factory failed")
-            message = f"Failed to create environment: {type(exc).__name__}: {exc}"
-            self._from_server.put(
-                encode_fatal_error(self.dialect, "FACTORY_ERROR", message, factory_name=factory_name(factory))
-            )
+            self._from_server.put(factory_failed_frame(self.dialect, factory, exc, error_details=True))
             self._from_server.close()
             self._to_server.close()
             return self

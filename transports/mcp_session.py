@@ -31,8 +31,7 @@ import anyio
 import httpx
 
 from openenv import CapacityReachedError, ConnectError, Transport, create_transport
-
-from ._wrapping import WrappingTransport
+from transports.shared._wrapping import WrappingTransport
 
 __all__ = ["MCPSessionTransport"]
 

@@ -4,7 +4,7 @@ Not a test: run it by hand.
 
     python -m tests.benchmarks.bench_link_server [--steps 5000] [--runs 3] [--backend asyncio|trio] [--plain]
 
-The whole app (`transports.app.create_app`: its middleware, the WebSocket
+The whole app (`transports.server.app.create_app`: its middleware, the WebSocket
 endpoint, the session) is driven as an ASGI server would drive it, with no
 socket: each step is one ``websocket.receive`` message handed to the app and
 one ``websocket.send`` taken from it, on one event loop. So the figure is the
@@ -30,8 +30,8 @@ import anyio
 import msgspec
 
 from tests.benchmarks.envs import AsyncMessageEchoEnv, MessageEchoEnv
-from transports._envelope import EnvelopeCodec, Open
-from transports.app import create_app
+from transports.link._envelope import EnvelopeCodec, Open
+from transports.server.app import create_app
 
 CONNECTION = "openenv.v1.json"
 LINK = "openenv.v2.json"

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tests.benchmarks._timing import timed_rate
-from transports.runner import serve
+from transports.server.runner import serve
 
 REQUEST = b'{"type":"step","id":1,"data":{"message":"hello"}}'
 REPLY = b'{"type":"observation","id":1,"data":{"observation":{"echoed_message":"hello"},"reward":5.0,"done":false}}'

@@ -1,4 +1,4 @@
-"""How the reference's pydantic validates values, for ``tests/test_values.py``'s table (run with its venv's python).
+"""How the reference's pydantic validates values, for ``tests/core/test_values.py`` (run by its venv's python).
 
     python reference_values.py < cases.json
 

@@ -1,4 +1,4 @@
-"""Tools documented every way FastMCP reads, shared by openenv's tools and FastMCP's in ``tests/test_tools.py``.
+"""Tools documented every way FastMCP reads, shared by openenv's tools and FastMCP's in ``tests/core/test_tools.py``.
 
 Stdlib only: the reference venv imports it too (``reference_tools.py``).
 """

@@ -15,11 +15,18 @@ The command line is a thin layer over `run_benchmark`; scripts can call it too::
 - `json_document`, `results_table` and `print_table` show the results.
 """
 
-from ._report import JSON_RESULT_KEYS, json_document, print_table, results_table
-from ._runner import DEFAULT_STEPS, BenchmarkError, BenchResult, ProgressCallback, resolve_action, run_benchmark
-from ._schema_action import SchemaActionError, minimal_action, minimal_instance
-from ._schema_fetch import SchemaUnavailable, fetch_action_schema, schema_url
-from ._stats import LatencySummary, percentile, summarize_latencies
+from transports.bench._report import JSON_RESULT_KEYS, json_document, print_table, results_table
+from transports.bench._runner import (
+    DEFAULT_STEPS,
+    BenchmarkError,
+    BenchResult,
+    ProgressCallback,
+    resolve_action,
+    run_benchmark,
+)
+from transports.bench._schema_action import SchemaActionError, minimal_action, minimal_instance
+from transports.bench._schema_fetch import SchemaUnavailable, fetch_action_schema, schema_url
+from transports.bench._stats import LatencySummary, percentile, summarize_latencies
 
 __all__ = [
     "DEFAULT_STEPS",

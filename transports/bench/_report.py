@@ -14,8 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 import openenv
-
-from ._runner import BenchResult
+from transports.bench._runner import BenchResult
 
 __all__ = ["JSON_RESULT_KEYS", "json_document", "print_table", "results_table"]
 

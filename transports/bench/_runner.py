@@ -29,11 +29,10 @@ from openenv import (
     TransportError,
 )
 from openenv._registry import takes_option
-
-from .._network_client import describe
-from ._schema_action import SchemaActionError, minimal_action
-from ._schema_fetch import SchemaUnavailable, fetch_action_schema
-from ._stats import LatencySummary, summarize_latencies
+from transports.bench._schema_action import SchemaActionError, minimal_action
+from transports.bench._schema_fetch import SchemaUnavailable, fetch_action_schema
+from transports.bench._stats import LatencySummary, summarize_latencies
+from transports.shared._network_client import describe
 
 __all__ = ["DEFAULT_STEPS", "BenchResult", "BenchmarkError", "ProgressCallback", "resolve_action", "run_benchmark"]
 

@@ -10,8 +10,7 @@ import httpx
 from openenv import ConnectError
 from openenv._registry import url_scheme
 from openenv.server import environment_schemas, load_factory
-
-from .._network_client import (
+from transports.shared._network_client import (
     authentication_error,
     client_headers,
     describe,
@@ -22,7 +21,7 @@ from .._network_client import (
     split_url,
     user_agent,
 )
-from ..websocket._client import ENDPOINT_PATH
+from transports.websocket._client import ENDPOINT_PATH
 
 __all__ = ["SchemaUnavailable", "fetch_action_schema", "schema_url"]
 

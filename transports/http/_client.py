@@ -50,23 +50,8 @@ from openenv import (
 )
 from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POLL_TIMEOUT, DEFAULT_RETRIES
 from openenv.channel import FrameQueue
-
-from .._link_client import LinkChannel
-from .._links import Private, forget, join
-from .._network_client import (
-    ConnectionEnd,
-    HeaderPairs,
-    authentication_error,
-    client_headers,
-    connect_once,
-    default_ssl_context,
-    is_loopback,
-    no_tls_context,
-    not_connected,
-    split_url,
-)
-from ._link import PollingLink, create_link
-from ._protocol import (
+from transports.http._link import PollingLink, create_link
+from transports.http._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
     IDEMPOTENCY_KEY_HEADER,
@@ -81,7 +66,21 @@ from ._protocol import (
     QueuePlace,
     dialect_for,
 )
-from ._requests import READ_MARGIN, USER_AGENT, Answer, RequestFailed, end_reason, error_detail, exchange
+from transports.http._requests import READ_MARGIN, USER_AGENT, Answer, RequestFailed, end_reason, error_detail, exchange
+from transports.link._client import LinkChannel
+from transports.link._registry import Private, forget, join
+from transports.shared._network_client import (
+    ConnectionEnd,
+    HeaderPairs,
+    authentication_error,
+    client_headers,
+    connect_once,
+    default_ssl_context,
+    is_loopback,
+    no_tls_context,
+    not_connected,
+    split_url,
+)
 
 __all__ = ["HTTPPollingTransport", "polling_url"]
 

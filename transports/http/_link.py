@@ -1,6 +1,6 @@
 """A link over HTTP long-polling, client side: every session this event loop opens to a server, in one set of requests.
 
-A `PollingLink` carries its sessions' frames in envelopes (`transports._envelope`)
+A `PollingLink` carries its sessions' frames in envelopes (`transports.link._envelope`)
 over the ``/poll/links/{id}`` routes (``docs/http-polling.md``, "Links"). It runs
 no task of its own; its requests are made by the calls made on it:
 
@@ -39,13 +39,7 @@ import httpx
 import msgspec
 
 from openenv import Clock, ConnectError, ConnectionClosed, OpenEnvError, ProtocolError
-
-from .._envelope import End, Entry, EnvelopeCodec, fits
-from .._link_client import ClientLink, LinkChannel, fresh
-from .._link_state import ClientLinkState, LinkProtocolError
-from .._links import PRIVATE, Private
-from .._network_client import authentication_error
-from ._protocol import (
+from transports.http._protocol import (
     ACK_HEADER,
     ERROR_HEADER,
     LINK_KEY_HEADER,
@@ -55,7 +49,21 @@ from ._protocol import (
     WAIT_HEADER,
     LinkCreated,
 )
-from ._requests import Answer, Body, RequestFailed, end_reason, error_code, error_detail, exchange, timeouts
+from transports.http._requests import (
+    Answer,
+    Body,
+    RequestFailed,
+    end_reason,
+    error_code,
+    error_detail,
+    exchange,
+    timeouts,
+)
+from transports.link._client import ClientLink, LinkChannel, fresh
+from transports.link._envelope import End, Entry, EnvelopeCodec, fits
+from transports.link._registry import PRIVATE, Private
+from transports.link._state import ClientLinkState, LinkProtocolError
+from transports.shared._network_client import authentication_error
 
 __all__ = ["IDLE_POLL", "MAX_POSTS", "PollingLink", "create_link"]
 

@@ -1,8 +1,8 @@
 """The server end of HTTP long-polling links: ``/poll/links``, many sessions over one client's requests.
 
 A client creates a link (``POST /poll/links``) and opens its sessions on it in
-envelopes (`transports._envelope`), as over a WebSocket link; the sessions are
-a `transports._link_host.LinkHost`'s, in a task of the endpoint's own, so they
+envelopes (`transports.link._envelope`), as over a WebSocket link; the sessions are
+a `transports.link._host.LinkHost`'s, in a task of the endpoint's own, so they
 outlive the requests that carry their frames. Each link is a `PollingLink`:
 
 - **Messages in.** ``POST /poll/links/{id}`` carries one envelope, numbered by
@@ -53,14 +53,9 @@ from starlette.routing import BaseRoute, Route
 from openenv import Clock, Dialect
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import SERVER_DEFAULTS, SessionMetrics
-
-from .._asgi import Receive, Scope, Send
-from .._envelope import Entry, EnvelopeCodec
-from .._guard import client_of
-from .._link_host import LinkHost
-from .._link_state import LinkProtocolError
-from .._sessions import SHUTDOWN_REASON, SessionRegistry
-from ._protocol import (
+from transports.admission._guard import client_of
+from transports.admission._sessions import SHUTDOWN_REASON, SessionRegistry
+from transports.http._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_WAIT,
     LINK_KEY_HEADER,
@@ -73,7 +68,7 @@ from ._protocol import (
     LinkCreated,
     dialect_for,
 )
-from ._server import (
+from transports.http._server import (
     _ACCEPTED_MEDIA_TYPES,
     _CONTENT_LENGTH,
     _CONTENT_TYPE,
@@ -95,6 +90,10 @@ from ._server import (
     _read_body,
     _respond,
 )
+from transports.link._envelope import Entry, EnvelopeCodec
+from transports.link._host import LinkHost
+from transports.link._state import LinkProtocolError
+from transports.shared._asgi import Receive, Scope, Send
 
 __all__ = ["GAP_WAIT", "MAX_QUEUED_MESSAGES", "HTTPLinkEndpoint", "PollingLink"]
 
@@ -165,7 +164,7 @@ class PollingLink:
             before the link stops taking messages.
         clock: Where the link's waits are measured (the registry's clock).
         metrics: Where the sessions' requests are counted, or ``None``.
-        client: Who created the link (`transports._guard.client_of`), for the per-client quota.
+        client: Who created the link (`transports.admission._guard.client_of`), for the per-client quota.
 
     Attributes:
         id: The link's id (in its URL).
@@ -405,7 +404,7 @@ class HTTPLinkEndpoint:
     """The ``/poll/links`` routes: links, each carrying many sessions of one client.
 
     Mount its `routes` in the app and run `run` for the app's lifetime (its
-    lifespan does both, in `transports.app.create_app`); each link is a task of
+    lifespan does both, in `transports.server.app.create_app`); each link is a task of
     `run`'s. Its sessions take slots in ``registry`` one by one (a session
     turned away gets ``CAPACITY_REACHED`` on its channel, or waits in the
     admission queue), and are reaped when idle, as over a WebSocket link.
@@ -478,7 +477,7 @@ class HTTPLinkEndpoint:
         """The Starlette routes to mount: ``/poll/links`` and ``/poll/links/{id}``.
 
         Returns:
-            The routes (`transports.app.create_app` mounts them).
+            The routes (`transports.server.app.create_app` mounts them).
         """
         return [
             Route(LINK_PATH, _Handler(self._link), name="poll_link"),

@@ -21,7 +21,7 @@ other transports carry. Each frame is numbered in its direction
 so a request retried after a network error is never executed twice and a reply
 is never lost.
 
-On the link routes bodies are envelopes (`transports._envelope`): the frames of
+On the link routes bodies are envelopes (`transports.link._envelope`): the frames of
 many sessions, each on its channel. The client numbers its messages
 (``OpenEnv-Seq``), the server numbers every entry it sends with its place in the
 link's outgoing log and answers each request with every entry past the client's

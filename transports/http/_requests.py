@@ -9,10 +9,9 @@ from __future__ import annotations
 import httpx
 
 from openenv import Clock
-
-from .._network_client import describe, error_message, network_cause, user_agent
-from .._network_client import error_detail as body_detail
-from ._protocol import RECEIVED_HEADER, SEQ_HEADER
+from transports.http._protocol import RECEIVED_HEADER, SEQ_HEADER
+from transports.shared._network_client import describe, error_message, network_cause, user_agent
+from transports.shared._network_client import error_detail as body_detail
 
 __all__ = [
     "GATEWAY_STATUSES",

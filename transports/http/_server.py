@@ -42,13 +42,9 @@ from starlette.routing import BaseRoute, Route
 from openenv import Clock, ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
-
-from .._asgi import Receive, Scope, Send
-from .._deprecated import renamed_option
-from .._error_body import encode_error
-from .._guard import client_of
-from .._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
-from ._protocol import (
+from transports.admission._guard import client_of
+from transports.admission._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
+from transports.http._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_WAIT,
     ERROR_HEADER,
@@ -66,6 +62,9 @@ from ._protocol import (
     QueuePlace,
     dialect_for,
 )
+from transports.shared._asgi import Receive, Scope, Send
+from transports.shared._deprecated import renamed_option
+from transports.shared._error_body import encode_error
 
 __all__ = [
     "DEFAULT_MAX_UNACKNOWLEDGED_BYTES",
@@ -526,7 +525,7 @@ class HTTPPollingEndpoint:
     """The ``/poll/sessions`` routes: one environment session per HTTP session.
 
     Mount its `routes` in the app and run `run` for the app's lifetime (its
-    lifespan does both, in `transports.app.create_app`); sessions are tasks of
+    lifespan does both, in `transports.server.app.create_app`); sessions are tasks of
     `run`'s, so they outlive the requests that drive them. Each session takes a
     slot in ``registry`` (or the client gets ``503`` with the
     ``CAPACITY_REACHED`` error frame), runs `openenv.server.host_session` until
@@ -621,7 +620,7 @@ class HTTPPollingEndpoint:
         """The Starlette routes to mount: ``/poll/sessions``, ``/poll/sessions/{id}``, ``.../frames``.
 
         Returns:
-            The routes, for `transports.app.mount_routes` (`transports.app.create_app` mounts them).
+            The routes, for `transports.server.app.mount_routes` (`transports.server.app.create_app` mounts them).
         """
         return [
             Route(FRAMES_PATH, _Handler(self._frames), name="poll_frames"),

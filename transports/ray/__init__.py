@@ -5,8 +5,8 @@ Install it with ``pip install 'openenv-anyio[ray]'``. `RayTransport` is the clie
 actors and their free slots.
 """
 
-from ._fleet import ACTOR_NAME_PREFIX, Fleet, HostActor, init_ray
-from ._host import EnvHost
-from ._transport import RayTransport
+from transports.ray._fleet import ACTOR_NAME_PREFIX, Fleet, HostActor, init_ray
+from transports.ray._host import EnvHost
+from transports.ray._transport import RayTransport
 
 __all__ = ["ACTOR_NAME_PREFIX", "EnvHost", "Fleet", "HostActor", "RayTransport", "init_ray"]

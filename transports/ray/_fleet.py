@@ -24,8 +24,7 @@ from typing import Any
 import anyio.to_thread
 
 from openenv import ConnectError
-
-from ._host import EnvHost
+from transports.ray._host import EnvHost
 
 __all__ = ["ACTOR_NAME_PREFIX", "Fleet", "HostActor", "fleet_for", "init_ray"]
 

@@ -1,6 +1,6 @@
 """`EnvHost`: the Ray actor that serves many sessions of one environment over WebSocket.
 
-Each actor runs openenv's ASGI app (`transports.runner.serve`) on an ephemeral
+Each actor runs openenv's ASGI app (`transports.server.runner.serve`) on an ephemeral
 port of its node, on an event loop in a thread of its own; clients speak
 ``ws://`` to it directly, so a step costs what a WebSocket step costs, while Ray
 places the actor, starts it and stops it.
@@ -22,7 +22,7 @@ class EnvHost:
     Args:
         factory: The environment factory's ``"package.module:Factory"`` name.
         host: The address to listen on; the node's IP address when ``None``.
-        server_options: Fields of `openenv.ServerConfig`, passed to `transports.runner.serve`.
+        server_options: Fields of `openenv.ServerConfig`, passed to `transports.server.runner.serve`.
 
     Raises:
         ImportError: The factory cannot be imported on this node.
@@ -32,7 +32,7 @@ class EnvHost:
     def __init__(self, factory: str, host: str | None, server_options: dict[str, Any]) -> None:
         import ray
 
-        from transports.runner import serve
+        from transports.server.runner import serve
 
         self._host = host or ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         self._node_id = ray.get_runtime_context().get_node_id()

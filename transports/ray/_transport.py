@@ -10,11 +10,10 @@ from urllib.parse import parse_qsl
 from openenv import ConnectError, ConnectionClosed, Transport
 from openenv._batch import LinkStepBatcher
 from openenv.server import server_config
+from transports.ray._fleet import Fleet, HostActor, fleet_for
+from transports.shared._network_client import connect_once
 from transports.websocket import WebSocketTransport
 from transports.websocket._link import LinkChannel
-
-from .._network_client import connect_once
-from ._fleet import Fleet, HostActor, fleet_for
 
 __all__ = ["RayTransport", "parse_ray_url"]
 

@@ -4,8 +4,8 @@ The client side is `WebSocketTransport`; the subprotocol names say which dialect
 a client offers and a server may select (see `transports.websocket._subprotocols`).
 """
 
-from ._client import WebSocketTransport
-from ._subprotocols import (
+from transports.websocket._client import WebSocketTransport
+from transports.websocket._subprotocols import (
     JSON_SUBPROTOCOL,
     LINK_JSON_SUBPROTOCOL,
     LINK_MSGPACK_SUBPROTOCOL,

@@ -2,7 +2,7 @@
 
 A `WebSocketTransport` is one session's side of a connection (`transports.websocket._link.Link`):
 of a link shared by every session this event loop opens to the same server with
-the same options (`transports._links`), or of a connection of its own
+the same options (`transports.link._registry`), or of a connection of its own
 where the server does not offer links (OpenEnv's) or the caller asked for one
 (``share=False``). Opening the connection, and its handshake, is
 `transports.websocket._handshake`'s.
@@ -27,14 +27,13 @@ from openenv._limits import (
     DEFAULT_PING_INTERVAL,
     DEFAULT_PING_TIMEOUT,
 )
-
-from .._envelope import EnvelopeCodec
-from .._links import PRIVATE, Private, forget, join
-from .._network_client import HeaderPairs, client_headers, connect_once, split_url
-from .._public_io import public_io_only
-from ._handshake import Handshaken, Upgrade, close_quietly, handshake
-from ._link import Link, LinkChannel
-from ._subprotocols import (
+from transports.link._envelope import EnvelopeCodec
+from transports.link._registry import PRIVATE, Private, forget, join
+from transports.shared._network_client import HeaderPairs, client_headers, connect_once, split_url
+from transports.shared._public_io import public_io_only
+from transports.websocket._handshake import Handshaken, Upgrade, close_quietly, handshake
+from transports.websocket._link import Link, LinkChannel
+from transports.websocket._subprotocols import (
     LINK_SUBPROTOCOLS,
     MAX_MESSAGE_HEADER,
     RESUME_HEADER,

@@ -32,8 +32,7 @@ from websockets.typing import Subprotocol
 from websockets.uri import WebSocketURI
 
 from openenv import ConnectError
-
-from .._network_client import (
+from transports.shared._network_client import (
     STREAM_ERRORS,
     authentication_error,
     default_ssl_context,
@@ -44,7 +43,7 @@ from .._network_client import (
     sends_token,
     user_agent,
 )
-from ._subprotocols import SPOKEN
+from transports.websocket._subprotocols import SPOKEN
 
 __all__ = ["CONNECT_ERRORS", "READ_SIZE", "Handshaken", "Upgrade", "close_quietly", "connect_error", "handshake"]
 

@@ -16,7 +16,7 @@ has been quiet, and notices a drop. One keeper is at work per link; the others
 wait their turn.
 
 A link speaks one of two framings. On a ``v2`` subprotocol (`LINK_SUBPROTOCOLS`)
-it is shared: every message is an envelope (`transports._envelope`), frames that
+it is shared: every message is an envelope (`transports.link._envelope`), frames that
 sessions send in one turn of the event loop leave together, and a dropped
 connection is replaced by a new one that takes every session over (with
 ``resume``). On any other it carries one session, whose frames are the messages
@@ -49,18 +49,17 @@ from openenv import (
     ProtocolError,
 )
 from openenv._batch import BatchedReply
-
-from .._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Resumed, fits
-from .._link_batch import LinkBatcher
-from .._link_client import ClientLink, LinkChannel
-from .._link_client import for_send as _for_send
-from .._link_client import fresh as _fresh
-from .._link_state import ChannelState, LinkProtocolError
-from .._locks import acquire_promptly
-from .._network_client import STREAM_ERRORS, describe
-from ._handshake import READ_SIZE, Handshaken, close_quietly
-from ._quick_frames import FrameBoundaries, whole_data_frames
-from ._socket_reader import SocketReader, socket_reader
+from transports.link._batch import LinkBatcher
+from transports.link._client import ClientLink, LinkChannel
+from transports.link._client import for_send as _for_send
+from transports.link._client import fresh as _fresh
+from transports.link._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Resumed, fits
+from transports.link._state import ChannelState, LinkProtocolError
+from transports.shared._locks import acquire_promptly
+from transports.shared._network_client import STREAM_ERRORS, describe
+from transports.websocket._handshake import READ_SIZE, Handshaken, close_quietly
+from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
+from transports.websocket._socket_reader import SocketReader, socket_reader
 
 __all__ = ["IDLE_READ", "RECEIVE_BUFFER", "SEND_EVERY", "Link", "LinkChannel", "Reconnect"]
 

@@ -1,14 +1,14 @@
-"""The WebSocket end of a link (``openenv.v2.*``): the connections that carry a `transports._link_host.LinkHost`.
+"""The WebSocket end of a link (``openenv.v2.*``): the connections that carry a `transports.link._host.LinkHost`.
 
 A client that selects a link subprotocol opens sessions on the connection and
-sends their frames in envelopes (`transports._envelope`); the link's sessions
+sends their frames in envelopes (`transports.link._envelope`); the link's sessions
 are the `LinkHost`'s business. `ServerLink` reads the envelopes, hands them to
 the host, and sends the host's replies as one message per batch (and per turn
 of the event loop, for replies that complete in tasks).
 
 The link outlives a dropped connection for ``resume_timeout`` seconds: a new
 connection presenting its token (``OpenEnv-Resume``) takes every session over,
-and each side sends again what the other lacks (`transports._link_state`).
+and each side sends again what the other lacks (`transports.link._state`).
 A connection closed on purpose ends every session still open on it.
 """
 
@@ -23,16 +23,16 @@ from typing import Any, Final
 
 import anyio
 import msgspec
+from websockets.frames import CloseCode
 
 from openenv import Dialect
 from openenv.server import SERVER_DEFAULTS, SessionMetrics
-
-from .._asgi import Receive, Send
-from .._link_host import LinkHost
-from .._link_state import LinkProtocolError
-from .._locks import acquire_promptly
-from .._sessions import SHUTDOWN_REASON, SessionRegistry
-from ._socket_loan import LendSocket
+from transports.admission._sessions import SHUTDOWN_REASON, SessionRegistry
+from transports.link._host import LinkHost
+from transports.link._state import LinkProtocolError
+from transports.shared._asgi import Receive, Send
+from transports.shared._locks import acquire_promptly
+from transports.websocket._socket_loan import LendSocket
 
 __all__ = ["DEFAULT_RESUME_TIMEOUT", "LinkConnection", "ServerLink"]
 
@@ -46,11 +46,6 @@ DEFAULT_RESUME_TIMEOUT: Final = SERVER_DEFAULTS.resume_timeout
 _DROPPED = frozenset({1005, 1006})
 
 # WebSocket close codes (RFC 6455).
-_NORMAL_CLOSURE = 1000
-_GOING_AWAY = 1001
-_PROTOCOL_ERROR = 1002
-_UNSUPPORTED_DATA = 1003
-_INTERNAL_ERROR = 1011
 
 
 class LinkConnection:
@@ -87,7 +82,7 @@ class ServerLink:
         client_max_message_size: The largest message the client takes (its handshake said):
             no envelope is larger, and a session whose reply alone would be ends.
         metrics: Where the sessions' requests are counted, or ``None``.
-        client: Who opened the link (`transports._guard.client_of`), for the per-client quota.
+        client: Who opened the link (`transports.admission._guard.client_of`), for the per-client quota.
         on_end: Called once when the link is over (the endpoint forgets its token there).
 
     Attributes:
@@ -131,7 +126,7 @@ class ServerLink:
         self._incoming: LinkConnection | None = None  # a connection taking the link over
         self._arrived = anyio.Event()  # set when `_incoming` is set
         self._send_lock = anyio.Lock(fast_acquire=True)
-        self._close_code = _NORMAL_CLOSURE
+        self._close_code = CloseCode.NORMAL_CLOSURE
         self._close_reason = ""
         # Cancels the wait for the next message of a connection that is being taken over: its
         # server may report the connection's end only once its client answers, which a dead one never does.
@@ -173,13 +168,13 @@ class ServerLink:
             await self._host.host(carry)
         except Exception:
             logger.exception("a WebSocket link failed")
-            self._close_code, self._close_reason = _INTERNAL_ERROR, "link error"
+            self._close_code, self._close_reason = CloseCode.INTERNAL_ERROR, "link error"
             self._host.release_all()
         finally:
             forget()
             self._on_end(self)
-            if self._stopping and self._close_code == _NORMAL_CLOSURE:
-                self._close_code, self._close_reason = _GOING_AWAY, SHUTDOWN_REASON
+            if self._stopping and self._close_code == CloseCode.NORMAL_CLOSURE:
+                self._close_code, self._close_reason = CloseCode.GOING_AWAY, SHUTDOWN_REASON
             last = self._current
             if last is not None and not last.disconnected:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
@@ -192,7 +187,7 @@ class ServerLink:
         """Carry the link on a new connection (one presenting its token); return once it is let go.
 
         The connection in use, if any, is closed (1001); the new one's first
-        message must be `transports._envelope.Resume`.
+        message must be `transports.link._envelope.Resume`.
         """
         incoming, self._incoming = self._incoming, connection
         if incoming is not None:
@@ -202,7 +197,7 @@ class ServerLink:
             self._receiving.cancel()
         current = self._current
         if current is not None and not current.disconnected:
-            await _close(current.send, _GOING_AWAY, "the link moved to another connection")
+            await _close(current.send, CloseCode.GOING_AWAY, "the link moved to another connection")
         await connection.released.wait()
 
     async def _next_connection(self, dropped: LinkConnection) -> LinkConnection | None:
@@ -287,7 +282,7 @@ class ServerLink:
         data = message.get("bytes") if binary else message.get("text")
         if data is None:
             expected = "binary" if binary else "text"
-            self._close_code, self._close_reason = _UNSUPPORTED_DATA, f"a link's messages are {expected}"
+            self._close_code, self._close_reason = CloseCode.UNSUPPORTED_DATA, f"a link's messages are {expected}"
             return True
         # Its first message, the Resume, is taken before anything of the message can wait (and a give-up
         # of a call that waits may cut the rest short: `LinkHost.serve`).
@@ -295,7 +290,7 @@ class ServerLink:
         try:
             await self._host.take(data if binary else data.encode())
         except (msgspec.DecodeError, LinkProtocolError) as exc:
-            self._close_code, self._close_reason = _PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
+            self._close_code, self._close_reason = CloseCode.PROTOCOL_ERROR, f"not a link message: {exc}"[:120]
             return True
         await self._flush()
         return None

@@ -8,7 +8,7 @@ OpenEnv frames. On a link subprotocol (``openenv.v2.json``,
 dropped link over (``OpenEnv-Resume``): `transports.websocket._link_server`.
 On any other it carries one session: it takes a session slot (or sends
 ``CAPACITY_REACHED`` and closes, as the reference does: the whole story is in
-`transports._sessions`) and runs `openenv.server.host_session` over the
+`transports.admission._sessions`) and runs `openenv.server.host_session` over the
 connection.
 
 This is the hot path of a server: it reads and writes ASGI messages directly,
@@ -28,13 +28,12 @@ from urllib.parse import parse_qs
 import anyio
 import msgspec
 from anyio.abc import TaskGroup
+from websockets.frames import CloseCode
 
 from openenv import ConnectionClosed, Dialect
 from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, encode_fatal_error, host_session
-
-from .._asgi import Receive, Scope, Send
-from .._guard import client_of
-from .._sessions import (
+from transports.admission._guard import client_of
+from transports.admission._sessions import (
     CLIENT_GONE_REASON,
     GivingUp,
     QueueTicket,
@@ -42,9 +41,10 @@ from .._sessions import (
     SessionRegistry,
     session_failed_frame,
 )
-from ._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
-from ._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
-from ._subprotocols import (
+from transports.shared._asgi import Receive, Scope, Send
+from transports.websocket._link_server import DEFAULT_RESUME_TIMEOUT, LinkConnection, ServerLink
+from transports.websocket._socket_loan import SOCKET_LOAN, LendSocket, SocketLoan
+from transports.websocket._subprotocols import (
     LINK_SUBPROTOCOLS,
     MAX_MESSAGE_HEADER,
     RESUME_HEADER,
@@ -57,11 +57,6 @@ __all__ = ["WebSocketEndpoint", "select_subprotocol"]
 
 logger = logging.getLogger("openenv.server")
 
-# Close codes (RFC 6455).
-NORMAL_CLOSURE = 1000
-GOING_AWAY = 1001
-INTERNAL_ERROR = 1011
-_POLICY_VIOLATION = 1008
 
 # Seconds the server waits for the client to close the socket first: after a
 # close request, or for the client's next request after a fatal error frame.
@@ -250,7 +245,7 @@ class WebSocketEndpoint:
     ) -> None:
         """Host a new link on the connection, or (given a token) carry an existing one on it.
 
-        ``client`` (`transports._guard.client_of`) is whom the link's sessions
+        ``client`` (`transports.admission._guard.client_of`) is whom the link's sessions
         count against, for the per-client quota.
         """
         if token is None:
@@ -274,7 +269,9 @@ class WebSocketEndpoint:
             return
         existing = self._links.get(token)
         if existing is None or existing.dialect != dialect:
-            await _close(connection.send, _POLICY_VIOLATION, "no link to resume: its token is unknown or expired")
+            await _close(
+                connection.send, CloseCode.POLICY_VIOLATION, "no link to resume: its token is unknown or expired"
+            )
             return
         await existing.take_over(connection)
 
@@ -294,7 +291,7 @@ class WebSocketEndpoint:
         giving_up = GivingUp(self.registry, lease, scope.cancel)
         lease.on_long_step = session.watch_client
         serve_on_thread = None if lend is None else functools.partial(_serve_on_thread, lend, lease, dialect)
-        close_code, reason = NORMAL_CLOSURE, ""
+        close_code, reason = CloseCode.NORMAL_CLOSURE, ""
         try:
             with scope:
                 await _in_own_task(
@@ -313,10 +310,10 @@ class WebSocketEndpoint:
                     on_task_group=session.watch_from,
                 )
             if lease.close_reason is not None:  # idle too long, or the server is stopping
-                close_code, reason = GOING_AWAY, lease.close_reason
+                close_code, reason = CloseCode.GOING_AWAY, lease.close_reason
         except Exception:
             logger.exception("WebSocket session failed")
-            close_code, reason = INTERNAL_ERROR, "session error"
+            close_code, reason = CloseCode.INTERNAL_ERROR, "session error"
             if not session.disconnected:
                 with contextlib.suppress(ConnectionClosed):
                     await session.send_frame(session_failed_frame(dialect))
@@ -324,7 +321,7 @@ class WebSocketEndpoint:
             lease.release()
         if session.disconnected:
             return
-        if close_code == NORMAL_CLOSURE and lease.close_reason is None:
+        if close_code == CloseCode.NORMAL_CLOSURE and lease.close_reason is None:
             if session.served:
                 # After a close request the client closes the socket next (OpenEnv's
                 # and ours do at once). Let it, rather than cross close frames with
@@ -480,7 +477,7 @@ async def _turn_away(asgi_receive: Receive, asgi_send: Send, dialect: Dialect, f
     except OSError:
         return
     if not await _client_closes(asgi_receive, _CLOSE_GRACE, on_request=True):
-        await _close(asgi_send, NORMAL_CLOSURE, "")
+        await _close(asgi_send, CloseCode.NORMAL_CLOSURE, "")
 
 
 class _WebSocketSession:

@@ -20,7 +20,7 @@ request that keeps the thread long (a slow ``step``) ends it too
 at once, which answers the client's pings meanwhile, and sends the reply.
 
 Lending and taking back is the server protocol's business (uvicorn's, in
-`transports._uvicorn_protocols`); this module is the loan itself. The event loop's side
+`transports.server.drivers._uvicorn_protocols`); this module is the loan itself. The event loop's side
 (`SocketLoan.stop`, `SocketLoan.end`) and the thread's (`SocketLoan.serve`)
 share one lock, held only around each read and each write, so a stop never
 waits for a step, and once `stop` returns the thread writes nothing more.
@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._quick_frames import next_data_frame, server_data_frame
+from transports.websocket._quick_frames import next_data_frame, server_data_frame
 
 __all__ = ["SOCKET_LOAN", "LendSocket", "SocketLoan"]
 

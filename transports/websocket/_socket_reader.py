@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import sniffio
 
-from .._public_io import public_io_only
+from transports.shared._public_io import public_io_only
 
 __all__ = ["SocketReader", "socket_reader"]
 

@@ -13,7 +13,7 @@ plain OpenEnv frames: JSON text, no request ids, one session per connection.
 | ``openenv.v2.msgpack`` | MessagePack, binary | yes         | many, in envelopes; resumable    |
 
 A ``v2`` connection is a *link*: every message is an envelope of many sessions'
-frames (`transports._envelope`), so all the sessions a process opens to one
+frames (`transports.link._envelope`), so all the sessions a process opens to one
 server share one connection, and the frames they send in one turn of the event
 loop travel as one message. It survives a dropped connection: a new one
 presenting the link's token in the ``OpenEnv-Resume`` handshake header takes

@@ -1,0 +1,12 @@
+"""Links: many sessions of one process over one connection, both ends, whatever carries their messages.
+
+From the bottom up:
+
+- `_envelope`: the message of a link, many sessions' frames each numbered on its own channel.
+- `_state`: what each end keeps of its channels, with no I/O (numbers, acknowledgements, resumption).
+- `_client`: a client's end of a link, its channels and their ends; `_registry`: the links an event loop holds.
+- `_batch`: a pool's steps over a link as one ``steps`` entry (client side).
+- `_host`: the server end of a link: its sessions admitted, stepped in batches, answered.
+
+The carriers are the transports' own: `transports.websocket` and `transports.http`.
+"""
