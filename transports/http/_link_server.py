@@ -3,7 +3,7 @@
 A client creates a link (``POST /poll/links``) and opens its sessions on it in
 envelopes (`transports.link._envelope`), as over a WebSocket link; the sessions are
 a `transports.link._host.LinkHost`'s, in a task of the endpoint's own, so they
-outlive the requests that carry their frames. Each link is a `PollingLink`:
+outlive the requests that carry their frames. Each link is a `PollingServerLink`:
 
 - **Messages in.** ``POST /poll/links/{id}`` carries one envelope, numbered by
   the client (``OpenEnv-Seq``: 1, 2, 3, ...). The link takes each number once,
@@ -55,6 +55,7 @@ from openenv.channel import FrameQueue, QueueClosed
 from openenv.server import SERVER_DEFAULTS, SessionMetrics
 from transports.admission._guard import client_of
 from transports.admission._sessions import SHUTDOWN_REASON, SessionRegistry
+from transports.http._poll_requests import read_created_dialect, read_frame, read_poll_headers
 from transports.http._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_WAIT,
@@ -64,38 +65,26 @@ from transports.http._protocol import (
     MEDIA_TYPES,
     RECEIVED_HEADER,
     SEQ_HEADER,
-    WAIT_HEADER,
     LinkCreated,
-    dialect_for,
 )
-from transports.http._server import (
-    _ACCEPTED_MEDIA_TYPES,
-    _CONTENT_LENGTH,
-    _CONTENT_TYPE,
-    _JSON_TYPE,
-    _LINGER,
-    _MAX_CREATE_BODY,
-    _NO_STORE,
-    DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
-    DEFAULT_UNUSED_TIMEOUT,
-    _CreateRequest,
-    _decode_create,
-    _Handler,
-    _header,
-    _header_int,
-    _header_seconds,
-    _HTTPError,
-    _json_encode,
-    _media_type,
-    _read_body,
-    _respond,
-)
+from transports.http._server import DEFAULT_LINGER, DEFAULT_MAX_UNACKNOWLEDGED_BYTES, DEFAULT_UNUSED_TIMEOUT
 from transports.link._envelope import Entry, EnvelopeCodec
 from transports.link._host import LinkHost
 from transports.link._state import LinkProtocolError
 from transports.shared._asgi import Receive, Scope, Send
+from transports.shared._raw_http import (
+    CONTENT_LENGTH,
+    CONTENT_TYPE,
+    JSON_TYPE,
+    NO_STORE,
+    Handler,
+    HTTPError,
+    header,
+    json_encode,
+    respond,
+)
 
-__all__ = ["GAP_WAIT", "MAX_QUEUED_MESSAGES", "HTTPLinkEndpoint", "PollingLink"]
+__all__ = ["GAP_WAIT", "MAX_QUEUED_MESSAGES", "HTTPLinkEndpoint", "PollingServerLink"]
 
 logger = logging.getLogger("openenv.server")
 
@@ -113,8 +102,6 @@ _LOGGED_ID_LENGTH = 8
 _YIELDS_BEFORE_WAITING: Final = 2
 
 _SEQ = SEQ_HEADER.lower().encode()
-_ACK = ACK_HEADER.lower().encode()
-_WAIT = WAIT_HEADER.lower().encode()
 _RECEIVED = RECEIVED_HEADER.lower().encode()
 _LINK_KEY = LINK_KEY_HEADER.lower().encode()
 
@@ -150,7 +137,7 @@ class _Log:
         return [entry for entry, _ in islice(self.entries, max(0, ack + 1 - self.first), None)]
 
 
-class PollingLink:
+class PollingServerLink:
     """One link of the HTTP long-polling endpoint: its sessions' host, its log, its numbering of messages.
 
     Args:
@@ -318,6 +305,7 @@ class PollingLink:
         self._changed_now()
 
     def request_ended(self) -> None:
+        """A request is over: the link's idle clock runs from now while no other is in flight."""
         self._requests -= 1
         self._last_request = self._clock.now()
         self._changed_now()
@@ -331,14 +319,14 @@ class PollingLink:
             room for it in time; the client sends it again.
 
         Raises:
-            _HTTPError: ``409 sequence_gap``: the messages before it did not come in time.
+            HTTPError: ``409 sequence_gap``: the messages before it did not come in time.
         """
         if seq > self.taken + 1:
             with self._clock.move_on_after(min(wait, GAP_WAIT)):
                 while seq > self.taken + 1 and self.end_reason is None:
                     await self._wait_taken()
             if seq > self.taken + 1:
-                raise _HTTPError(
+                raise HTTPError(
                     409,
                     "sequence_gap",
                     f"{SEQ_HEADER} {seq} skips ahead: the next message expected is {self.taken + 1}",
@@ -439,7 +427,7 @@ class HTTPLinkEndpoint:
         registry: SessionRegistry,
         max_wait: float = DEFAULT_MAX_WAIT,
         max_message_size: int = SERVER_DEFAULTS.max_message_size,
-        linger: float = _LINGER,
+        linger: float = DEFAULT_LINGER,
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         idle_timeout: float | None = None,
         error_details: bool = True,
@@ -462,7 +450,7 @@ class HTTPLinkEndpoint:
         self.error_details = error_details
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.metrics = metrics
-        self._links: dict[str, PollingLink] = {}
+        self._links: dict[str, PollingServerLink] = {}
         self._task_group: TaskGroup | None = None
 
     def __repr__(self) -> str:
@@ -480,8 +468,8 @@ class HTTPLinkEndpoint:
             The routes (`transports.server.app.create_app` mounts them).
         """
         return [
-            Route(LINK_PATH, _Handler(self._link), name="poll_link"),
-            Route(LINKS_PATH, _Handler(self._create), name="poll_links"),
+            Route(LINK_PATH, Handler(self._link), name="poll_link"),
+            Route(LINKS_PATH, Handler(self._create), name="poll_links"),
         ]
 
     async def run(self) -> None:
@@ -500,30 +488,18 @@ class HTTPLinkEndpoint:
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            raise _HTTPError(405, "method_not_allowed", "use POST to create a link", [(b"allow", b"POST")])
+            raise HTTPError(405, "method_not_allowed", "use POST to create a link", [(b"allow", b"POST")])
         content_type = content_length = None
         for name, value in scope["headers"]:
-            if name == _CONTENT_TYPE:
+            if name == CONTENT_TYPE:
                 content_type = value
-            elif name == _CONTENT_LENGTH:
+            elif name == CONTENT_LENGTH:
                 content_length = value
-        body = await _read_body(receive, _MAX_CREATE_BODY, content_length)
-        options = _CreateRequest()
-        if body.strip():
-            if content_type is None or _media_type(content_type) != "application/json":
-                raise _HTTPError(415, "unsupported_media_type", f"the body of POST {LINKS_PATH} must be JSON")
-            try:
-                options = _decode_create(body)
-            except msgspec.DecodeError as exc:
-                raise _HTTPError(400, "invalid_body", f"invalid body: {exc}") from None
-        try:
-            dialect = dialect_for(options.encoding)
-        except ValueError as exc:
-            raise _HTTPError(400, "invalid_body", str(exc)) from None
+        dialect = await read_created_dialect(receive, content_type, content_length, LINKS_PATH)
         task_group = self._task_group
         if task_group is None:
-            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host links")
-        link = PollingLink(
+            raise HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host links")
+        link = PollingServerLink(
             self.factory,
             registry=self.registry,
             dialect=dialect,
@@ -539,7 +515,7 @@ class HTTPLinkEndpoint:
         await task_group.start(self._run_link, link)
         created = LinkCreated(link.id, link.key.decode(), dialect.encoding, self.max_message_size, self.max_wait)
         location = LINK_PATH.replace("{link_id}", link.id).encode()
-        await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], _json_encode(created))
+        await respond(send, 201, [JSON_TYPE, NO_STORE, (b"location", location)], json_encode(created))
         client = scope.get("client")
         logger.info(
             "%s - HTTP long-polling link %s… opened",
@@ -547,7 +523,7 @@ class HTTPLinkEndpoint:
             link.id[:_LOGGED_ID_LENGTH],
         )
 
-    async def _run_link(self, link: PollingLink, *, task_status: TaskStatus[None]) -> None:
+    async def _run_link(self, link: PollingServerLink, *, task_status: TaskStatus[None]) -> None:
         try:
             await link.run(task_status=task_status)
             logger.info("HTTP long-polling link %s… ended: %s", link.id[:_LOGGED_ID_LENGTH], link.end_reason)
@@ -562,54 +538,40 @@ class HTTPLinkEndpoint:
     async def _link(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope["method"]
         if method not in ("POST", "GET", "DELETE"):
-            raise _HTTPError(405, "method_not_allowed", "use POST, GET or DELETE", [(b"allow", b"GET, POST, DELETE")])
+            raise HTTPError(405, "method_not_allowed", "use POST, GET or DELETE", [(b"allow", b"GET, POST, DELETE")])
         link = self._links.get(scope["path_params"]["link_id"])
-        if link is None or not link.holds_key(_header(scope, _LINK_KEY)):
+        if link is None or not link.holds_key(header(scope, _LINK_KEY)):
             raise _not_found()  # its id alone (seen in a URL, a log) does not drive it
         if method == "DELETE":
             link.close("the client ended the link")
             link.forgotten.set()
             del self._links[link.id]
-            await _respond(send, 204, [_NO_STORE])
+            await respond(send, 204, [NO_STORE])
             return
         posting = method == "POST"
-        seq = ack = 0
-        wait = self.max_wait
-        content_type = content_length = None
-        for name, value in scope["headers"]:
-            if name == _SEQ:
-                seq = _header_int(value, SEQ_HEADER, 1)
-            elif name == _ACK:
-                ack = _header_int(value, ACK_HEADER, 0)
-            elif name == _WAIT:
-                wait = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
-            elif name == _CONTENT_TYPE:
-                content_type = value
-            elif name == _CONTENT_LENGTH:
-                content_length = value
+        _, seq, ack, wait, content_type, content_length = read_poll_headers(scope, self.max_wait)
         log = link.log
         if ack > log.end:
-            raise _HTTPError(
+            raise HTTPError(
                 409, "ack_out_of_range", f"{ACK_HEADER} {ack} acknowledges entries never sent (the last is {log.end})"
             )
         link.request_started()
         try:
             if posting:
                 if seq == 0:
-                    raise _HTTPError(400, "invalid_header", f"a message needs its {SEQ_HEADER}")
-                encoding = link.dialect.encoding
-                if content_type is None or _media_type(content_type) not in _ACCEPTED_MEDIA_TYPES[encoding]:
-                    raise _HTTPError(
-                        415,
-                        "unsupported_media_type",
-                        f"this link's envelopes are {MEDIA_TYPES[encoding]}, not "
-                        f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
-                    )
-                body = await _read_body(receive, self.max_message_size, content_length)
+                    raise HTTPError(400, "invalid_header", f"a message needs its {SEQ_HEADER}")
+                body = await read_frame(
+                    receive,
+                    content_type,
+                    content_length,
+                    encoding=link.dialect.encoding,
+                    limit=self.max_message_size,
+                    what="link's envelopes",
+                )
                 try:
                     entries = link.codec.decode(body)
                 except msgspec.DecodeError as exc:
-                    raise _HTTPError(400, "invalid_envelope", f"not an envelope: {exc}"[:300]) from None
+                    raise HTTPError(400, "invalid_envelope", f"not an envelope: {exc}"[:300]) from None
                 log.acknowledge(ack)
                 if await link.accept(seq, entries, wait):
                     wait = 0.0
@@ -618,15 +580,15 @@ class HTTPLinkEndpoint:
             entries = await link.entries_after(ack, wait)
             received = (_RECEIVED, b"%d" % link.taken)
             if entries:
-                headers = [(_CONTENT_TYPE, link.media_type), (_SEQ, b"%d" % log.end), received, _NO_STORE]
-                await _respond(send, 200, headers, link.codec.encode(entries))
+                headers = [(CONTENT_TYPE, link.media_type), (_SEQ, b"%d" % log.end), received, NO_STORE]
+                await respond(send, 200, headers, link.codec.encode(entries))
             elif link.end_reason is not None:
-                raise _HTTPError(410, "link_ended", f"the link has ended: {link.end_reason}", [received])
+                raise HTTPError(410, "link_ended", f"the link has ended: {link.end_reason}", [received])
             else:
-                await _respond(send, 204, [received, _NO_STORE])
+                await respond(send, 204, [received, NO_STORE])
         finally:
             link.request_ended()
 
 
-def _not_found() -> _HTTPError:
-    return _HTTPError(404, "link_not_found", "no such link: it never existed, or it ended and was forgotten")
+def _not_found() -> HTTPError:
+    return HTTPError(404, "link_not_found", "no such link: it never existed, or it ended and was forgotten")

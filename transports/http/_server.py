@@ -20,30 +20,28 @@ retried ``POST`` is never executed twice. Sessions take slots in the app's
 client that vanishes without a ``DELETE`` cannot be seen leaving.
 
 Like ``/ws``, this is a server's hot path: it reads and writes ASGI messages
-directly, without Starlette's request and response objects.
+directly, without Starlette's request and response objects
+(`transports.shared._raw_http`). Each session's record, with no I/O, is a
+`transports.http._poll_session.PollSession`.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
-import math
 import secrets
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 import anyio
-import anyio.lowlevel
-import msgspec
 from anyio.abc import TaskGroup
 from starlette.routing import BaseRoute, Route
 
-from openenv import Clock, ConnectionClosed, Dialect
-from openenv.channel import FrameQueue, QueueClosed
+from openenv import Dialect
 from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
 from transports.admission._guard import client_of
 from transports.admission._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
+from transports.http._poll_requests import read_created_dialect, read_frame, read_poll_headers
+from transports.http._poll_session import HeldBytes, PollSession
 from transports.http._protocol import (
     ACK_HEADER,
     DEFAULT_MAX_WAIT,
@@ -60,13 +58,24 @@ from transports.http._protocol import (
     Created,
     Queued,
     QueuePlace,
-    dialect_for,
 )
 from transports.shared._asgi import Receive, Scope, Send
 from transports.shared._deprecated import renamed_option
-from transports.shared._error_body import encode_error
+from transports.shared._raw_http import (
+    CONTENT_LENGTH,
+    CONTENT_TYPE,
+    JSON_TYPE,
+    NO_STORE,
+    Handler,
+    HTTPError,
+    header,
+    header_seconds,
+    json_encode,
+    respond,
+)
 
 __all__ = [
+    "DEFAULT_LINGER",
     "DEFAULT_MAX_UNACKNOWLEDGED_BYTES",
     "DEFAULT_MAX_UNACKNOWLEDGED_TOTAL",
     "DEFAULT_UNUSED_TIMEOUT",
@@ -78,13 +87,9 @@ logger = logging.getLogger("openenv.server")
 # How much of a session's id the log shows.
 _LOGGED_ID_LENGTH = 8
 
-# Seconds an ended session's record stays, so its client can still fetch the
-# replies it has not acknowledged and learn why it ended (410, then 404).
-_LINGER: Final = 60.0
-
-# The most unacknowledged reply bytes an ended session keeps without holding
-# its slot while its record lingers (the last reply, unacknowledged, is usual).
-_LINGER_FREE_BYTES: Final = 64 * 1024
+DEFAULT_LINGER: Final = 60.0
+"""Seconds an ended session's (or link's) record stays, so its client can still fetch what it has not
+acknowledged and learn why it ended (``410``, then ``404``)."""
 
 # Requests a session may hold whose replies the client has not acknowledged.
 # Our client has one in flight (and a few abandoned by timeouts at most); this
@@ -98,15 +103,6 @@ DEFAULT_MAX_UNACKNOWLEDGED_TOTAL: Final = 256 * 1024 * 1024
 """The most bytes all the HTTP sessions of a server hold beyond one request and its reply each."""
 
 
-class _Held:
-    """The bytes every session of an endpoint holds for its client: replies not acknowledged, requests not taken."""
-
-    __slots__ = ("bytes",)
-
-    def __init__(self) -> None:
-        self.bytes = 0
-
-
 DEFAULT_UNUSED_TIMEOUT: Final = 30.0
 """Seconds a new HTTP session may wait for its first frame before it ends.
 
@@ -114,281 +110,17 @@ Its environment is built only when that frame comes, so sessions created and
 never used cost no environment, and hold their slot only this long.
 """
 
-# Times a frame request lets other tasks run before it waits for a reply: twice,
-# as trio may run the woken session after the request's task once.
-_YIELDS_BEFORE_WAITING: Final = 2
-
-# The largest body of POST /poll/sessions (a small JSON object).
-_MAX_CREATE_BODY: Final = 64 * 1024
-
-# The accepted spellings of each encoding's media type, in requests.
-_ACCEPTED_MEDIA_TYPES: Final = {
-    "json": frozenset({"application/json"}),
-    "msgpack": frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"}),
-}
-
 _SEQ = SEQ_HEADER.lower().encode()
-_ACK = ACK_HEADER.lower().encode()
 _WAIT = WAIT_HEADER.lower().encode()
 _IDEMPOTENCY_KEY = IDEMPOTENCY_KEY_HEADER.lower().encode()
 _RECEIVED = RECEIVED_HEADER.lower().encode()
 _SESSION_KEY = SESSION_KEY_HEADER.lower().encode()
-_CONTENT_TYPE = b"content-type"
-_CONTENT_LENGTH = b"content-length"
-_NO_STORE = (b"cache-control", b"no-store")
-_JSON_TYPE = (b"content-type", b"application/json")
-
 _IDEMPOTENCY_KEY_LENGTHS: Final = range(16, 256)
 
 # Seconds a queued creation keeps its place with no request waiting on it (the
 # client's next one comes at once after a 202, or after a retry's backoff);
 # also how long a slot admitted meanwhile waits for it.
 _COME_BACK: Final = 5.0
-
-
-class _CreateRequest(msgspec.Struct):
-    """The body of ``POST /poll/sessions`` (every field optional; unknown fields ignored)."""
-
-    encoding: str = "json"
-
-
-_json_encode = msgspec.json.Encoder().encode
-_decode_create = msgspec.json.Decoder(_CreateRequest).decode
-
-
-class _HTTPError(Exception):
-    """An error response, raised from anywhere in a request's handling."""
-
-    def __init__(self, status: int, code: str, message: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = list(headers)
-
-
-class _Disconnected(Exception):
-    """The client went away while its request was being read."""
-
-
-class _Session:
-    """One HTTP session: the frames queued for its environment, and its replies until acknowledged.
-
-    Request frames are numbered by the client (``received`` is the highest one
-    queued), replies by the server (``sent``). ``outbox`` holds each reply not
-    yet acknowledged, with the number of the request it answers, so a request
-    whose reply the client has acknowledged is known to be done with (``answered``).
-    """
-
-    __slots__ = (
-        "acked",
-        "answered",
-        "clock",
-        "current",
-        "deleted",
-        "dialect",
-        "end_reason",
-        "forgotten",
-        "held",
-        "id",
-        "idempotency_key",
-        "inbox",
-        "inbox_bytes",
-        "key",
-        "lease",
-        "media_type",
-        "new_event",
-        "outbox",
-        "outbox_bytes",
-        "received",
-        "scope",
-        "sent",
-        "served",
-        "waiter",
-    )
-
-    def __init__(
-        self,
-        session_id: str,
-        dialect: Dialect,
-        new_event: Callable[[], anyio.Event],
-        clock: Clock,
-        held: _Held | None = None,
-    ) -> None:
-        self.id = session_id
-        self.clock = clock
-        self.held = held if held is not None else _Held()  # the endpoint's count, shared by its sessions
-        self.inbox_bytes = 0  # the requests queued and not yet taken by the environment
-        self.key = secrets.token_urlsafe(32).encode()
-        self.dialect = dialect
-        self.media_type = MEDIA_TYPES[dialect.encoding].encode()
-        self.lease: SessionLease | None = None
-        self.scope = anyio.CancelScope()
-        self.inbox: FrameQueue[tuple[int, bytes]] = FrameQueue()
-        self.outbox: deque[tuple[int, int, bytes]] = deque()  # (reply seq, request seq, frame)
-        self.outbox_bytes = 0
-        self.received = 0
-        self.sent = 0
-        self.acked = 0
-        self.answered = 0
-        self.current = 0  # the request being handled (0 before any)
-        self.served = False  # whether the environment was built and asked for a request
-        self.end_reason: str | None = None  # set once the session has ended
-        self.deleted = False
-        self.idempotency_key: tuple[str, str] | None = None  # (client, key): a retry must come from its client
-        self.new_event = new_event
-        self.waiter: anyio.Event | None = None  # set when a reply comes or the session ends
-        self.forgotten = new_event()  # set when the record is dropped (DELETE)
-
-    # -- the environment's side (host_session's receive and send) ------------------
-
-    async def receive_request(self) -> bytes:
-        lease = self.lease
-        assert lease is not None
-        if lease.close_reason is not None:  # asked to end while it was busy
-            raise ConnectionClosed(lease.close_reason)
-        if self.deleted:  # frames queued behind the DELETE never run
-            raise ConnectionClosed("the client deleted the session")
-        self.served = True
-        inbox = self.inbox
-        if not inbox:
-            lease.touch()  # waiting for the client: the idle clock runs
-        try:
-            seq, frame = await inbox.get()
-        except QueueClosed:
-            raise ConnectionClosed("the client deleted the session") from None
-        self.inbox_bytes -= len(frame)
-        self.held.bytes -= len(frame)
-        lease.mark_busy()
-        self.current = seq
-        return frame
-
-    async def send_reply(self, frame: bytes) -> None:
-        if self.deleted:
-            raise ConnectionClosed("the client deleted the session")
-        self.push(frame)
-
-    def push(self, frame: bytes) -> None:
-        """Keep a reply for the client until it acknowledges it, and wake whoever waits for one."""
-        self.sent += 1
-        self.outbox.append((self.sent, self.current, frame))
-        self.outbox_bytes += len(frame)
-        self.held.bytes += len(frame)
-        self.wake()
-
-    def wake(self) -> None:
-        """Wake whoever waits for a reply, or for the first frame."""
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.set()
-
-    def vacate_unless_lingering(self) -> None:
-        """Free the slot once the session is over, unless large replies the client has yet to fetch keep it."""
-        if self.lease is not None and self.outbox_bytes <= _LINGER_FREE_BYTES:
-            self.lease.vacate()
-
-    @property
-    def holds(self) -> int:
-        """The bytes it holds for its client: replies not acknowledged, and requests not taken yet."""
-        return self.outbox_bytes + self.inbox_bytes
-
-    def queue_request(self, seq: int, frame: bytes) -> None:
-        """Queue a request frame for the environment, counted as held until it is taken."""
-        self.inbox_bytes += len(frame)
-        self.held.bytes += len(frame)
-        self.inbox.put((seq, frame))
-
-    def forget_held(self) -> None:
-        """Uncount what it holds: its record is gone, and all it held with it."""
-        self.held.bytes -= self.outbox_bytes + self.inbox_bytes
-        self.outbox_bytes = self.inbox_bytes = 0
-        self.outbox.clear()
-
-    def end(self, reason: str) -> None:
-        """Note that the session has ended (its environment is closed); wake every waiter."""
-        if self.end_reason is None:
-            self.end_reason = reason
-        self.inbox.close()
-        self.wake()
-
-    def stop(self) -> None:
-        """End the session at the registry's request (idle too long, the server stopping): its ``on_close``.
-
-        The session's task is cancelled, and its record ends now, so a request
-        waiting for a reply gets ``410`` with the reason at once, even while a
-        plain environment's step still holds the session's thread.
-        """
-        self.scope.cancel()
-        lease = self.lease
-        if lease is not None and lease.close_reason is not None:
-            self.end(lease.close_reason)
-
-    def delete(self) -> None:
-        """End the session at the client's request: after the request in hand, if any."""
-        self.deleted = True
-        if self.end_reason is None:
-            self.end_reason = "the client deleted the session"
-        self.inbox.close()
-        self.forgotten.set()
-        self.wake()
-
-    # -- the client's side (the HTTP requests) -----------------------------------
-
-    def holds_key(self, key: bytes | None) -> bool:
-        """Whether a request carries this session's key (compared in constant time)."""
-        return key is not None and hmac.compare_digest(key, self.key)
-
-    async def first_request(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the first frame; whether one came (or the session ended)."""
-        with self.clock.move_on_after(timeout):
-            while not self.inbox and self.end_reason is None:
-                waiter = self.waiter
-                if waiter is None:  # shared with long polls waiting for a reply
-                    waiter = self.waiter = self.new_event()
-                await waiter.wait()
-            return True
-        return False
-
-    def acknowledge(self, ack: int) -> None:
-        """Forget the replies up to ``ack``; the client holds them."""
-        if ack <= self.acked:
-            return
-        outbox = self.outbox
-        while outbox and outbox[0][0] <= ack:
-            _, request_seq, frame = outbox.popleft()
-            self.outbox_bytes -= len(frame)
-            self.held.bytes -= len(frame)
-            if request_seq > self.answered:
-                self.answered = request_seq
-        self.acked = ack
-
-    async def next_reply(self, wait: float) -> tuple[int, bytes] | None:
-        """The oldest unacknowledged reply, waiting up to ``wait`` seconds; ``None`` if none came."""
-        outbox = self.outbox
-        if outbox:
-            reply = outbox[0]
-            return reply[0], reply[2]
-        if self.end_reason is not None or wait <= 0:
-            return None
-        # A request just queued is often answered at once (an async environment
-        # steps on the event loop): let the session run before arming a timed
-        # wait, which costs more than such a step.
-        for _ in range(_YIELDS_BEFORE_WAITING):
-            await anyio.lowlevel.checkpoint()
-            if outbox:
-                reply = outbox[0]
-                return reply[0], reply[2]
-        with self.clock.move_on_after(wait):
-            while not outbox and self.end_reason is None:
-                waiter = self.waiter
-                if waiter is None:
-                    waiter = self.waiter = self.new_event()
-                await waiter.wait()
-        if outbox:
-            reply = outbox[0]
-            return reply[0], reply[2]
-        return None
 
 
 class _QueuedCreation:
@@ -402,7 +134,9 @@ class _QueuedCreation:
 
     __slots__ = ("_changed", "claimed", "client", "key", "lease", "session", "settled", "ticket", "waiting")
 
-    def __init__(self, session: _Session, ticket: QueueTicket, key: tuple[str, str] | None, client: str | None) -> None:
+    def __init__(
+        self, session: PollSession, ticket: QueueTicket, key: tuple[str, str] | None, client: str | None
+    ) -> None:
         self.session = session
         self.ticket = ticket
         self.key = key
@@ -432,93 +166,6 @@ async def _either(first: anyio.Event, second: anyio.Event) -> None:
 
         task_group.start_soon(wait, first)
         task_group.start_soon(wait, second)
-
-
-# The most digits a numeric header may have: far beyond any count a session
-# reaches, and far below what Python refuses to parse (4,300 digits).
-_MAX_HEADER_DIGITS: Final = 18
-
-
-def _header_int(value: bytes, name: str, minimum: int) -> int:
-    if not value.isdigit() or len(value) > _MAX_HEADER_DIGITS or int(value) < minimum:
-        raise _HTTPError(400, "invalid_header", f"{name} must be an integer of at least {minimum}, not {value!r}")
-    return int(value)
-
-
-def _header_seconds(value: bytes, name: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (seconds >= 0 and math.isfinite(seconds)):
-        raise _HTTPError(400, "invalid_header", f"{name} must be a number of seconds (0 or more), not {value!r}")
-    return seconds
-
-
-def _media_type(value: bytes) -> str:
-    return value.split(b";", 1)[0].strip().lower().decode("latin-1")
-
-
-async def _read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
-    """Read a request's whole body; ``413`` past ``limit`` bytes."""
-    if (
-        content_length is not None
-        and content_length.isdigit()
-        and (len(content_length) > _MAX_HEADER_DIGITS or int(content_length) > limit)
-    ):
-        raise _HTTPError(413, "body_too_large", f"the body of {content_length.decode()} bytes exceeds {limit} bytes")
-    message = await receive()
-    if message["type"] != "http.request":
-        raise _Disconnected
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
-        if len(body) > limit:
-            raise _HTTPError(413, "body_too_large", f"the body exceeds {limit} bytes")
-        return body
-    chunks = [body]
-    size = len(body)
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _HTTPError(413, "body_too_large", f"the body exceeds {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> None:
-    headers.append((_CONTENT_LENGTH, b"%d" % len(body)))
-    try:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-    except OSError:  # the client is gone: what it did not get, it will ask for again
-        pass
-
-
-async def _respond_error(send: Send, error: _HTTPError) -> None:
-    body = encode_error(error.code, error.message)
-    await _respond(send, error.status, [_JSON_TYPE, _NO_STORE, *error.headers], body)
-
-
-class _Handler:
-    """A bound method as an ASGI app (Starlette routes call methods as request/response endpoints)."""
-
-    __slots__ = ("_handle",)
-
-    def __init__(self, handle: Callable[[Scope, Receive, Send], Any]) -> None:
-        self._handle = handle
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self._handle(scope, receive, send)
-        except _HTTPError as error:
-            await _respond_error(send, error)
-        except _Disconnected:
-            pass
 
 
 class HTTPPollingEndpoint:
@@ -575,7 +222,7 @@ class HTTPPollingEndpoint:
         registry: SessionRegistry,
         max_wait: float = DEFAULT_MAX_WAIT,
         max_message_size: int = SERVER_DEFAULTS.max_message_size,
-        linger: float = _LINGER,
+        linger: float = DEFAULT_LINGER,
         unused_timeout: float = DEFAULT_UNUSED_TIMEOUT,
         error_details: bool = True,
         max_unacknowledged_bytes: int = DEFAULT_MAX_UNACKNOWLEDGED_BYTES,
@@ -594,16 +241,16 @@ class HTTPPollingEndpoint:
         self.metrics = metrics
         self.max_unacknowledged_bytes = max_unacknowledged_bytes
         self.max_unacknowledged_total = max_unacknowledged_total
-        self._held = _Held()
+        self._held = HeldBytes()
         self.factory = factory
         self.registry = registry
         self.max_wait = max_wait
         self.max_message_size = max_message_size
         self.linger = linger
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, PollSession] = {}
         # By client and idempotency key, until the first frame: only the client that
         # created a session gets its credentials again for the key.
-        self._created: dict[tuple[str, str], _Session] = {}
+        self._created: dict[tuple[str, str], PollSession] = {}
         self._queued: dict[tuple[str, str], _QueuedCreation] = {}  # by client and idempotency key
         self._task_group: TaskGroup | None = None
         self._new_event: Callable[[], anyio.Event] = anyio.Event
@@ -623,9 +270,9 @@ class HTTPPollingEndpoint:
             The routes, for `transports.server.app.mount_routes` (`transports.server.app.create_app` mounts them).
         """
         return [
-            Route(FRAMES_PATH, _Handler(self._frames), name="poll_frames"),
-            Route(SESSION_PATH, _Handler(self._session), name="poll_session"),
-            Route(SESSIONS_PATH, _Handler(self._create), name="poll_sessions"),
+            Route(FRAMES_PATH, Handler(self._frames), name="poll_frames"),
+            Route(SESSION_PATH, Handler(self._session), name="poll_session"),
+            Route(SESSIONS_PATH, Handler(self._create), name="poll_sessions"),
         ]
 
     async def run(self) -> None:
@@ -648,37 +295,24 @@ class HTTPPollingEndpoint:
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            raise _HTTPError(405, "method_not_allowed", "use POST to create a session", [(b"allow", b"POST")])
+            raise HTTPError(405, "method_not_allowed", "use POST to create a session", [(b"allow", b"POST")])
         content_type = content_length = key = None
         hold: float | None = None  # how long the client waits for this answer, if it says
         for name, value in scope["headers"]:
-            if name == _CONTENT_TYPE:
+            if name == CONTENT_TYPE:
                 content_type = value
-            elif name == _CONTENT_LENGTH:
+            elif name == CONTENT_LENGTH:
                 content_length = value
             elif name == _IDEMPOTENCY_KEY:
                 key = value
             elif name == _WAIT:
-                hold = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
-        body = await _read_body(receive, _MAX_CREATE_BODY, content_length)
-        if body.strip():
-            if content_type is None or _media_type(content_type) != "application/json":
-                raise _HTTPError(415, "unsupported_media_type", "the body of POST /poll/sessions must be JSON")
-            try:
-                options = _decode_create(body)
-            except msgspec.DecodeError as exc:
-                raise _HTTPError(400, "invalid_body", f"invalid body: {exc}") from None
-        else:
-            options = _CreateRequest()
-        try:
-            dialect = dialect_for(options.encoding)
-        except ValueError as exc:
-            raise _HTTPError(400, "invalid_body", str(exc)) from None
+                hold = min(header_seconds(value, WAIT_HEADER), self.max_wait)
+        dialect = await read_created_dialect(receive, content_type, content_length, SESSIONS_PATH)
         idempotency_key = None
         if key is not None:
             text = key.decode("latin-1")
             if len(text) not in _IDEMPOTENCY_KEY_LENGTHS or not text.isprintable():
-                raise _HTTPError(
+                raise HTTPError(
                     400, "invalid_header", f"{IDEMPOTENCY_KEY_HEADER} must be 16 to 255 printable characters"
                 )
             idempotency_key = (client_of(scope), text)
@@ -689,7 +323,7 @@ class HTTPPollingEndpoint:
             if existing is not None or queued is not None:
                 earlier = existing or (queued.session if queued is not None else None)
                 if earlier is not None and earlier.dialect != dialect:
-                    raise _HTTPError(
+                    raise HTTPError(
                         409,
                         "idempotency_key_reused",
                         f"this {IDEMPOTENCY_KEY_HEADER} created a session with other options",
@@ -702,10 +336,10 @@ class HTTPPollingEndpoint:
                 return
         task_group = self._task_group
         if task_group is None:
-            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
+            raise HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
 
         client = client_of(scope)
-        session = _Session(secrets.token_urlsafe(32), dialect, self._new_event, self.registry.clock, self._held)
+        session = PollSession(secrets.token_urlsafe(32), dialect, self._new_event, self.registry.clock, self._held)
         taken = self.registry.open_or_enqueue(transport="http", on_close=session.stop, client=client)
         if taken is None:
             await self._refuse_at_capacity(send, dialect, client)
@@ -721,13 +355,13 @@ class HTTPPollingEndpoint:
         await self._wait_in_queue(queued, scope, receive, send, hold)
 
     def _open(
-        self, session: _Session, lease: SessionLease, idempotency_key: tuple[str, str] | None, scope: Scope
+        self, session: PollSession, lease: SessionLease, idempotency_key: tuple[str, str] | None, scope: Scope
     ) -> None:
         """Start a session that has its slot."""
         task_group = self._task_group
         if task_group is None:  # the server stopped meanwhile
             lease.release()
-            raise _HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
+            raise HTTPError(503, "not_running", "the server's lifespan is not running: it cannot host sessions")
         session.lease = lease
         self._sessions[session.id] = session
         if idempotency_key is not None:
@@ -807,8 +441,8 @@ class HTTPPollingEndpoint:
             return
         if not queued.settled.is_set():
             position = self.registry.position(queued.ticket)
-            body = _json_encode(Queued(QueuePlace(position, self.registry.queue_timeout or 0.0)))
-            await _respond(send, 202, [_JSON_TYPE, _NO_STORE, (b"retry-after", b"0")], body)
+            body = json_encode(Queued(QueuePlace(position, self.registry.queue_timeout or 0.0)))
+            await respond(send, 202, [JSON_TYPE, NO_STORE, (b"retry-after", b"0")], body)
             return
         if queued.claimed:  # another request for the same creation took it
             await self._respond_created(send, queued.session)
@@ -823,24 +457,24 @@ class HTTPPollingEndpoint:
         self._open(queued.session, lease, queued.key, scope)
         await self._respond_created(send, queued.session)
 
-    async def _respond_created(self, send: Send, session: _Session) -> None:
-        body = _json_encode(
+    async def _respond_created(self, send: Send, session: PollSession) -> None:
+        body = json_encode(
             Created(session.id, session.key.decode(), session.dialect.encoding, self.max_message_size, self.max_wait)
         )
         location = SESSION_PATH.replace("{session_id}", session.id).encode()
-        await _respond(send, 201, [_JSON_TYPE, _NO_STORE, (b"location", location)], body)
+        await respond(send, 201, [JSON_TYPE, NO_STORE, (b"location", location)], body)
 
     async def _refuse_at_capacity(self, send: Send, dialect: Dialect, client: str | None) -> None:
         frame = self.registry.capacity_reached_frame(dialect, client)
         headers = [
-            (_CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
-            _NO_STORE,
+            (CONTENT_TYPE, MEDIA_TYPES[dialect.encoding].encode()),
+            NO_STORE,
             (ERROR_HEADER.lower().encode(), b"CAPACITY_REACHED"),
             (b"retry-after", b"1"),
         ]
-        await _respond(send, 503, headers, frame)
+        await respond(send, 503, headers, frame)
 
-    async def _run_session(self, session: _Session) -> None:
+    async def _run_session(self, session: PollSession) -> None:
         lease = session.lease
         assert lease is not None
         # Its client cannot be seen leaving: one that stops asking while a step
@@ -878,7 +512,7 @@ class HTTPPollingEndpoint:
             finally:
                 # Large replies the client has yet to fetch keep the slot while
                 # they linger, so ended sessions cannot pin memory past the limit.
-                if session.outbox_bytes <= _LINGER_FREE_BYTES:
+                if session.lingers_lightly:
                     lease.release()
                 # The first reason given sticks: the registry's (idle, shutdown), a DELETE's, then ours.
                 session.end(lease.close_reason or session.end_reason or reason)
@@ -894,7 +528,7 @@ class HTTPPollingEndpoint:
             if self._sessions.get(session.id) is session:
                 del self._sessions[session.id]
 
-    def _forget_key(self, session: _Session) -> None:
+    def _forget_key(self, session: PollSession) -> None:
         key, session.idempotency_key = session.idempotency_key, None
         if key is not None and self._created.get(key) is session:
             del self._created[key]
@@ -903,14 +537,14 @@ class HTTPPollingEndpoint:
 
     async def _session(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "DELETE":
-            raise _HTTPError(405, "method_not_allowed", "use DELETE to end a session", [(b"allow", b"DELETE")])
+            raise HTTPError(405, "method_not_allowed", "use DELETE to end a session", [(b"allow", b"DELETE")])
         session = self._sessions.get(scope["path_params"]["session_id"])
-        if session is None or not session.holds_key(_header(scope, _SESSION_KEY)):
+        if session is None or not session.holds_key(header(scope, _SESSION_KEY)):
             raise _not_found()
         del self._sessions[session.id]
         self._forget_key(session)
         session.delete()
-        await _respond(send, 204, [_NO_STORE])
+        await respond(send, 204, [NO_STORE])
 
     # -- POST and GET /poll/sessions/{id}/frames ---------------------------------
 
@@ -918,48 +552,32 @@ class HTTPPollingEndpoint:
         method = scope["method"]
         posting = method == "POST"
         if not posting and method != "GET":
-            raise _HTTPError(405, "method_not_allowed", "use POST or GET", [(b"allow", b"GET, POST")])
+            raise HTTPError(405, "method_not_allowed", "use POST or GET", [(b"allow", b"GET, POST")])
         session = self._sessions.get(scope["path_params"]["session_id"])
         if session is None:
             raise _not_found()
-        seq = ack = 0
-        wait = self.max_wait
-        content_type = content_length = key = None
-        for name, value in scope["headers"]:
-            if name == _SESSION_KEY:
-                key = value
-            elif name == _SEQ:
-                seq = _header_int(value, SEQ_HEADER, 1)
-            elif name == _ACK:
-                ack = _header_int(value, ACK_HEADER, 0)
-            elif name == _WAIT:
-                wait = min(_header_seconds(value, WAIT_HEADER), self.max_wait)
-            elif name == _CONTENT_TYPE:
-                content_type = value
-            elif name == _CONTENT_LENGTH:
-                content_length = value
+        key, seq, ack, wait, content_type, content_length = read_poll_headers(scope, self.max_wait, _SESSION_KEY)
         if not session.holds_key(key):  # its id alone (seen in a URL, a log) does not drive it
             raise _not_found()
         if session.lease is not None:
             session.lease.seen()
         if ack > session.sent:
-            raise _HTTPError(
+            raise HTTPError(
                 409,
                 "ack_out_of_range",
                 f"{ACK_HEADER} {ack} acknowledges replies never sent (the last is {session.sent})",
             )
         if posting:
             if seq == 0:
-                raise _HTTPError(400, "invalid_header", f"a frame needs its {SEQ_HEADER}")
-            encoding = session.dialect.encoding
-            if content_type is None or _media_type(content_type) not in _ACCEPTED_MEDIA_TYPES[encoding]:
-                raise _HTTPError(
-                    415,
-                    "unsupported_media_type",
-                    f"this session's frames are {MEDIA_TYPES[encoding]}, not "
-                    f"{'nothing' if content_type is None else content_type.decode('latin-1')!r}",
-                )
-            frame = await _read_body(receive, self.max_message_size, content_length)
+                raise HTTPError(400, "invalid_header", f"a frame needs its {SEQ_HEADER}")
+            frame = await read_frame(
+                receive,
+                content_type,
+                content_length,
+                encoding=session.dialect.encoding,
+                limit=self.max_message_size,
+                what="session's frames",
+            )
             session.acknowledge(ack)
             self._accept(session, seq, frame)
         else:
@@ -967,41 +585,41 @@ class HTTPPollingEndpoint:
         reply = await session.next_reply(wait)
         received = (_RECEIVED, b"%d" % session.received)
         if session.end_reason is not None and reply is None:
-            raise _HTTPError(410, "session_ended", f"the session has ended: {session.end_reason}", [received])
+            raise HTTPError(410, "session_ended", f"the session has ended: {session.end_reason}", [received])
         # A 2xx to a POST says the server has every frame up to its OpenEnv-Seq,
         # and no cache keeps a POST's response: two headers fewer on the hot path.
-        headers = [] if posting else [received, _NO_STORE]
+        headers = [] if posting else [received, NO_STORE]
         if reply is not None:
-            headers.append((_CONTENT_TYPE, session.media_type))
+            headers.append((CONTENT_TYPE, session.media_type))
             headers.append((_SEQ, b"%d" % reply[0]))
-            await _respond(send, 200, headers, reply[1])
+            await respond(send, 200, headers, reply[1])
         else:
-            await _respond(send, 204, headers)
+            await respond(send, 204, headers)
 
-    def _accept(self, session: _Session, seq: int, frame: bytes) -> None:
+    def _accept(self, session: PollSession, seq: int, frame: bytes) -> None:
         """Queue a request frame for the session, once; a retry of one queued already is not queued again."""
         received = session.received
         if seq <= received:
             if seq <= session.answered:
-                raise _HTTPError(
+                raise HTTPError(
                     409,
                     "sequence_acknowledged",
                     f"{SEQ_HEADER} {seq} was answered and its reply acknowledged already; nothing to replay",
                 )
             return  # a retry: answer it with the reply (or "pending"), never run it twice
         if seq > received + 1:
-            raise _HTTPError(
+            raise HTTPError(
                 409, "sequence_gap", f"{SEQ_HEADER} {seq} skips ahead: the next frame expected is {received + 1}"
             )
         if session.end_reason is not None:
-            raise _HTTPError(
+            raise HTTPError(
                 410,
                 "session_ended",
                 f"the session has ended: {session.end_reason}",
                 [(_RECEIVED, b"%d" % received)],
             )
         if received - session.answered >= _MAX_UNACKNOWLEDGED:
-            raise _HTTPError(
+            raise HTTPError(
                 409,
                 "too_many_unacknowledged",
                 f"{_MAX_UNACKNOWLEDGED} requests await an acknowledged reply; acknowledge replies first",
@@ -1010,14 +628,14 @@ class HTTPPollingEndpoint:
         if holds:  # one request and its reply are always let in; more count against the bounds
             size = len(frame)
             if holds + size > self.max_unacknowledged_bytes:
-                raise _HTTPError(
+                raise HTTPError(
                     409,
                     "too_many_unacknowledged",
                     f"the session holds {holds} bytes of replies and requests for its client, and this frame "
                     f"would pass {self.max_unacknowledged_bytes}; acknowledge replies first",
                 )
             if self._held.bytes + size > self.max_unacknowledged_total:
-                raise _HTTPError(
+                raise HTTPError(
                     409,
                     "too_many_unacknowledged",
                     f"the server holds {self._held.bytes} bytes its clients have not acknowledged, past its "
@@ -1033,12 +651,5 @@ class HTTPPollingEndpoint:
             self._forget_key(session)
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
-
-
-def _not_found() -> _HTTPError:
-    return _HTTPError(404, "session_not_found", "no such session: it never existed, or it ended and was forgotten")
+def _not_found() -> HTTPError:
+    return HTTPError(404, "session_not_found", "no such session: it never existed, or it ended and was forgotten")
