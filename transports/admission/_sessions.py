@@ -1,4 +1,4 @@
-"""Session slots shared by every server endpoint of one app: the capacity limit and idle reaping.
+"""Who gets a session slot, across every server endpoint of one app: the capacity limit, the quota, idle reaping.
 
 One `SessionRegistry` lives on the app (``app.state.sessions``) and counts the
 live sessions of every transport together (WebSocket connections and HTTP
@@ -83,6 +83,9 @@ runs on, and once `openenv.server.abandoned_calls` reaches ``max_sessions``
 no more are abandoned (`SessionRegistry.may_abandon`: their sessions keep
 their slots until their steps return).
 
+A slot is a `SessionLease` (`transports.admission._lease`), a place in the
+queue a `QueueTicket` (`transports.admission._queue`); both are named here too.
+
 The registry does no I/O: `SessionRegistry.expire_idle` and
 `SessionRegistry.watch_steps` are plain functions of the clock, and
 `SessionRegistry.run_reaper` only sleeps between calls to them. Every time it
@@ -97,13 +100,15 @@ import itertools
 import logging
 import math
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import anyio
 
 from openenv import Clock, Dialect
 from openenv.server import ServerSession, abandoned_calls, encode_fatal_error
+from transports.admission._lease import SessionLease
+from transports.admission._queue import AdmissionQueue, QueueTicket
 
 __all__ = [
     "CLIENT_GONE_REASON",
@@ -174,256 +179,6 @@ def _nothing() -> None:
     """What `SessionRegistry.notify_closing` returns when it called its callback at once."""
 
 
-class SessionLease:
-    """One session's slot in a `SessionRegistry`; give it back with `release`.
-
-    The idle clock runs from the last `touch` until the next `mark_busy`: an
-    endpoint touches the lease when it starts waiting for the client's next
-    request, and marks it busy when one arrives, so a session whose environment
-    is working on a long step is never reaped as idle. Nor is one whose client
-    holds a connection open to it (`connected`).
-
-    Attributes:
-        id: A number unique within the registry (not a secret: transports that
-            need an unguessable session token make their own).
-        transport: Which transport holds the session (``"websocket"``, ...).
-        idle_since: When the session last went idle, or ``None`` while it is busy.
-        close_reason: Why the registry asked the session to end
-            (`IDLE_TIMEOUT_REASON`, `SHUTDOWN_REASON`), or ``None``.
-        idle_timeout: Seconds it may stay idle before the reaper ends it
-            (``None``: never), as its registry and transport set it.
-        connected: Whether its client holds a connection open to it (set by
-            its endpoint); the reaper leaves it alone while it does.
-        client: Who holds it, for the per-client quota (see `transports.admission._guard.client_of`), or ``None``.
-
-    Args:
-        registry: The registry that made it (leases come from `SessionRegistry.open`).
-        lease_id: Its number.
-        transport: Which transport holds the session.
-        on_close: Called once when the registry asks the session to end, or ``None``.
-        now: The registry clock's reading when it was taken.
-        idle_timeout: Seconds it may stay idle (``None``: never).
-        client: Who holds it, or ``None``.
-    """
-
-    __slots__ = (
-        "_on_close",
-        "_registry",
-        "_vacated",
-        "busy_since",
-        "client",
-        "close_reason",
-        "connected",
-        "given_up",
-        "id",
-        "idle_since",
-        "idle_timeout",
-        "long_step_noticed",
-        "on_give_up",
-        "on_long_step",
-        "seen_at",
-        "transport",
-    )
-
-    def __init__(
-        self,
-        registry: SessionRegistry,
-        lease_id: int,
-        transport: str,
-        on_close: Callable[[], object] | None,
-        now: float,
-        idle_timeout: float | None = None,
-        client: str | None = None,
-    ) -> None:
-        self._registry: SessionRegistry | None = registry
-        self._on_close = on_close
-        self._vacated = False
-        self.client = client
-        self.id = lease_id
-        self.transport = transport
-        self.idle_timeout = idle_timeout
-        self.idle_since: float | None = now
-        self.close_reason: str | None = None
-        self.connected = False
-        self.busy_since: float | None = None  # when the request in hand began
-        self.long_step_noticed = False  # on_long_step was called for the request in hand
-        self.given_up = False
-        self.seen_at: float | None = None  # when the client last asked (transports that cannot see it leave)
-        self.on_long_step: Callable[[], object] | None = None
-        """Called (on the event loop) once a request has run `LONG_STEP` seconds: watch the client."""
-        self.on_give_up: Callable[[], object] | None = None
-        """Called once when the registry gives up on the request in hand: end the session now, abandoning it."""
-
-    @property
-    def released(self) -> bool:
-        """Whether the slot has been given back."""
-        return self._registry is None
-
-    def touch(self, now: float | None = None) -> None:
-        """Record activity now: the session is idle from this moment (it waits for its client).
-
-        Args:
-            now: The registry clock's time, when the caller read it already (a
-                batch answers many sessions at once).
-        """
-        registry = self._registry
-        if registry is not None:
-            self.idle_since = registry.clock.now() if now is None else now
-        self.busy_since = None
-        self.long_step_noticed = False
-
-    def mark_busy(self) -> None:
-        """Stop the idle clock until the next `touch` (a request is being handled)."""
-        self.idle_since = None
-        registry = self._registry
-        if self.busy_since is None and registry is not None:
-            self.busy_since = registry.clock.now()
-
-    def seen(self) -> None:
-        """Note that the client asked for something now (for a transport that cannot see it leave: HTTP)."""
-        registry = self._registry
-        if registry is not None:
-            self.seen_at = registry.clock.now()
-
-    def give_up(self, reason: str) -> bool:
-        """End the session now, request in hand or not: call `on_give_up` once (an exception is logged).
-
-        Args:
-            reason: Why, for the client and the logs (the `close_reason`, unless one was set).
-
-        Returns:
-            Whether it gave up now (``False``: released, given up on before, or no `on_give_up`).
-        """
-        callback = self.on_give_up
-        if self.given_up or self._registry is None or callback is None:
-            return False
-        self.given_up = True
-        if self.close_reason is None:
-            self.close_reason = reason
-        try:
-            callback()
-        except Exception:
-            logger.exception("giving up on session %d (%s) failed", self.id, reason)
-        return True
-
-    def idle_for(self, now: float | None = None) -> float:
-        """Seconds the session has been idle (0 while it is busy or released).
-
-        Args:
-            now: The registry clock's current reading; read from it when omitted.
-
-        Returns:
-            The seconds since the last `touch`.
-        """
-        registry, idle_since = self._registry, self.idle_since
-        if registry is None or idle_since is None:
-            return 0.0
-        return (registry.clock.now() if now is None else now) - idle_since
-
-    def request_close(self, reason: str) -> None:
-        """Ask the session to end; the first reason given sticks.
-
-        An idle session's ``on_close`` callback is called now (once); a busy one
-        is left to finish its request, and its endpoint ends it when it next goes
-        idle (seeing `close_reason`). The slot stays taken until the endpoint
-        releases it, once the environment is closed. An exception from the
-        callback is logged, never raised.
-
-        Args:
-            reason: Why, for the client (a close frame's reason) and the logs.
-        """
-        if self.close_reason is not None or self._registry is None:
-            return
-        self.close_reason = reason
-        if self.idle_since is None:
-            return
-        callback, self._on_close = self._on_close, None
-        if callback is None:
-            return
-        try:
-            callback()
-        except Exception:
-            logger.exception("closing session %d (%s) failed", self.id, reason)
-
-    def cut(self, reason: str) -> None:
-        """End the session now, busy or not: the server is stopping and its grace is over.
-
-        As `request_close`, except that ``on_close`` is called whether or not
-        the session is waiting for its client: a request in hand is cancelled
-        (a plain environment's call still runs to its end on the session's
-        thread; nobody waits for it). Where the endpoint set `on_give_up`, it
-        is called instead (`give_up`): a plain step in hand is abandoned, so
-        the session ends now. Idempotent.
-
-        Args:
-            reason: Why, if no reason was given before (the first one sticks).
-        """
-        if self._registry is None:
-            return
-        if self.close_reason is None:
-            self.close_reason = reason
-        if self.on_give_up is not None:  # its endpoint can also let a plain step's thread go
-            self._on_close = None
-            self.give_up(reason)
-            return
-        callback, self._on_close = self._on_close, None
-        if callback is None:
-            return
-        try:
-            callback()
-        except Exception:
-            logger.exception("cutting session %d (%s) failed", self.id, reason)
-
-    @property
-    def vacated(self) -> bool:
-        """Whether the slot is free for another session (`vacate` or `release` was called)."""
-        return self._vacated
-
-    def vacate(self) -> None:
-        """Free the slot for another session: this one is over, its environment is being closed.
-
-        The lease stays in the registry (not counted in `SessionRegistry.active`)
-        until `release`; idempotent.
-        """
-        registry = self._registry
-        if self._vacated or registry is None:
-            return
-        self._vacated = True
-        registry._free_slot(self)
-
-    def release(self) -> None:
-        """Give the slot back; idempotent, and safe after the registry has forgotten it."""
-        registry, self._registry = self._registry, None
-        self._on_close = None
-        self.on_give_up = self.on_long_step = None
-        if registry is not None:
-            registry._forget(self)
-
-    def __repr__(self) -> str:
-        state = "released" if self.released else ("busy" if self.idle_since is None else "idle")
-        return f"<SessionLease {self.id} {self.transport} {state}>"
-
-
-class QueueTicket:
-    """A session's place in the queue for a slot (`SessionRegistry.enqueue`); handed its lease when one frees.
-
-    Attributes:
-        admitted: Set once the ticket has its lease, or the queue was turned away (then `lease` is ``None``).
-        lease: The session's slot, once admitted.
-        transport: Which transport the session runs on.
-        client: Who waits, for the per-client quota, or ``None``.
-    """
-
-    __slots__ = ("admitted", "client", "lease", "on_close", "transport")
-
-    def __init__(self, transport: str, on_close: Callable[[], object] | None, client: str | None) -> None:
-        self.transport = transport
-        self.on_close = on_close
-        self.client = client
-        self.admitted = anyio.Event()
-        self.lease: SessionLease | None = None
-
-
 class SessionRegistry:
     """The live sessions of one server, across all its transports.
 
@@ -481,7 +236,7 @@ class SessionRegistry:
         self.queue_timeout = queue_timeout
         self.max_sessions_per_client = max_sessions_per_client
         self._per_client: dict[str, int] = {}  # slots taken and places queued, by client (with a quota only)
-        self._queue: deque[QueueTicket] = deque()
+        self._queue = AdmissionQueue()
         self._closing = False
         if max_sessions is not None and max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1 (or None for no limit), not {max_sessions}")
@@ -513,15 +268,19 @@ class SessionRegistry:
         """Whether `open` would refuse a new session now."""
         return self.max_sessions is not None and self._slots_taken >= self.max_sessions
 
-    def _free_slot(self, lease: SessionLease) -> None:
+    def slot_vacated(self, lease: SessionLease) -> None:
+        """Free a lease's slot (its `SessionLease.vacate` calls this): the next session in the queue gets it.
+
+        Args:
+            lease: The lease, vacated now.
+        """
         self._slots_taken -= 1
         self._uncount(lease.client)
         # A freed slot goes to the longest waiting session first, straight away,
         # so a session arriving meanwhile cannot take it.
         while self._queue and not self.full and not self._closing:
-            ticket = self._queue.popleft()
-            ticket.lease = self._new_lease(ticket.transport, ticket.on_close, ticket.client, counted=True)
-            ticket.admitted.set()
+            ticket = self._queue.next()
+            ticket.admit(self._new_lease(ticket.transport, ticket.on_close, ticket.client, counted=True))
 
     def _count(self, client: str | None) -> None:
         if client is not None and self.max_sessions_per_client is not None:
@@ -547,10 +306,15 @@ class SessionRegistry:
         quota = self.max_sessions_per_client
         return client is not None and quota is not None and self._per_client.get(client, 0) >= quota
 
-    def _forget(self, lease: SessionLease) -> None:
-        if self._leases.pop(lease.id, None) is not None and not lease.vacated:
-            lease._vacated = True
-            self._free_slot(lease)
+    def lease_released(self, lease: SessionLease, *, vacated: bool) -> None:
+        """Forget a lease (its `SessionLease.release` calls this), freeing its slot unless it was vacated before.
+
+        Args:
+            lease: The lease, released now.
+            vacated: Whether its slot was freed already (`SessionLease.vacate`).
+        """
+        if self._leases.pop(lease.id, None) is not None and not vacated:
+            self.slot_vacated(lease)
         if not self._leases and self._emptied is not None:
             self._emptied.set()
             self._emptied = None
@@ -721,8 +485,7 @@ class SessionRegistry:
         """
         if self.queue_timeout is None or self._closing or self.over_quota(client):
             return None
-        ticket = QueueTicket(transport, on_close, client)
-        self._queue.append(ticket)
+        ticket = self._queue.join(transport, on_close, client)
         self._count(client)
         return ticket
 
@@ -753,18 +516,14 @@ class SessionRegistry:
 
     def position(self, ticket: QueueTicket) -> int:
         """Where a ticket stands in the queue: 1 for the next admitted, 0 once it has left it."""
-        try:
-            return self._queue.index(ticket) + 1
-        except ValueError:
-            return 0
+        return self._queue.position(ticket)
 
     def leave(self, ticket: QueueTicket) -> None:
         """Give a ticket back: out of the queue, or, if it was admitted, its lease released (idempotent)."""
         if ticket.lease is not None:
             lease, ticket.lease = ticket.lease, None
             lease.release()
-        elif ticket in self._queue:
-            self._queue.remove(ticket)
+        elif self._queue.remove(ticket):
             self._uncount(ticket.client)
 
     async def admit(
@@ -920,10 +679,8 @@ class SessionRegistry:
         for callback in list(self._on_closing):
             callback()
         self._on_closing.clear()
-        while self._queue:  # sessions still waiting for a slot are turned away
-            ticket = self._queue.popleft()
+        for ticket in self._queue.turn_away():  # sessions still waiting for a slot are turned away
             self._uncount(ticket.client)
-            ticket.admitted.set()
 
     def cut_all(self, reason: str = SHUTDOWN_REASON) -> int:
         """End every session now, busy ones too (see `SessionLease.cut`): the shutdown's grace is over.
