@@ -69,6 +69,7 @@ from transports.http._protocol import (
 )
 from transports.http._server import HTTPPollingEndpoint
 from transports.server._body_deadline import BodyDeadline
+from transports.server._json_response import JSONResponse
 from transports.server.routes._mcp_sessions import MCPSessions
 from transports.server.routes.openenv_http import openenv_http_routes
 from transports.server.routes.task_api import task_api_routes
@@ -81,13 +82,6 @@ __all__ = [
     "environment_schemas",
     "mount_routes",
 ]
-
-
-class _JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
 
 
 def mount_routes(
@@ -253,16 +247,16 @@ def create_app(
     meta = metadata if metadata is not None else environment_metadata(env_factory)
 
     async def health(request: Request) -> Response:
-        return _JSONResponse({"status": "healthy"})
+        return JSONResponse({"status": "healthy"})
 
     async def schema(request: Request) -> Response:
-        return _JSONResponse(schemas)
+        return JSONResponse(schemas)
 
     # Every field, null when unknown, as the reference server sends it.
     metadata_fields = msgspec.structs.asdict(meta)
 
     async def metadata_endpoint(request: Request) -> Response:
-        return _JSONResponse(metadata_fields)
+        return JSONResponse(metadata_fields)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -53,6 +53,7 @@ from transports.admission._sessions import (
     SessionLease,
     SessionRegistry,
 )
+from transports.server._json_response import JSONResponse
 from transports.server.routes._mcp_sessions import MCPSessions, is_session_request
 from transports.shared._deprecated import renamed_option
 
@@ -65,13 +66,6 @@ logger = logging.getLogger("openenv.server")
 
 _PARSE_ERROR = -32700
 _INVALID_REQUEST = -32600
-
-
-class _JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
 
 
 class ResetRequest(msgspec.Struct, kw_only=True):
@@ -205,12 +199,12 @@ async def _give_up_when_gone(request: Request, lease: SessionLease) -> None:
 def _observation_or_error(reply: dict[str, Any]) -> Response:
     data = reply.get("data", {})
     if reply.get("type") != "error":
-        return _JSONResponse(data)
+        return JSONResponse(data)
     if data.get("code") == "VALIDATION_ERROR":
-        return _JSONResponse({"detail": data.get("errors", [])}, status_code=422)
+        return JSONResponse({"detail": data.get("errors", [])}, status_code=422)
     if data.get("code") == "CAPACITY_REACHED":
-        return _JSONResponse({"detail": data.get("message", "")}, status_code=503, headers={"Retry-After": "1"})
-    return _JSONResponse({"detail": data.get("message", "")}, status_code=500)
+        return JSONResponse({"detail": data.get("message", "")}, status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse({"detail": data.get("message", "")}, status_code=500)
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -229,7 +223,7 @@ async def _body(request: Request, limit: int) -> bytes:
 
 def _too_large(limit: int) -> Response:
     detail = [{"type": "too_large", "loc": ["body"], "msg": f"the body exceeds {limit} bytes"}]
-    return _JSONResponse({"detail": detail}, status_code=413)
+    return JSONResponse({"detail": detail}, status_code=413)
 
 
 async def _json_body(request: Request, limit: int) -> Any:
@@ -253,7 +247,7 @@ def _check_depth(body: bytes) -> None:
 
 
 def _body_error(exc: msgspec.DecodeError) -> Response:
-    return _JSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, status_code=422)
+    return JSONResponse({"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}, status_code=422)
 
 
 def openapi_document(schemas: dict[str, dict[str, Any]], metadata: openenv.EnvironmentMetadata) -> dict[str, Any]:
@@ -388,7 +382,7 @@ def openenv_http_routes(
             kwargs = {}
         if not isinstance(kwargs, dict):
             detail = [{"type": "dict_type", "loc": ["body"], "msg": "Input should be a valid dictionary"}]
-            return _JSONResponse({"detail": detail}, status_code=422)
+            return JSONResponse({"detail": detail}, status_code=422)
         return _observation_or_error(await _run_one(factory, {"type": "reset", "data": kwargs}, limits, request))
 
     async def step(request: Request) -> Response:
@@ -400,7 +394,7 @@ def openenv_http_routes(
             return _too_large(max_message_size)
         except msgspec.ValidationError as exc:
             errors = [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]
-            return _JSONResponse({"detail": errors}, status_code=422)
+            return JSONResponse({"detail": errors}, status_code=422)
         except msgspec.DecodeError as exc:
             return _body_error(exc)
         except RecursionError as exc:
@@ -411,7 +405,7 @@ def openenv_http_routes(
         reply = await _run_one(factory, {"type": "state"}, limits, request)
         if reply.get("type") == "error":
             return _observation_or_error(reply)
-        return _JSONResponse(reply["data"])
+        return JSONResponse(reply["data"])
 
     async def mcp(request: Request) -> Response:
         try:
@@ -419,18 +413,18 @@ def openenv_http_routes(
         except _TooLarge:
             return _too_large(max_message_size)
         except msgspec.DecodeError:
-            return _JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
+            return JSONResponse(jsonrpc_error(_PARSE_ERROR, "Parse error"))
         if not isinstance(message, dict):
-            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request"))
+            return JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request"))
         if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             request_id = message.get("id")
-            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
+            return JSONResponse(jsonrpc_error(_INVALID_REQUEST, "Invalid Request", request_id))
         if mcp_sessions is not None and is_session_request(message):
-            return _JSONResponse(await mcp_sessions.handle(message, client_of(request.scope)))
+            return JSONResponse(await mcp_sessions.handle(message, client_of(request.scope)))
         reply = await _run_one(factory, {"type": "mcp", "data": message}, limits, request)
         if reply.get("type") == "error":
-            return _JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
-        return _JSONResponse(reply["data"])
+            return JSONResponse(jsonrpc_error(_INVALID_REQUEST, reply["data"].get("message", ""), message.get("id")))
+        return JSONResponse(reply["data"])
 
     async def openapi(request: Request) -> Response:
         return Response(document, media_type="application/json")

@@ -40,6 +40,7 @@ from starlette.routing import BaseRoute, Route
 from openenv import Environment
 from openenv.server import factory_error_message
 from transports.admission._sessions import SessionRegistry
+from transports.server._json_response import JSONResponse
 
 __all__ = ["task_api_routes"]
 
@@ -47,13 +48,6 @@ logger = logging.getLogger("openenv.server")
 
 _SPLIT_TYPES = frozenset({"train", "validation", "test"})
 _MAX_BODY = 64 * 1024
-
-
-class _JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return msgspec.json.encode(content)
 
 
 class _SplitRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -235,10 +229,10 @@ def task_api_routes(
     def route(path: str, handler: Callable[[Request], Any], method: str) -> Route:
         async def endpoint(request: Request) -> Response:
             try:
-                return _JSONResponse(await handler(request))
+                return JSONResponse(await handler(request))
             except _Refused as refused:
                 headers = {"Retry-After": "1"} if refused.status == 503 else None
-                return _JSONResponse({"detail": refused.detail}, status_code=refused.status, headers=headers)
+                return JSONResponse({"detail": refused.detail}, status_code=refused.status, headers=headers)
 
         return Route(path, endpoint, methods=[method])
 
