@@ -87,12 +87,19 @@ DEFAULT_BUCKETS: Final = (
 class _Timings:
     """A histogram's counts, kept as plain numbers: one bucket per bound, then the rest (``+Inf``)."""
 
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("bounds", "buckets", "count", "sum")
 
-    def __init__(self, bounds: int) -> None:
-        self.buckets = [0] * (bounds + 1)
+    def __init__(self, bounds: list[float]) -> None:
+        self.bounds = bounds
+        self.buckets = [0] * (len(bounds) + 1)
         self.count = 0
         self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one duration."""
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.count += 1
+        self.sum += seconds
 
 
 class _Tally:
@@ -100,7 +107,7 @@ class _Tally:
 
     __slots__ = ("errors", "received", "resets", "sent", "steps")
 
-    def __init__(self, bounds: int) -> None:
+    def __init__(self, bounds: list[float]) -> None:
         self.steps = _Timings(bounds)
         self.resets = _Timings(bounds)
         self.errors: dict[str, int] = {}
@@ -162,7 +169,7 @@ class ServerMetrics:
     def _tally(self, env: str) -> _Tally:
         tally = self._tallies.get(env)
         if tally is None:
-            tally = self._tallies[env] = _Tally(len(self._bounds))
+            tally = self._tallies[env] = _Tally(self._bounds)
         return tally
 
     # -- the counting: called on every request -------------------------------------
@@ -174,11 +181,7 @@ class ServerMetrics:
             env: The environment's name.
             seconds: From the request frame in to the reply frame out.
         """
-        tally = self._tallies.get(env) or self._tally(env)
-        timings = tally.steps
-        timings.buckets[bisect.bisect_left(self._bounds, seconds)] += 1
-        timings.count += 1
-        timings.sum += seconds
+        (self._tallies.get(env) or self._tally(env)).steps.observe(seconds)
 
     def reset_done(self, env: str, seconds: float) -> None:
         """Count a reset answered after ``seconds`` on the server.
@@ -187,11 +190,7 @@ class ServerMetrics:
             env: The environment's name.
             seconds: From the request frame in to the reply frame out.
         """
-        tally = self._tallies.get(env) or self._tally(env)
-        timings = tally.resets
-        timings.buckets[bisect.bisect_left(self._bounds, seconds)] += 1
-        timings.count += 1
-        timings.sum += seconds
+        (self._tallies.get(env) or self._tally(env)).resets.observe(seconds)
 
     def error(self, env: str, code: str) -> None:
         """Count an error reply.
