@@ -9,7 +9,7 @@ import logging as _logging
 from pathlib import Path as _Path
 
 from . import _coexistence
-from ._client import USE_CLIENT_DEFAULT, EnvClient
+from ._client import EnvClient, SyncEnvClient
 from ._clock import EVENT_LOOP_CLOCK, Clock
 from ._config import ServerConfig
 from ._environment import Environment, EnvironmentMetadata
@@ -37,6 +37,7 @@ from ._exceptions import (
     UnsupportedSchemeError,
     ValidationError,
 )
+from ._limits import USE_CLIENT_DEFAULT
 from ._mcp_types import (
     CallToolAction,
     CallToolObservation,
@@ -46,11 +47,9 @@ from ._mcp_types import (
     ToolError,
 )
 from ._messages import Dialect
-from ._pool import AutoResetMode, EnvPool, FinalStepResult, ReplacedStepResult
+from ._pool import AutoResetMode, EnvPool, FinalStepResult, ReplacedStepResult, SyncEnvPool
 from ._registry import ENTRY_POINT_GROUP, create_transport, register_transport, registered_schemes
 from ._serve import serve
-from ._sync import SyncEnvClient
-from ._sync_pool import SyncEnvPool
 from ._tools import MCPEnvironment, tool
 from ._transport import Transport
 from ._types import Action, Observation, State, StepResult

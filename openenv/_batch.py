@@ -14,29 +14,29 @@ which travels in one entry (``steps`` in ``docs/protocol.md``), and the server
 answers those it steps together in one entry; each step is still numbered on
 its session's channel, so a resumed link sends it again on its own.
 
-This is openenv's own protocol between its pool and its own transports, not part
-of the `openenv.Transport` contract: a transport offers it through
-``Transport._step_batcher``, which by default offers nothing.
+This is openenv's own protocol between its pool and its own transports, beside
+the `openenv.Transport` contract and not part of it: a transport that batches
+also implements `StepBatching`, whose one method offers its batcher.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 
 if TYPE_CHECKING:
     from ._transport import Transport
 
-__all__ = ["BatchedReply", "LinkStepBatcher", "StepBatcher"]
+__all__ = ["BatchedReply", "LinkStepBatcher", "StepBatcher", "StepBatching"]
 
 
 class StepBatcher(ABC):
     """Steps the sessions of many transports of one host as one message.
 
-    Transports whose `Transport._step_batcher` returns the same batcher can be
+    Transports whose `StepBatching.step_batcher` returns the same batcher can be
     stepped together. Each session's step is the request it would have sent on
     its own, in the same order with its other requests: a batcher is offered
     only while its session has none waiting or running.
@@ -78,7 +78,7 @@ class BatchedReply(msgspec.Struct, gc=False):
 class LinkStepBatcher(ABC):
     """Sends one step in each of many sessions of one link as one entry; takes their replies, batched or not.
 
-    Transports whose `Transport._step_batcher` returns the same batcher can be
+    Transports whose `StepBatching.step_batcher` returns the same batcher can be
     stepped together. A batcher is offered only while its session's channel is
     open; the client numbers each step as it numbers its other requests.
     """
@@ -110,3 +110,20 @@ class LinkStepBatcher(ABC):
     @abstractmethod
     async def receive(self, transport: Transport) -> bytes | BatchedReply:
         """The next reply of a session, once it comes (see `receive_nowait`)."""
+
+
+@runtime_checkable
+class StepBatching(Protocol):
+    """A transport that can step its session together with others of its host or link.
+
+    Found once per connected client (`openenv._requests.RequestChannel`), by
+    ``isinstance``; a transport without it has each request go on its own.
+    """
+
+    def step_batcher(self) -> StepBatcher | LinkStepBatcher | None:
+        """What steps this session with others now, as one message; ``None``: nothing, for now.
+
+        Asked before each step a pool would batch: a session offers its
+        batcher only while it has no request waiting or running, or while its
+        channel is open (see each batcher).
+        """

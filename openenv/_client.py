@@ -1,54 +1,48 @@
-"""`EnvClient`: the typed async client of an environment server, over any transport."""
+"""`EnvClient`: the typed client of one environment session over any transport; `SyncEnvClient`, its blocking facade.
+
+The client owns its session's lifetime and its public calls; each call's
+request goes through the client's `openenv._requests.RequestChannel`, made when
+it connects. The facade runs the very same client on a loop thread
+(`openenv._blocking`).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
+import inspect
 import logging
-import math
-from collections import deque
 from collections.abc import Callable
-from operator import attrgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, NoReturn, get_origin
+from typing import Any, Generic, Literal, NoReturn, Self
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 
+from ._blocking import BlockingFacade, Holder, call
 from ._clock import EVENT_LOOP_CLOCK, Clock
-from ._codec import ClientCodec, client_codec, lift_observation_fields
+from ._codec import ClientCodec, client_codec
 from ._exceptions import (
     ClientStateError,
     ConnectError,
-    ConnectionClosed,
-    EncodingError,
     MCPError,
     OpenEnvError,
     ProtocolError,
     ReplyValidationError,
-    TimeoutError,
     ToolCallError,
     ValidationError,
-    server_error_from_frame,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
-from ._limits import CLOSE_FRAME_TIMEOUT, DEFAULT_REPLY_TIMEOUT, PARTING_FRAME_WAIT, SEND_GRACE
+from ._limits import DEFAULT_REPLY_TIMEOUT, USE_CLIENT_DEFAULT, UseClientDefault
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
-from ._messages import ErrorReply, MCPMessage, ObservationData, ObservationReply, StateReply
+from ._messages import MCPMessage, ObservationReply, StateReply
 from ._registry import check_transport_options, create_transport, takes_option
-from ._request_lock import RequestLock
+from ._requests import RequestChannel, encode_mcp, encode_reset, encode_state, encode_step
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
 
-if TYPE_CHECKING:
-    from typing import Self
-
-    from ._sync import SyncEnvClient
-
-__all__ = ["USE_CLIENT_DEFAULT", "EnvClient"]
+__all__ = ["EnvClient", "SyncEnvClient", "requests_of"]
 
 logger = logging.getLogger("openenv.client")
 
@@ -56,31 +50,6 @@ logger = logging.getLogger("openenv.client")
 # The client's own keyword options; every other keyword goes to the transport.
 _CLIENT_OPTIONS = ("transport", "timeout", "action_type", "observation_type", "state_type", "clock", "mode")
 _MODES = ("simulation", "production")
-
-
-def _own_metadata(observation: Any) -> dict[str, Any]:
-    """The ``metadata`` an observation carries itself (a Struct's field, a dict's key), or an empty dict."""
-    metadata = observation.get("metadata") if isinstance(observation, dict) else getattr(observation, "metadata", None)
-    return metadata if isinstance(metadata, dict) else {}
-
-
-_REWARD, _DONE, _METADATA = attrgetter("reward"), attrgetter("done"), attrgetter("metadata")
-
-
-@functools.lru_cache(maxsize=256)
-def _results_at_once(observation_type: Any) -> bool:
-    """Whether each observation of this type makes its result in C (`EnvClient._batch_results`).
-
-    So it does for a Struct whose ``reward``, ``done`` and ``metadata`` are
-    fields, ``metadata`` always a dict (as `openenv.Observation`'s): its result
-    is then the one `EnvClient._batch_result` makes.
-    """
-    try:
-        fields = {field.name: field.type for field in msgspec.structs.fields(observation_type)}
-    except TypeError:  # not a Struct (a dict, a union)
-        return False
-    metadata = fields.get("metadata")
-    return "reward" in fields and "done" in fields and (metadata is dict or get_origin(metadata) is dict)
 
 
 def _tool_value(result: Any) -> Any:
@@ -98,28 +67,10 @@ def _tool_from_jsonrpc(entry: Any) -> Tool:
     return Tool(name=entry["name"], description=entry.get("description") or "", input_schema=schema)
 
 
-class _UseClientDefault(enum.Enum):
-    USE_CLIENT_DEFAULT = enum.auto()
-
-    def __repr__(self) -> str:
-        return "USE_CLIENT_DEFAULT"
-
-
-USE_CLIENT_DEFAULT = _UseClientDefault.USE_CLIENT_DEFAULT
-"""The default of a per-call ``timeout``: use the client's own `EnvClient.timeout`.
-
-Pass ``timeout=None`` to wait without a limit, or a number of seconds.
-"""
-
-
 class _ClientState(enum.Enum):
     UNOPENED = 1
     OPENED = 2
     CLOSED = 3
-
-
-_NO_PAYLOAD: Final = object()  # `EnvClient._prepare` called with an encoder of the request id alone
-_OPENED = _ClientState.OPENED  # read on every request: a name is a sixth of the cost of an enum member
 
 
 class EnvClient(Generic[ActT, ObsT, StateT]):
@@ -269,29 +220,19 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         self._transport_options = transport_options
         self._state = _ClientState.UNOPENED
         self._entered_by_connect = False
-        self._codec: ClientCodec[ActT, ObsT, StateT] | None = None
-        # One request at a time. Owned by no task (anyio's Lock is): an EnvPool takes it in the task
-        # that sends a request and may give it back in another (the one that takes the reply).
-        self._lock: RequestLock | None = None
-        self._next_id = 0
-        # Ids of requests sent whose replies have not been read yet, oldest first.
-        # Replies come in order, so the oldest is always the next one to arrive.
-        self._unanswered: deque[int] = deque()
-        self._observation_is_struct = False
-        self._observation_is_frozen = False
-        self._results_at_once = False  # `_batch_results` makes them (the observation type allows it)
+        # The session's requests: made when the client connects, kept once it closes (closed).
+        self._requests: RequestChannel[ActT, ObsT, StateT] | None = None
         # Decodes the replies of list_tools and call_tool, whatever the client's types; built on first use.
         self._tool_codec: ClientCodec[Any, Any, Any] | None = None
         self._jsonrpc_id = 0
-        # Cancels a request at its deadline, while the client's owner runs it (see __aenter__).
-        self._watchdog: Watchdog | None = None
         # The task group of the `async with` block that owns the client: its transport's
         # idle work and the watchdog run there. None for a client opened with connect().
         self._tasks: TaskGroup | None = None
         self._idle_work: list[anyio.CancelScope] = []
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {self._state.name.lower()}>"
+        state = "unopened" if self._state is _ClientState.UNOPENED else "opened" if self.is_connected else "closed"
+        return f"<{type(self).__name__} {self.base_url or type(self._transport).__name__} {state}>"
 
     @property
     def transport(self) -> Transport | None:
@@ -301,7 +242,8 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     @property
     def is_connected(self) -> bool:
         """Whether the client is connected and not closed."""
-        return self._state is _ClientState.OPENED
+        requests = self._requests
+        return requests is not None and requests.open
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -328,7 +270,9 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         await tasks.__aenter__()
         self._tasks = tasks
         assert self._transport is not None
-        self._watchdog = Watchdog(self._clock, launch=self._start_idle_work)
+        assert self._requests is not None
+        # Cancels a request at its deadline, in the owner's task group.
+        self._requests.watchdog = Watchdog(self._clock, launch=self._start_idle_work)
         self._start_idle_work(self._transport.keep)
         return self
 
@@ -369,17 +313,13 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             raise ConnectError(f"could not connect to {self.base_url}: {exc}") from exc
         # `EnvClient[A, O, S](url)` is typed too: the alias is known only now.
         bind_alias_type_attributes(self)
-        obs_config = getattr(self.observation_type, "__struct_config__", None)
-        self._observation_is_struct = obs_config is not None
-        self._observation_is_frozen = bool(obs_config and obs_config.frozen)
         try:
-            self._codec = client_codec(self._transport.dialect, self.observation_type, self.state_type)
+            codec = client_codec(self._transport.dialect, self.observation_type, self.state_type)
         except BaseException:
             # Types msgspec cannot decode into: leave nothing open behind the TypeError.
             await self._transport.__aexit__(None, None, None)
             raise
-        self._results_at_once = _results_at_once(self.observation_type)  # a type msgspec takes: one it can hash
-        self._lock = RequestLock()
+        self._requests = RequestChannel(self._transport, codec, self.observation_type, self._clock)
         self._state = _ClientState.OPENED
 
     async def __aexit__(
@@ -470,23 +410,17 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         await self.close()
 
     async def _close(self) -> None:
-        was_open = self._state is _ClientState.OPENED
         self._state = _ClientState.CLOSED
+        requests = self._requests
         with anyio.CancelScope(shield=True):
-            if was_open:
-                assert self._transport is not None
-                assert self._codec is not None
-                # Best effort, bounded: the server may be gone already. Bounded on the event
-                # loop's time, whatever the client's clock: shielded, a close must end by itself.
-                with anyio.move_on_after(CLOSE_FRAME_TIMEOUT), contextlib.suppress(OpenEnvError):
-                    await self._transport.send(self._codec.close())
-                await self._transport.aclose()
+            if requests is not None:
+                await requests.close()
+                requests.watchdog = None
             for scope in self._idle_work:
                 scope.cancel()
-            self._watchdog = None
 
     async def _exit_transport(self) -> None:
-        if self._transport is not None and self._codec is not None:
+        if self._transport is not None and self._requests is not None:
             await self._transport.__aexit__(None, None, None)
 
     def sync(self, *, backend: str = "asyncio") -> SyncEnvClient[ActT, ObsT, StateT]:
@@ -512,14 +446,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 print(result.observation.echoed_message)  # hi
             ```
         """
-        from ._sync import SyncEnvClient
-
         return SyncEnvClient(self, backend=backend)
 
     # -- requests --------------------------------------------------------------
 
     async def reset(
-        self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
+        self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> StepResult[ObsT]:
         """Start a new episode.
 
@@ -555,12 +487,12 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 print(state.episode_id, result.done)  # episode-1 False
             ```
         """
-        codec = self._codec_or_raise()
-        reply = await self._request(lambda request_id: codec.reset(kwargs, request_id), timeout)
-        return self._step_result(reply)
+        requests = self._requests_or_raise()
+        reply = await requests.request(encode_reset, kwargs, timeout, self.timeout)
+        return requests.results.of_reply(reply)
 
     async def step(
-        self, action: ActT, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT
+        self, action: ActT, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT
     ) -> StepResult[ObsT]:
         """Take one step.
 
@@ -604,11 +536,11 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "still here"}))
             ```
         """
-        codec = self._codec_or_raise()
-        reply = await self._request(lambda request_id: codec.step(action, request_id), timeout)
-        return self._step_result(reply)
+        requests = self._requests_or_raise()
+        reply = await requests.request(encode_step, action, timeout, self.timeout)
+        return requests.results.of_reply(reply)
 
-    async def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
+    async def state(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
         """Ask for the environment's current state.
 
         Args:
@@ -628,27 +560,23 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
             ReplyValidationError: The reply does not fit the client's state type.
             ClientStateError: The client is not connected, or is closed.
         """
-        reply = await self._request(self._codec_or_raise().state, timeout)
+        reply = await self._requests_or_raise().request(encode_state, None, timeout, self.timeout)
         if not isinstance(reply, StateReply):
             raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
         return reply.data
 
     # -- MCP tool environments --------------------------------------------------
 
-    def _tool_codec_or_raise(self) -> ClientCodec[Any, Any, Any]:
-        codec = self._codec_or_raise()
+    async def _tool_step(self, action: Any, timeout: float | UseClientDefault | None) -> Any:
+        requests = self._requests_or_raise()
         if self._tool_codec is None:
-            self._tool_codec = client_codec(codec.dialect, ListToolsObservation | CallToolObservation, dict)
-        return self._tool_codec
-
-    async def _tool_step(self, action: Any, timeout: float | _UseClientDefault | None) -> Any:
-        tool_codec = self._tool_codec_or_raise()
-        reply = await self._request(lambda request_id: tool_codec.step(action, request_id), timeout, tool_codec)
+            self._tool_codec = client_codec(requests.codec.dialect, ListToolsObservation | CallToolObservation, dict)
+        reply = await requests.request(encode_step, action, timeout, self.timeout, self._tool_codec)
         if not isinstance(reply, ObservationReply):
             raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
         return reply.data.observation
 
-    async def list_tools(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
+    async def list_tools(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
         """List the tools of an MCP tool environment.
 
         Sends a `ListToolsAction` step, as OpenEnv's ``MCPToolClient`` does in
@@ -700,7 +628,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         return observation.tools
 
     async def call_tool(
-        self, name: str, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
+        self, name: str, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
     ) -> Any:
         """Call one tool of an MCP tool environment and return its result.
 
@@ -762,7 +690,7 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
         method: str,
         params: dict[str, Any] | None = None,
         *,
-        timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     ) -> Any:
         """Send one MCP (JSON-RPC 2.0) request in an ``mcp`` frame and return its result.
 
@@ -799,10 +727,10 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
                 print(result["data"])  # hi
             ```
         """
-        codec = self._codec_or_raise()
+        requests = self._requests_or_raise()
         self._jsonrpc_id += 1
         message = {"jsonrpc": "2.0", "method": method, "params": params or {}, "id": self._jsonrpc_id}
-        reply = await self._request(lambda request_id: codec.mcp(message, request_id), timeout)
+        reply = await requests.request(encode_mcp, message, timeout, self.timeout)
         if not isinstance(reply, MCPMessage):
             raise ProtocolError(f"expected an mcp reply, got {type(reply).__name__}")
         error = reply.data.get("error")
@@ -820,269 +748,286 @@ class EnvClient(Generic[ActT, ObsT, StateT]):
     step_async = step
     """The same coroutine function as `step`, by the name OpenEnv's client gives it."""
 
-    def _codec_or_raise(self) -> ClientCodec[ActT, ObsT, StateT]:
-        if self._state is not _OPENED:
+    def _requests_or_raise(self) -> RequestChannel[ActT, ObsT, StateT]:
+        """The client's request channel, while it is open.
+
+        Raises:
+            ClientStateError: The client is not connected, or is closed.
+        """
+        requests = self._requests
+        if requests is None or not requests.open:
             if self._state is _ClientState.UNOPENED:
                 raise ClientStateError("the client is not connected: use `async with` or `await client.connect()`")
             raise ClientStateError("the client is closed")
-        assert self._codec is not None
-        return self._codec
+        return requests
 
-    def _step_result(self, reply: Any) -> StepResult[ObsT]:
-        if not isinstance(reply, ObservationReply):
-            raise ProtocolError(f"expected an observation reply, got {type(reply).__name__}")
-        return self._result_of(reply.data)
 
-    def _batch_result(self, observation: Any) -> StepResult[ObsT]:
-        """The result of a step of a batch, whose observation came whole (`openenv._messages.StepBatchReply`)."""
-        if isinstance(observation, msgspec.Struct):  # a union's member too: reward and done came in it
-            fields: Any = observation
-            metadata = getattr(observation, "metadata", None)  # `_own_metadata`'s, without its call: one per step
-            return StepResult(observation, fields.reward, fields.done, metadata if isinstance(metadata, dict) else {})  # type: ignore[arg-type]
-        return self._result_of(ObservationData(*lift_observation_fields(observation)))
+def requests_of(client: EnvClient[ActT, ObsT, StateT]) -> RequestChannel[ActT, ObsT, StateT] | None:
+    """A client's request channel, for an `openenv.EnvPool` that drives it; ``None`` until it connects."""
+    return client._requests
 
-    def _batch_results(self, observations: list[Any]) -> list[StepResult[ObsT]] | None:
-        """The results of a batch's steps, made at once in C when every observation came whole; else ``None``.
 
-        Each is the result `_batch_result` makes, for an observation type that
-        allows it (`_results_at_once`).
-        """
-        if not self._results_at_once:
-            return None
+class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
+    """The same client, blocking: for scripts, notebooks and training loops without async.
+
+    Get one from `EnvClient.sync`. It runs the async client on an event loop in a
+    background thread (anyio's blocking portal, shared by all sync clients of a
+    backend, started with the first and stopped with the last), so it behaves
+    exactly as the async client does, under asyncio or trio, and raises the same
+    exceptions.
+
+    Every method raises `ClientStateError` when called from inside a running
+    event loop, where blocking would stall it: there, await the `EnvClient`
+    itself.
+
+    Examples:
+        ```python
+        from openenv.examples.echo import CallToolAction, EchoEnv
+
+        with EchoEnv("ws://127.0.0.1:8000").sync() as env:
+            result = env.reset()
+            for message in ("one", "two"):
+                result = env.step(CallToolAction(tool_name="echo_message", arguments={"message": message}))
+            print(result.observation.echoed_message, env.state().step_count)  # two 2
+        ```
+
+        Without a ``with`` block, pair `connect` with `close`:
+
+        ```python
+        from openenv.examples.echo import EchoEnv
+
+        env = EchoEnv("ws://127.0.0.1:8000").sync(backend="trio").connect()
         try:
-            rewards, dones = map(_REWARD, observations), map(_DONE, observations)
-            return list(map(StepResult, observations, rewards, dones, map(_METADATA, observations)))
-        except AttributeError:  # a step not taken (``None`` in its place): each is looked at alone
-            return None
+            env.reset()
+        finally:
+            env.close()
+        ```
 
-    def _result_of(self, data: ObservationData[Any]) -> StepResult[ObsT]:
-        """The result an observation reply's data makes: reward and done set on a Struct observation too."""
-        observation = data.observation
-        if self._observation_is_struct:
-            if self._observation_is_frozen:
-                observation = msgspec.structs.replace(observation, reward=data.reward, done=data.done)
-            else:
-                observation.reward = data.reward
-                observation.done = data.done
-        metadata = data.metadata
-        if metadata is msgspec.UNSET:  # an older server, or none to send: the observation's own, if any
-            metadata = _own_metadata(observation)
-        return StepResult(observation, data.reward, data.done, metadata)
+    Args:
+        client: The async client to drive; it must not be connected yet.
+        backend: The event loop to run it on: ``"asyncio"`` (the default) or ``"trio"``.
 
-    async def _request(
+    Attributes:
+        client: The async client this facade drives.
+        backend: The event loop it runs on.
+    """
+
+    def __init__(self, client: EnvClient[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
+        self.client = client
+        self.backend = backend
+        self._holder = Holder("SyncEnvClient", "connected")
+
+    def __repr__(self) -> str:
+        return f"<SyncEnvClient of {self.client!r}>"
+
+    def connect(self) -> Self:
+        """Connect the client; pair with `close` (or use ``with``).
+
+        Ctrl-C while it connects cancels the connect and raises
+        `KeyboardInterrupt` at once. A facade never closed is closed when it is
+        garbage-collected, or at the latest when the interpreter exits, with a
+        `ResourceWarning` (as an unclosed file is): it never keeps the process alive.
+
+        Returns:
+            This facade.
+
+        Raises:
+            ConnectError: The transport could not connect.
+            ClientStateError: Already connected or closed, or called inside an event loop.
+            UnsupportedSchemeError: No transport handles the URL's scheme.
+            ValueError: The transport rejected the URL or an option.
+            TypeError: msgspec cannot decode into the client's types.
+        """
+        self._holder.open(self, self.client, self.backend)
+        return self
+
+    def close(self) -> None:
+        """Close the client (see `EnvClient.close`) and release the event-loop thread. Idempotent.
+
+        Ctrl-C while it closes cuts the close short (the server is then not told).
+
+        Raises:
+            ClientStateError: Called inside an event loop.
+        """
+        self._holder.close()
+
+    def reset(
+        self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
+    ) -> StepResult[ObsT]:
+        """Start a new episode, blocking; see `EnvClient.reset`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+            **kwargs: Passed to the environment's ``reset`` (``seed``, ``episode_id``, ...).
+
+        Returns:
+            The first observation, with its reward and done flag.
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: A keyword argument cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._holder.portal("reset")
+        return call(portal, lambda: self.client.reset(timeout=timeout, **kwargs))
+
+    def step(self, action: ActT, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
+        """Take one step, blocking; see `EnvClient.step`.
+
+        Args:
+            action: The action to apply.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            The observation that followed, with its reward and done flag.
+
+        Raises:
+            ValidationError: The server rejected the action; the session survives.
+            ExecutionError: The environment raised while stepping; the session survives.
+            ServerError: Any other error frame (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's observation type.
+            EncodingError: The action cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._holder.portal("step")
+        return call(portal, lambda: self.client.step(action, timeout=timeout))
+
+    def state(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
+        """Ask for the environment's state, blocking; see `EnvClient.state`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            The state, of the client's state type (a dict for an untyped client).
+
+        Raises:
+            ServerError: The server answered with an error (a subclass per code).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke, or the server sent a
+                malformed frame.
+            ReplyValidationError: The reply does not fit the client's state type.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._holder.portal("state")
+        return call(portal, lambda: self.client.state(timeout=timeout))
+
+    def list_tools(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
+        """List the tools of an MCP tool environment, blocking; see `EnvClient.list_tools`.
+
+        Args:
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+
+        Returns:
+            One `Tool` per tool.
+
+        Raises:
+            ServerError: The server answered with an error (``VALIDATION_ERROR``:
+                the environment has no tools).
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            ReplyValidationError: The reply is not a list of tools.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._holder.portal("list_tools")
+        return call(portal, lambda: self.client.list_tools(timeout=timeout))
+
+    def call_tool(
+        self, name: str, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
+    ) -> Any:
+        """Call one tool and return its result, blocking; see `EnvClient.call_tool`.
+
+        Args:
+            name: The tool's name.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
+            **arguments: The tool's arguments.
+
+        Returns:
+            What the tool returned.
+
+        Raises:
+            ToolCallError: The tool failed; the session survives.
+            ServerError: The server answered with an error.
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            EncodingError: An argument cannot be encoded.
+            ClientStateError: Not connected, closed, or called inside an event loop.
+        """
+        portal = self._holder.portal("call_tool")
+        return call(portal, lambda: self.client.call_tool(name, timeout=timeout, **arguments))
+
+    def mcp(
         self,
-        encode: Callable[[int], bytes],
-        timeout: float | _UseClientDefault | None,
-        codec: ClientCodec[Any, Any, Any] | None = None,
-    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        if timeout is USE_CLIENT_DEFAULT:
-            timeout = self.timeout
-        assert self._lock is not None
-        async with self._lock:
-            codec, transport, frame, request_id = self._prepare(encode, codec)
-            if timeout is None:
-                return await self._exchange(codec, transport, frame, request_id, None, math.inf)
-            watchdog = self._watchdog
-            deadline = self._clock.now() + timeout
-            if watchdog is None:  # a client without an owner: a timer of the clock's per call
-                scope = self._clock.cancel_scope(deadline=deadline)
-            else:
-                scope = anyio.CancelScope()
-                if timeout <= 0:
-                    scope.cancel()
-                watchdog.arm(scope, deadline)
-            try:
-                with scope:
-                    return await self._exchange(codec, transport, frame, request_id, scope, deadline)
-            finally:
-                if watchdog is not None:
-                    watchdog.disarm(scope)
-            # Reached only when the deadline cancelled the exchange.
-            raise TimeoutError(f"no reply within {timeout} s")
-
-    def _prepare(
-        self,
-        encode: Callable[..., bytes],
-        codec: ClientCodec[Any, Any, Any] | None = None,
+        method: str,
+        params: dict[str, Any] | None = None,
         *,
-        payload: Any = _NO_PAYLOAD,
-    ) -> tuple[ClientCodec[Any, Any, Any], Transport, bytes, int]:
-        """Number and encode a request; call with the lock held. Returns the codec, transport, frame and id.
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
+    ) -> Any:
+        """Send one MCP (JSON-RPC 2.0) request and return its result, blocking; see `EnvClient.mcp`.
 
-        ``encode(request_id)`` makes the frame; given a ``payload``,
-        ``encode(codec, payload, request_id)`` does (an `EnvPool`'s requests,
-        with no closure to make per call).
+        Args:
+            method: The JSON-RPC method.
+            params: Its parameters.
+            timeout: Seconds to wait for the reply, instead of the client's
+                timeout (``None``: no limit).
 
-        Raises:
-            ClientStateError: The client is not open.
-            EncodingError: The request cannot be encoded.
-        """
-        own_codec = self._codec_or_raise()
-        transport = self._transport
-        assert transport is not None
-        self._next_id += 1
-        request_id = self._next_id
-        try:
-            frame = encode(request_id) if payload is _NO_PAYLOAD else encode(codec or own_codec, payload, request_id)
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise EncodingError(f"cannot encode the request: {exc}") from exc
-        except RecursionError as exc:  # msgspec's guard against nesting deeper than the stack allows
-            raise EncodingError(f"cannot encode the request: it is nested too deeply ({exc})") from exc
-        return codec or own_codec, transport, frame, request_id
-
-    async def _send_request(
-        self, codec: ClientCodec[Any, Any, Any], transport: Transport, frame: bytes, request_id: int
-    ) -> None:
-        """Send a prepared request with no deadline of its own (see `_exchange`); call with the lock held."""
-        try:
-            if codec.dialect.request_ids:
-                self._unanswered.append(request_id)
-                await transport.send(frame)
-            else:
-                with anyio.CancelScope(shield=True):
-                    await transport.send(frame)
-                self._unanswered.append(request_id)
-        except ConnectionClosed as exc:
-            await self._raise_parting_error(codec, transport, exc)
-
-    async def _exchange(
-        self,
-        codec: ClientCodec[ActT, ObsT, StateT],
-        transport: Transport,
-        frame: bytes,
-        request_id: int,
-        scope: anyio.CancelScope | None,
-        deadline: float,
-    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        """Send one request and return its reply; late replies of earlier calls are dropped.
-
-        ``scope`` is the call's own, armed with ``deadline`` (``None`` for a call without one).
-        """
-        try:
-            if codec.dialect.request_ids:
-                # Replies name their request, so a send cut short by a cancellation
-                # does no harm: a request that never went out gets no reply, and is
-                # skipped when a later one's reply arrives.
-                self._unanswered.append(request_id)
-                await transport.send(frame)
-            elif scope is None:
-                # Replies are matched by order alone, so a cancellation must not leave
-                # it unknown whether the frame went out: shield the send.
-                with anyio.CancelScope(shield=True):
-                    await transport.send(frame)
-                self._unanswered.append(request_id)
-            else:
-                await self._send_within_grace(transport, frame, scope, deadline)
-                self._unanswered.append(request_id)
-        except ConnectionClosed as exc:
-            await self._raise_parting_error(codec, transport, exc)
-        return await self._receive_reply(codec, transport, request_id)
-
-    async def _send_within_grace(
-        self, transport: Transport, frame: bytes, scope: anyio.CancelScope, deadline: float
-    ) -> None:
-        """Send a plain OpenEnv request whole, in the call's ``scope``, shielded from cancellation outside it.
-
-        Replies are matched by order alone, so a cancellation must not leave it
-        unknown whether the frame went out. A deadline that has passed sends
-        nothing; one that passes while the frame goes out must not cut it short
-        (the channel would be lost), so the send gets at least `SEND_GRACE`
-        seconds: only a stuck channel runs out of it, and closes the client.
-        """
-        now = self._clock.now()
-        if now >= deadline:
-            raise TimeoutError("the timeout elapsed before the request was sent")
-        watchdog = self._watchdog
-        scope.shield = True
-        if watchdog is not None:
-            watchdog.arm(scope, max(deadline, now + SEND_GRACE))
-        elif self._clock is EVENT_LOOP_CLOCK:
-            scope.deadline = max(deadline, now + SEND_GRACE)
-        try:
-            await transport.send(frame)
-        except anyio.get_cancelled_exc_class():
-            if not scope.cancel_called:  # not the grace running out: someone else's cancellation
-                raise
-            self._state = _ClientState.CLOSED
-            with anyio.CancelScope(shield=True):
-                await transport.aclose()
-            raise TimeoutError("timed out sending the request; the client is closed") from None
-        scope.shield = False
-        if self._clock.now() >= deadline:
-            # Passed while the frame went out: cancel now, not whenever the watchdog runs next.
-            scope.cancel()
-        elif watchdog is not None:
-            watchdog.arm(scope, deadline)
-        elif self._clock is EVENT_LOOP_CLOCK:
-            scope.deadline = deadline
-
-    def _owner_of(self, reply_id: int | None) -> int:
-        """Which request a reply answers, and forget it (and any skipped request) as unanswered."""
-        unanswered = self._unanswered
-        if not unanswered:
-            raise ProtocolError("the server sent a reply to no request")
-        if reply_id is None:
-            return unanswered.popleft()  # plain OpenEnv, or an id-less fatal error: order decides
-        if reply_id not in unanswered:
-            raise ProtocolError(f"the server sent a reply to an unknown request id {reply_id}")
-        # Replies come in order: older requests still listed were never sent.
-        while unanswered[0] != reply_id:
-            unanswered.popleft()
-        return unanswered.popleft()
-
-    async def _receive_reply(
-        self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, request_id: int
-    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage:
-        while True:
-            reply = self._reply_in(codec, await transport.receive(), request_id)
-            if reply is not None:
-                return reply
-
-    def _reply_in(
-        self, codec: ClientCodec[Any, Any, Any], frame: bytes, request_id: int
-    ) -> ObservationReply[ObsT] | StateReply[StateT] | MCPMessage | None:
-        """The reply to ``request_id`` in ``frame``, or ``None`` for a late reply to an earlier request (dropped).
+        Returns:
+            The response's ``result``.
 
         Raises:
-            ServerError: The reply is an error frame (a subclass per code).
-            ProtocolError: The frame is not a reply, or answers no request.
-            ReplyValidationError: The reply does not fit the client's types.
+            MCPError: The response is an error; the session survives.
+            ServerError: The server answered with an error frame.
+            TimeoutError: No reply within the timeout.
+            TransportError: The connection closed or broke.
+            ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        use_ids = codec.dialect.request_ids
-        try:
-            reply = codec.decode_reply(frame)
-        except (ProtocolError, ReplyValidationError):
-            # A late reply for a call that gave up is dropped even if malformed.
-            if self._owner_of(codec.reply_id(frame) if use_ids else None) != request_id:
-                return None
-            raise
-        if self._owner_of(reply.id if use_ids else None) != request_id:
-            self._drop_late_reply(reply)
-            return None
-        if isinstance(reply, ErrorReply):
-            raise server_error_from_frame(reply.data)
-        return reply
+        portal = self._holder.portal("mcp")
+        return call(portal, lambda: self.client.mcp(method, params, timeout=timeout))
 
-    async def _raise_parting_error(
-        self, codec: ClientCodec[ActT, ObsT, StateT], transport: Transport, closed: ConnectionClosed
-    ) -> NoReturn:
-        """Raise the reason a server gave before closing (``CAPACITY_REACHED``, ...), if it gave one."""
-        # Transports hand out frames that arrived before the close; read what is left.
-        with self._clock.move_on_after(PARTING_FRAME_WAIT):
-            while True:
-                try:
-                    frame = await transport.receive()
-                    reply = codec.decode_reply(frame)
-                except OpenEnvError:
-                    break
-                if isinstance(reply, ErrorReply):
-                    raise server_error_from_frame(reply.data) from closed
-        raise closed
+    def __getattr__(self, name: str) -> Any:
+        """The client's own attribute of that name; a coroutine method of a subclass comes as a blocking one.
 
-    @staticmethod
-    def _drop_late_reply(reply: ObservationReply[ObsT] | StateReply[StateT] | ErrorReply | MCPMessage) -> None:
-        """Drop the reply of a call that timed out or was cancelled; unless it is fatal."""
-        if isinstance(reply, ErrorReply):
-            error = server_error_from_frame(reply.data)
-            if error.fatal:
-                raise error
+        As OpenEnv's sync wrapper does: a typed client's own ``async def``
+        helpers (``async def solve(self, ...)``) are called blocking on the
+        facade (``env.solve(...)``), on the client's event loop; any other
+        attribute is the client's own.
+
+        Args:
+            name: The attribute's name.
+
+        Returns:
+            The attribute, or a blocking function that runs the coroutine method.
+
+        Raises:
+            AttributeError: The client has no such attribute.
+        """
+        if name.startswith("__") or name in _OWN_ATTRIBUTES:
+            raise AttributeError(name)
+        client = self.__dict__.get("client")
+        if client is None:
+            raise AttributeError(name)
+        attribute = getattr(client, name)
+        if not inspect.iscoroutinefunction(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        def blocking(*args: Any, **kwargs: Any) -> Any:
+            portal = self._holder.portal(name)
+            return call(portal, lambda: getattr(client, name)(*args, **kwargs))
+
+        return blocking
+
+
+_OWN_ATTRIBUTES = frozenset({"client", "backend", "_holder"})

@@ -7,6 +7,7 @@ fields of `openenv.ServerConfig`.
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
 __all__ = [
@@ -22,7 +23,25 @@ __all__ = [
     "CLOSE_FRAME_TIMEOUT",
     "PARTING_FRAME_WAIT",
     "SEND_GRACE",
+    "USE_CLIENT_DEFAULT",
+    "UseClientDefault",
 ]
+
+
+class UseClientDefault(enum.Enum):
+    """The type of `USE_CLIENT_DEFAULT`, for the signatures that take it."""
+
+    USE_CLIENT_DEFAULT = enum.auto()
+
+    def __repr__(self) -> str:
+        return "USE_CLIENT_DEFAULT"
+
+
+USE_CLIENT_DEFAULT: Final = UseClientDefault.USE_CLIENT_DEFAULT
+"""The default of a per-call ``timeout``: use the client's own `EnvClient.timeout`.
+
+Pass ``timeout=None`` to wait without a limit, or a number of seconds.
+"""
 
 DEFAULT_REPLY_TIMEOUT: Final = 60.0
 """Seconds an `EnvClient` call waits for its reply by default (``timeout=``)."""

@@ -9,9 +9,8 @@ from typing import Any
 
 import msgspec
 
-from ._client import EnvClient
+from ._client import EnvClient, SyncEnvClient
 from ._environment import Environment
-from ._sync import SyncEnvClient
 
 __all__ = ["check_factory", "load_factory"]
 

@@ -1,14 +1,13 @@
-"""`EnvPool`: many environment sessions as one object, over any transport, stepped as a batch.
+"""`EnvPool`: many environment sessions as one object: their placement, lifetime and policies; `SyncEnvPool`.
 
-A pool step costs little more than its steps. It runs no task per session: for
-each session it encodes and sends the request (frames to one server then leave
-together, as one message on a shared connection), then collects the replies in
-order; replies that came together are taken without waiting. Sessions whose
-transports share a host that can step them together (in-process sessions of
-one factory: `openenv._batch`) are stepped as one message each way instead.
-One deadline bounds the whole call. The sessions' clients have no owner of their own: the
-pool is their owner, and runs their transports' idle work (`openenv.Transport.keep`)
-in its task group.
+A pool's calls are batches: how one batch's requests and replies are
+exchanged is `openenv._pool_steps`. Here: opening the sessions, spread over
+the servers (a full one skipped for a while), closing them, and the
+policies applied to each batch's outcome (replacing a failed session,
+resetting a finished episode). The sessions' clients have no owner of their
+own: the pool is their owner, and runs their transports' idle work
+(`openenv.Transport.keep`) in its task group. `SyncEnvPool` is its blocking
+facade (`openenv._blocking`).
 """
 
 from __future__ import annotations
@@ -17,53 +16,46 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from itertools import repeat
-from operator import attrgetter, itemgetter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn, Self
 
 import anyio
-import anyio.lowlevel
 import msgspec
 from anyio.abc import TaskGroup
 
-from ._batch import BatchedReply, LinkStepBatcher, StepBatcher
-from ._client import USE_CLIENT_DEFAULT, EnvClient, _UseClientDefault
+from ._blocking import BlockingFacade, Holder, call
+from ._client import EnvClient, requests_of
 from ._clock import EVENT_LOOP_CLOCK, Clock
-from ._codec import ClientCodec
 from ._exceptions import (
     CapacityReachedError,
     ClientStateError,
     ConnectError,
-    ConnectionClosed,
     EncodingError,
     EnvPoolError,
     InvalidJSONError,
     OpenEnvError,
-    ProtocolError,
     ReplyValidationError,
     TimeoutError,
     UnknownTypeError,
     UnsupportedSchemeError,
     ValidationError,
-    server_error_from_frame,
 )
-from ._limits import DEFAULT_PLACEMENT_TIMEOUT
-from ._messages import StateReply
-from ._request_lock import RequestLock
-from ._transport import Transport
+from ._limits import DEFAULT_PLACEMENT_TIMEOUT, USE_CLIENT_DEFAULT, UseClientDefault
+from ._pool_steps import (
+    STATE,
+    BatchExchange,
+    Outcome,
+    PooledSession,
+    Request,
+    reset_request,
+    step_request,
+    step_requests,
+)
 from ._types import ActT, ObsT, StateT, StepResult
 
-if TYPE_CHECKING:
-    from typing import Self
-
-    from ._sync_pool import SyncEnvPool
-
-__all__ = ["AutoResetMode", "EnvPool", "FinalStepResult", "ReplacedStepResult"]
+__all__ = ["AutoResetMode", "EnvPool", "FinalStepResult", "ReplacedStepResult", "SyncEnvPool"]
 
 logger = logging.getLogger("openenv.client")
-
-_R = TypeVar("_R")
 
 OnError = Literal["raise", "replace"]
 
@@ -110,52 +102,6 @@ class FinalStepResult(StepResult[ObsT], frozen=True, kw_only=True):
     """
 
     final_observation: Any
-
-
-class _Session(Generic[ActT, ObsT, StateT]):
-    """One slot's live session: its client, its server, where its episode stands."""
-
-    __slots__ = ("client", "done", "fresh", "keeper", "pending", "url")
-
-    def __init__(self, url: str, client: EnvClient[ActT, ObsT, StateT]) -> None:
-        self.url = url
-        self.client = client
-        self.keeper = anyio.CancelScope()  # the transport's idle work, run by the pool
-        self.fresh = True  # no request has succeeded yet (a CAPACITY_REACHED refusal is still possible)
-        self.done = False  # the last result ended an episode
-        self.pending: _Pending | None = None  # a request sent by `EnvPool.send`, its reply not yet taken
-
-
-class _Pending:
-    """A request sent and not yet answered: how to read its reply, and what to make of it."""
-
-    __slots__ = ("codec", "kind", "request_id", "reset_arguments", "transport")
-
-    def __init__(
-        self,
-        kind: Literal["reset", "step", "state"],
-        codec: ClientCodec[Any, Any, Any],
-        transport: Transport,
-        request_id: int,
-        reset_arguments: dict[str, Any],
-    ) -> None:
-        self.kind = kind
-        self.codec = codec
-        self.transport = transport
-        self.request_id = request_id
-        self.reset_arguments = reset_arguments
-
-
-# What a request of a batch is: its kind and the reset's arguments (what `EnvPool._settle` reads of
-# it), its encoder, and what the encoder takes besides the codec and the request id (the step's
-# action, stepped with others of its host as one message: `openenv._batch`; the reset's arguments).
-# Module functions, not closures: a pool of thousands makes one request per session per step.
-_Request = tuple[
-    Literal["reset", "step", "state"],
-    dict[str, Any],
-    Callable[[ClientCodec[Any, Any, Any], Any, int], bytes],
-    Any,
-]
 
 
 class EnvPool(Generic[ActT, ObsT, StateT]):
@@ -292,7 +238,8 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self._max_connecting = max_connecting
         self._retry_interval = retry_interval
         self._placement_timeout = placement_timeout
-        self._sessions: list[_Session[ActT, ObsT, StateT]] = []
+        self._sessions: list[PooledSession[ActT, ObsT, StateT]] = []
+        self._steps = BatchExchange(self._sessions, clock)
         self._live: dict[str, int] = dict.fromkeys(self.urls, 0)
         self._avoid_until: dict[str, float] = dict.fromkeys(self.urls, -math.inf)
         self._refusal: dict[str, OpenEnvError] = {}
@@ -344,7 +291,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         owners = anyio.create_task_group()
         await owners.__aenter__()
         self._owners = owners
-        opened: list[_Session[ActT, ObsT, StateT] | None] = [None] * self.size
+        opened: list[PooledSession[ActT, ObsT, StateT] | None] = [None] * self.size
         errors: dict[int, Exception] = {}
 
         async def open_one(index: int) -> None:
@@ -358,7 +305,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 for index in range(self.size):
                     opening.start_soon(open_one, index)
         finally:
-            self._sessions = [session for session in opened if session is not None]
+            self._sessions[:] = [session for session in opened if session is not None]
             if errors or len(self._sessions) != self.size:
                 await self._close_all(None, None, None)
         if errors:
@@ -395,7 +342,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             await owners.__aexit__(None, None, None)
 
     @staticmethod
-    async def _close_session(session: _Session[ActT, ObsT, StateT]) -> None:
+    async def _close_session(session: PooledSession[ActT, ObsT, StateT]) -> None:
         session.keeper.cancel()
         # A close that fails must not take the pool's other sessions down with it.
         with contextlib.suppress(Exception):
@@ -424,8 +371,6 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 print([result.observation.echoed_message for result in results])  # ['hi', 'hi']
             ```
         """
-        from ._sync_pool import SyncEnvPool
-
         return SyncEnvPool(self, backend=backend)
 
     # -- placement ---------------------------------------------------------------
@@ -433,7 +378,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     def _placement_deadline(self) -> float:
         return math.inf if self._placement_timeout is None else self._clock.now() + self._placement_timeout
 
-    async def _open_session(self, deadline: float | None = None) -> _Session[ActT, ObsT, StateT]:
+    async def _open_session(self, deadline: float | None = None) -> PooledSession[ActT, ObsT, StateT]:
         """Open one session on the least-loaded server that is not being skipped, until ``deadline``."""
         assert self._connecting is not None
         if deadline is None:
@@ -447,9 +392,9 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                     continue
                 url = min(candidates, key=self._live.__getitem__)
                 self._live[url] += 1
-                session = _Session(url, self._client_factory(url, **self._client_options))
+                client = self._client_factory(url, **self._client_options)
                 try:
-                    await session.client.connect()
+                    await client.connect()
                 except ConnectError as exc:
                     self._live[url] -= 1
                     self._skip(url, exc)
@@ -457,14 +402,16 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 except BaseException:
                     self._live[url] -= 1
                     raise
+                requests = requests_of(client)
+                assert requests is not None  # connected
+                session = PooledSession(url, client, requests)
                 self._keep(session)
                 return session
 
-    def _keep(self, session: _Session[ActT, ObsT, StateT]) -> None:
+    def _keep(self, session: PooledSession[ActT, ObsT, StateT]) -> None:
         """Run the session's transport's idle work in the pool's task group until the session closes."""
-        owners, transport = self._owners, session.client.transport
+        owners, transport = self._owners, session.requests.transport
         assert owners is not None
-        assert transport is not None
 
         async def keep() -> None:
             with session.keeper:
@@ -509,7 +456,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
     # -- requests ------------------------------------------------------------------
 
     async def reset(
-        self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
+        self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
     ) -> list[StepResult[ObsT]]:
         """Start a new episode in every session, at once.
 
@@ -533,11 +480,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         """
         self._check_open()
         per_session = self._split_arguments(kwargs)
-        requests: dict[int, _Request] = {index: _reset(per_session[index]) for index in range(self.size)}
+        requests = {index: reset_request(per_session[index]) for index in range(self.size)}
         return await self._run(requests, timeout)
 
     async def step(
-        self, actions: Sequence[ActT], *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT
+        self, actions: Sequence[ActT], *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT
     ) -> list[StepResult[ObsT]]:
         """Take one step in every session, at once: ``actions[i]`` in session ``i``.
 
@@ -562,11 +509,11 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self._check_actions(actions, self.size)
         if self.autoreset_mode == "next_step":
             requests = {index: self._step_request(index, action) for index, action in enumerate(actions)}
-        else:  # every request a step: made without a call per session
-            requests = dict(enumerate(zip(repeat("step"), repeat(_NO_ARGUMENTS), repeat(_encode_step), actions)))
+        else:
+            requests = step_requests(actions)
         return await self._run(requests, timeout)
 
-    async def state(self, *, timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
+    async def state(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
         """Ask every session for its environment's state, at once.
 
         A failure is raised, never replaced: a state is no episode to restart.
@@ -582,7 +529,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             ClientStateError: The pool is not open.
         """
         self._check_open()
-        requests: dict[int, _Request] = dict.fromkeys(range(self.size), _STATE)
+        requests = dict.fromkeys(range(self.size), STATE)
         return await self._run(requests, timeout)
 
     async def send(
@@ -623,7 +570,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         errors: dict[int, OpenEnvError] = {}
         for index, action in zip(indices, actions, strict=True):
             try:
-                await self._send(index, self._step_request(index, action))
+                await self._steps.send(index, self._step_request(index, action))
             except OpenEnvError as exc:
                 errors[index] = exc
         if errors:
@@ -633,7 +580,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         self,
         min_results: int | None = None,
         *,
-        timeout: float | _UseClientDefault | None = USE_CLIENT_DEFAULT,
+        timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT,
     ) -> dict[int, StepResult[ObsT]]:
         """Take the results of the sessions that are ready (envpool's ``recv``), at least ``min_results`` of them.
 
@@ -667,14 +614,14 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             if session.pending is not None
         }
         wanted = len(pending) if min_results is None else min(min_results, len(pending))
-        outcome = _Outcome()
-        await self._sweep(list(pending), outcome)
+        outcome, steps = Outcome(), self._steps
+        await steps.sweep(list(pending), outcome)
         if len(outcome) < wanted:
-            await self._wait_for_some(list(pending), wanted, outcome, self._deadline(timeout))
+            await steps.wait_for_some(list(pending), wanted, outcome, steps.deadline(timeout))
         if len(outcome) < wanted:
             missing = [index for index in pending if index not in outcome]
             for index in missing:
-                outcome.errors[index] = TimeoutError(f"no result within {self._timeout_of(timeout)} s")
+                outcome.errors[index] = TimeoutError(f"no result within {steps.timeout_of(timeout)} s")
         taken = {index: kind for index, kind in pending.items() if index in outcome}
         results = await self._settle(taken, outcome, timeout)
         return dict(sorted(results.items()))
@@ -709,23 +656,14 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             for index in range(self.size)
         ]
 
-    def _step_request(self, index: int, action: ActT) -> _Request:
+    def _step_request(self, index: int, action: ActT) -> Request:
         if self.autoreset_mode == "next_step" and self._sessions[index].done:
-            return _reset({})
-        return ("step", _NO_ARGUMENTS, _encode_step, action)
+            return reset_request({})
+        return step_request(action)
 
-    def _timeout_of(self, timeout: float | _UseClientDefault | None) -> float | None:
-        if timeout is USE_CLIENT_DEFAULT:
-            return self._sessions[0].client.timeout if self._sessions else None
-        return timeout
-
-    def _deadline(self, timeout: float | _UseClientDefault | None) -> float:
-        seconds = self._timeout_of(timeout)
-        return math.inf if seconds is None else self._clock.now() + seconds
-
-    async def _run(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> list[Any]:
+    async def _run(self, requests: dict[int, Request], timeout: float | UseClientDefault | None) -> list[Any]:
         """Send every request, take every reply, apply the policies; one result per session, in order."""
-        outcome = await self._exchange(requests, timeout)
+        outcome = await self._steps.exchange(requests, timeout)
         # Servers report being full at a session's first request: a new session refused so
         # is moved to another server (or the same one, once it has room) and asked again.
         deadline: float | None = None
@@ -743,7 +681,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 for index in refused:
                     outcome.errors[index] = self._full_error()
                 break
-            moved: dict[int, _Request] = {}
+            moved: dict[int, Request] = {}
             for index, error in refused.items():
                 self._skip(self._sessions[index].url, error)
                 try:
@@ -755,381 +693,17 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 moved[index] = requests[index]
             if not moved:
                 break
-            outcome.update(await self._exchange(moved, timeout))
+            outcome.update(await self._steps.exchange(moved, timeout))
         results = await self._settle(requests, outcome, timeout)
         if len(results) == self.size:
             return list(map(results.__getitem__, range(self.size)))
         return [results[index] for index in range(self.size) if index in results]
 
-    async def _exchange(self, requests: dict[int, _Request], timeout: float | _UseClientDefault | None) -> _Outcome:
-        """Send every request, then take the replies in order; one deadline for them all.
-
-        A session whose transport's `send` may wait on the server
-        (`openenv.Transport.send_waits`) makes its request in a task of its own.
-        """
-        outcome = _Outcome()
-        deadline = self._deadline(timeout)
-        with self._clock.cancel_scope(deadline=deadline):
-            alone = await self._step_together(requests, outcome)
-            waiting = [index for index in alone if self._send_waits(index)]
-            if waiting:
-                async with anyio.create_task_group() as apart:
-                    for index in waiting:
-                        apart.start_soon(self._exchange_one, index, alone[index], outcome)
-                    await self._exchange_together(alone, outcome, set(waiting))
-            else:
-                await self._exchange_together(alone, outcome, set())
-        if len(outcome) < len(requests):
-            # Time ran out: the replies that came meanwhile still count; the others are late.
-            sent = [index for index in requests if index not in outcome]
-            await self._sweep(sent, outcome)
-            for index in sent:
-                if index not in outcome:
-                    outcome.errors[index] = TimeoutError(f"no reply within {self._timeout_of(timeout)} s")
-                    self._abandon(index)
-        return outcome
-
-    async def _step_together(self, requests: dict[int, _Request], outcome: _Outcome) -> dict[int, _Request]:
-        """Step the sessions that share a host as one message per host; the requests left to go on their own.
-
-        A session joins its host's batch only while its client is free (the
-        caller may use a pool's client directly): the pool takes the clients
-        as it groups them, and holds them until every host's batch is over, as
-        a request of their own would hold them.
-        """
-        hosts: dict[tuple[StepBatcher | LinkStepBatcher, ClientCodec[Any, Any, Any]], _Batch] = {}
-        sessions = self._sessions
-        batch = _Batch()  # the batch of the session before (mostly this one's): a first, empty one
-        last_batcher: object = None
-        last_codec: object = None
-        try:
-            for index, request in requests.items():
-                if request[0] != "step":
-                    continue
-                client = sessions[index].client
-                lock = client._lock
-                # Not connected (a client has its transport and codec once it has its lock); or in use: the
-                # caller uses the client directly right now.
-                if lock is None or lock.held:
-                    continue
-                batcher = client._transport._step_batcher()  # type: ignore[union-attr]  # connected
-                if batcher is None:
-                    continue
-                lock.held = True  # `RequestLock.acquire_nowait`, without its call: one per session
-                codec: ClientCodec[Any, Any, Any] = client._codec  # type: ignore[assignment]  # connected
-                if batcher is not last_batcher or codec is not last_codec:
-                    found = hosts.get((batcher, codec))
-                    batch = hosts[batcher, codec] = _Batch() if found is None else found
-                    last_batcher, last_codec = batcher, codec
-                batch.indices.append(index)
-                batch.clients.append(client)
-            alone = requests
-            for (batcher, codec), batch in hosts.items():
-                if len(batch.indices) > 1:
-                    if isinstance(batcher, LinkStepBatcher):
-                        answered = await self._step_linked(batcher, codec, batch, requests, outcome)
-                    else:
-                        answered = await self._step_batch(batcher, codec, batch, requests, outcome)
-                    if len(answered) == len(alone):  # no session is in two batches: these were all that were left
-                        alone = {}
-                    elif answered:
-                        if alone is requests:
-                            alone = dict(requests)
-                        for index in answered:
-                            del alone[index]
-            return alone
-        finally:
-            for held in hosts.values():
-                RequestLock.release_all(map(_LOCK, held.clients))  # taken above
-
-    async def _step_batch(
-        self,
-        batcher: StepBatcher,
-        codec: ClientCodec[Any, Any, Any],
-        batch: _Batch,
-        requests: dict[int, _Request],
-        outcome: _Outcome,
-    ) -> list[int]:
-        """Step one host's sessions as one message; the sessions answered."""
-        indices, clients = batch.indices, batch.clients
-        try:
-            message = codec.step_batch(list(map(_PAYLOAD, map(requests.__getitem__, indices))))
-        except (TypeError, msgspec.EncodeError):
-            return []  # each request, on its own, says whose action cannot be encoded
-        reply = await batcher.step(list(map(_TRANSPORT, clients)), message)
-        if reply is None:
-            return []
-        try:
-            replies, invalid = codec.decode_step_batch(reply)
-        except ProtocolError as exc:
-            for index in indices:
-                outcome.errors[index] = exc
-            return indices
-        ready, errors, observations = outcome.ready, replies.errors, replies.observations
-        if not errors and not invalid and len(observations) == len(indices):
-            results = clients[0]._batch_results(observations)  # the clients of a batch share their types
-            if results is not None:
-                ready.update(zip(indices, results, strict=True))
-                return indices
-        answered: list[int] = []
-        for position, observation in enumerate(observations[: len(indices)]):
-            index = indices[position]
-            if observation is not None:
-                ready[index] = clients[position]._batch_result(observation)
-            elif position in errors:
-                outcome.errors[index] = server_error_from_frame(errors[position])
-            elif position in invalid:
-                outcome.errors[index] = invalid[position]
-            else:
-                continue  # not stepped: its request goes on its own
-            answered.append(index)
-        return answered
-
-    async def _step_linked(
-        self,
-        batcher: LinkStepBatcher,
-        codec: ClientCodec[Any, Any, Any],
-        batch: _Batch,
-        requests: dict[int, _Request],
-        outcome: _Outcome,
-    ) -> list[int]:
-        """Step one link's sessions with one entry each way; the sessions answered.
-
-        Each step is numbered as its session's own request would be: a reply
-        that comes as a frame of its own (the server stepped it apart, or sent
-        it again after a resumption) is taken as such, and a late one (of a
-        call given up on) is dropped by its request id.
-        """
-        indices, clients = batch.indices, batch.clients
-        request_ids = []
-        for client in clients:
-            client._next_id += 1
-            request_ids.append(client._next_id)
-        transports: list[Transport] = list(map(_TRANSPORT, clients))
-        sent = 0
-        # In parts, each leaving at once: the server steps the first while the pool encodes the next.
-        while sent < len(indices):
-            part = slice(sent, sent + LINK_BATCH)
-            try:
-                message = codec.step_batch(list(map(_PAYLOAD, map(requests.__getitem__, indices[part]))))
-            except (TypeError, msgspec.EncodeError):
-                break  # each request, on its own, says whose action cannot be encoded
-            if not batcher.post(transports[part], message, request_ids[part]):
-                break
-            for client, request_id in zip(clients[part], request_ids[part], strict=True):
-                client._unanswered.append(request_id)
-            sent += len(request_ids[part])
-        answered = indices[:sent]  # the rest go on their own
-        # The replies that came batched, by the message they came in: each message is decoded once.
-        batched: dict[int, tuple[bytes | msgspec.Raw, list[_Place]]] = {}
-        last_message: object = None  # the message of the reply before, mostly this one's too
-        places: list[_Place] = []  # its places
-        ready, errors = outcome.ready, outcome.errors
-        try:
-            # Shortest first: the steps posted (``answered``) are the first of the others.
-            for index, client, request_id, transport in zip(answered, clients, request_ids, transports, strict=False):
-                try:
-                    while True:
-                        try:
-                            reply = batcher.receive_nowait(transport)
-                        except anyio.WouldBlock:
-                            reply = await batcher.receive(transport)
-                        if type(reply) is BatchedReply:
-                            reply_id, unanswered = reply.request_id, client._unanswered
-                            if unanswered and unanswered[0] == reply_id == request_id:
-                                unanswered.popleft()  # `_owner_of`'s usual case, without its call: one per session
-                            elif client._owner_of(reply_id) != request_id:
-                                continue  # the reply of a batch given up on
-                            if reply.message is not last_message:
-                                last_message = reply.message
-                                places = batched.setdefault(id(last_message), (last_message, []))[1]
-                            places.append((reply.position, index, client))
-                            break
-                        answer = client._reply_in(codec, reply, request_id)  # type: ignore[arg-type]
-                        if answer is not None:
-                            ready[index] = client._step_result(answer)
-                            break
-                except OpenEnvError as exc:
-                    errors[index] = exc
-        finally:  # even when time ran out: the replies taken already count
-            for message, places in batched.values():
-                self._take_batched(codec, message, places, outcome)
-        return answered
-
-    def _take_batched(
-        self,
-        codec: ClientCodec[Any, Any, Any],
-        message: bytes | msgspec.Raw,
-        places: list[_Place],
-        outcome: _Outcome,
-    ) -> None:
-        """Turn the replies of one batch's message into the results of the sessions at ``places``."""
-        try:
-            replies, invalid = codec.decode_step_batch(message)
-        except ProtocolError as exc:
-            for _, index, _ in places:
-                outcome.errors[index] = exc
-            return
-        observations, errors = replies.observations, replies.errors
-        if not errors and not invalid:
-            try:
-                taken = list(map(observations.__getitem__, map(_POSITION, places)))
-            except IndexError:
-                pass  # a place the message lacks: said below
-            else:
-                results = places[0][2]._batch_results(taken)  # the clients of a batch share their types
-                if results is not None:
-                    outcome.ready.update(zip(map(_INDEX, places), results, strict=True))
-                    return
-        for position, index, client in places:
-            observation = observations[position] if position < len(observations) else None
-            if observation is not None:
-                outcome.ready[index] = client._batch_result(observation)
-            elif position in errors:
-                outcome.errors[index] = server_error_from_frame(errors[position])
-            elif position in invalid:
-                outcome.errors[index] = invalid[position]
-            else:
-                outcome.errors[index] = ProtocolError("the server sent no reply in its place of a batch")
-
-    def _send_waits(self, index: int) -> bool:
-        transport = self._sessions[index].client.transport
-        return transport is None or transport.send_waits
-
-    async def _exchange_together(self, requests: dict[int, _Request], outcome: _Outcome, apart: set[int]) -> None:
-        """Send the requests of the sessions not in ``apart`` one after the other, then take their replies."""
-        for index, request in requests.items():
-            if index in apart:
-                continue
-            try:
-                await self._send(index, request)
-            except OpenEnvError as exc:
-                outcome.errors[index] = exc
-        errors = outcome.errors  # nothing is ready yet: the replies are taken here, in order
-        for index in requests:
-            if index not in apart and index not in errors:
-                self._take(index, await self._reply(index), outcome)
-
-    async def _exchange_one(self, index: int, request: _Request, outcome: _Outcome) -> None:
-        """One session's request and reply, in a task of its own."""
-        try:
-            await self._send(index, request)
-        except OpenEnvError as exc:
-            outcome.errors[index] = exc
-            return
-        self._take(index, await self._reply(index), outcome)
-
-    async def _send(self, index: int, request: _Request) -> None:
-        """Send one session's request (it leaves with the others to its server); note it as pending."""
-        kind, reset_arguments, encode, payload = request
-        client = self._sessions[index].client
-        lock = client._lock
-        if lock is None:
-            raise ClientStateError("the client is not connected")
-        try:
-            lock.acquire_nowait()  # free, unless the caller uses the client directly right now
-        except anyio.WouldBlock:
-            await lock.acquire()
-        try:
-            codec, transport, frame, request_id = client._prepare(encode, payload=payload)
-            try:
-                transport.send_nowait(frame)  # queued: it leaves with the others' frames
-            except anyio.WouldBlock:
-                await client._send_request(codec, transport, frame, request_id)
-            except ConnectionClosed as exc:  # the server said why first, perhaps (CAPACITY_REACHED)
-                await client._raise_parting_error(codec, transport, exc)
-            else:
-                client._unanswered.append(request_id)
-        except BaseException:
-            lock.release()
-            raise
-        self._sessions[index].pending = _Pending(kind, codec, transport, request_id, reset_arguments)
-
-    async def _reply(self, index: int) -> Any:
-        """Wait for one session's reply (taken at once if it came already); its error as a value."""
-        session = self._sessions[index]
-        pending = session.pending
-        assert pending is not None
-        client, transport = session.client, pending.transport
-        try:
-            while True:
-                try:
-                    frame = transport.receive_nowait()
-                except anyio.WouldBlock:
-                    frame = await transport.receive()
-                reply = client._reply_in(pending.codec, frame, pending.request_id)
-                if reply is not None:
-                    return reply
-        except OpenEnvError as exc:
-            return exc
-
-    def _take(self, index: int, reply: Any, outcome: _Outcome) -> None:
-        """Turn a session's reply into its result (or error), and let its client go."""
-        session = self._sessions[index]
-        pending = session.pending
-        if pending is None:
-            return
-        self._abandon(index)
-        if isinstance(reply, Exception):
-            outcome.errors[index] = reply
-            return
-        try:
-            if pending.kind == "state":
-                if not isinstance(reply, StateReply):
-                    raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
-                outcome.ready[index] = reply.data
-            else:
-                outcome.ready[index] = session.client._step_result(reply)
-        except OpenEnvError as exc:
-            outcome.errors[index] = exc
-
-    async def _sweep(self, indices: Sequence[int], outcome: _Outcome) -> None:
-        """Take the replies already there, without waiting for any."""
-        with anyio.CancelScope() as nothing_more:
-            nothing_more.cancel()  # a transport without receive_nowait is asked once, and waits for nothing
-            for index in indices:
-                session = self._sessions[index]
-                pending = session.pending
-                if index in outcome or pending is None:
-                    continue
-                try:
-                    reply = await self._reply(index)
-                except anyio.get_cancelled_exc_class():
-                    continue
-                self._take(index, reply, outcome)
-
-    def _abandon(self, index: int) -> None:
-        """Stop waiting for a session's reply (a late one is dropped when it comes); let its client go."""
-        session = self._sessions[index]
-        if session.pending is not None:
-            session.pending = None
-            lock = session.client._lock
-            assert lock is not None
-            lock.release()
-
-    async def _wait_for_some(self, indices: Sequence[int], wanted: int, outcome: _Outcome, deadline: float) -> None:
-        """Wait until ``wanted`` of the sessions have answered (a task per session still thinking)."""
-        enough = anyio.Event()
-        with self._clock.cancel_scope(deadline=deadline):
-            async with anyio.create_task_group() as waiting:
-
-                async def wait_one(index: int) -> None:
-                    reply = await self._reply(index)
-                    self._take(index, reply, outcome)
-                    if len(outcome) >= wanted:
-                        enough.set()
-
-                for index in indices:
-                    if index not in outcome:
-                        waiting.start_soon(wait_one, index)
-                await enough.wait()
-                waiting.cancel_scope.cancel()
-
     async def _settle(
         self,
-        kinds: Mapping[int, _Request | tuple[str, dict[str, Any]]],
-        outcome: _Outcome,
-        timeout: float | _UseClientDefault | None,
+        kinds: Mapping[int, Request | tuple[str, dict[str, Any]]],
+        outcome: Outcome,
+        timeout: float | UseClientDefault | None,
     ) -> dict[int, Any]:
         """Apply the episode and failure policies to a batch's outcome; raise `EnvPoolError` if any failed."""
         results: dict[int, Any] = dict(outcome.ready)
@@ -1145,7 +719,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
                 same_step.append(index)
         errors = dict(outcome.errors)
         if same_step:
-            resets = await self._exchange({index: _reset({}) for index in same_step}, timeout)
+            resets = await self._steps.exchange({index: reset_request({}) for index in same_step}, timeout)
             errors.update(resets.errors)
             for index, reset in resets.ready.items():
                 final = results[index]
@@ -1170,7 +744,7 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
             except OpenEnvError as exc:
                 failed[index] = exc
                 continue
-            replaced = await self._exchange({index: _reset(reset_arguments)}, timeout)
+            replaced = await self._steps.exchange({index: reset_request(reset_arguments)}, timeout)
             if index in replaced.errors:
                 failed[index] = replaced.errors[index]
                 continue
@@ -1188,63 +762,128 @@ class EnvPool(Generic[ActT, ObsT, StateT]):
         return results
 
 
-class _Batch:
-    """The sessions of one host whose steps go together: their indices in the pool, and their clients (held)."""
+class SyncEnvPool(BlockingFacade, Generic[ActT, ObsT, StateT]):
+    """The same pool, blocking: for training loops without async.
 
-    __slots__ = ("clients", "indices")
+    Get one from `EnvPool.sync`. It runs the pool on an event loop in a
+    background thread (the one `openenv.SyncEnvClient` shares), so it behaves
+    exactly as the async pool does and raises the same exceptions. As with
+    `openenv.SyncEnvClient`, Ctrl-C interrupts any call at once, and a pool never
+    closed is closed when it is collected or at exit, with a `ResourceWarning`.
+    Every method raises `ClientStateError` when called inside a running event
+    loop: there, await the `EnvPool` itself.
 
-    def __init__(self) -> None:
-        self.indices: list[int] = []
-        self.clients: list[EnvClient[Any, Any, Any]] = []
+    Examples:
+        ```python
+        from openenv import EnvPool
+        from openenv.examples.echo import EchoEnv
 
+        pool = EnvPool("ws://127.0.0.1:8000", size=3, client=EchoEnv).sync(backend="trio").connect()
+        try:
+            results = pool.reset()
+            print(len(results), pool.size)  # 3 3
+        finally:
+            pool.close()
+        ```
 
-class _Outcome:
-    """What came of a batch: each session's result, or its error."""
+    Args:
+        pool: The async pool to drive; it must not be open yet.
+        backend: The event loop to run it on: ``"asyncio"`` (the default) or ``"trio"``.
 
-    __slots__ = ("errors", "ready")
+    Attributes:
+        pool: The async pool this facade drives.
+        backend: The event loop it runs on.
+    """
 
-    def __init__(self) -> None:
-        self.ready: dict[int, Any] = {}
-        self.errors: dict[int, Exception] = {}
+    def __init__(self, pool: EnvPool[ActT, ObsT, StateT], *, backend: str = "asyncio") -> None:
+        self.pool = pool
+        self.backend = backend
+        self._holder = Holder("SyncEnvPool", "open")
 
-    def __len__(self) -> int:
-        return len(self.ready) + len(self.errors)
+    def __repr__(self) -> str:
+        return f"<SyncEnvPool of {self.pool!r}>"
 
-    def __contains__(self, index: object) -> bool:
-        return index in self.ready or index in self.errors
+    @property
+    def size(self) -> int:
+        """The number of sessions."""
+        return self.pool.size
 
-    def update(self, other: _Outcome) -> None:
-        self.ready.update(other.ready)
-        self.errors.update(other.errors)
+    def connect(self) -> Self:
+        """Open every session of the pool (see `EnvPool`); pair with `close` (or use ``with``).
 
+        Returns:
+            This facade.
 
-LINK_BATCH = 128
-"""The most steps a pool sends in one entry on a link; a bigger batch leaves in parts, one after the other."""
+        Raises:
+            ConnectError: A session could not connect to any server.
+            CapacityReachedError: Every server stayed at capacity.
+            ClientStateError: Already open or closed, or called inside an event loop.
+        """
+        # Held open by one task of the loop thread, entered and left there, as the pool's task group needs.
+        self._holder.open(self, self.pool, self.backend)
+        return self
 
-_Place = tuple[int, int, EnvClient[Any, Any, Any]]
-"""Where a session's reply sits in a batch's message: its position there, the session's index, its client."""
-_POSITION, _INDEX = itemgetter(0), itemgetter(1)
-_PAYLOAD = itemgetter(3)  # a request's action (or reset arguments)
-_TRANSPORT = attrgetter("_transport")  # a client's
-_LOCK = attrgetter("_lock")  # a client's
+    def close(self) -> None:
+        """Close every session and release the event-loop thread. Idempotent.
 
-_NO_ARGUMENTS: dict[str, Any] = {}  # a step's reset arguments: shared, so never changed
+        Raises:
+            ClientStateError: Called inside an event loop.
+        """
+        self._holder.close()
 
+    def reset(
+        self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **kwargs: Any
+    ) -> list[StepResult[ObsT]]:
+        """Reset every session, blocking; see `EnvPool.reset`.
 
-def _encode_step(codec: ClientCodec[Any, Any, Any], action: Any, request_id: int) -> bytes:
-    return codec.step(action, request_id)
+        Args:
+            timeout: Seconds each session waits for its reply (``None``: no limit).
+            **kwargs: Passed to every environment's ``reset``; a list gives one value per session.
 
+        Returns:
+            One result per session, in order.
 
-def _encode_reset(codec: ClientCodec[Any, Any, Any], arguments: dict[str, Any], request_id: int) -> bytes:
-    return codec.reset(arguments, request_id)
+        Raises:
+            EnvPoolError: Sessions failed; its ``errors`` holds each one's exception.
+            ValueError: A list argument does not hold one value per session.
+            ClientStateError: Not open, or called inside an event loop.
+        """
+        portal = self._holder.portal("reset")
+        return call(portal, lambda: self.pool.reset(timeout=timeout, **kwargs))
 
+    def step(
+        self, actions: Sequence[ActT], *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT
+    ) -> list[StepResult[ObsT]]:
+        """Step every session, blocking; see `EnvPool.step`.
 
-def _encode_state(codec: ClientCodec[Any, Any, Any], _: None, request_id: int) -> bytes:
-    return codec.state(request_id)
+        Args:
+            actions: One action per session, in the pool's order.
+            timeout: Seconds each session waits for its reply (``None``: no limit).
 
+        Returns:
+            One result per session, in order.
 
-def _reset(arguments: dict[str, Any]) -> _Request:
-    return ("reset", arguments, _encode_reset, arguments)
+        Raises:
+            EnvPoolError: Sessions failed; its ``errors`` holds each one's exception.
+            TypeError: One action instead of a list of them.
+            ValueError: Not one action per session.
+            ClientStateError: Not open, or called inside an event loop.
+        """
+        portal = self._holder.portal("step")
+        return call(portal, lambda: self.pool.step(actions, timeout=timeout))
 
+    def state(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[StateT]:
+        """Ask every session for its state, blocking; see `EnvPool.state`.
 
-_STATE: _Request = ("state", _NO_ARGUMENTS, _encode_state, None)
+        Args:
+            timeout: Seconds each session waits for its reply (``None``: no limit).
+
+        Returns:
+            One state per session, in order.
+
+        Raises:
+            EnvPoolError: Sessions failed; its ``errors`` holds each one's exception.
+            ClientStateError: Not open, or called inside an event loop.
+        """
+        portal = self._holder.portal("state")
+        return call(portal, lambda: self.pool.state(timeout=timeout))

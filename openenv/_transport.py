@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from ._messages import Dialect
-
-if TYPE_CHECKING:
-    from ._batch import LinkStepBatcher, StepBatcher
 
 __all__ = ["Transport"]
 
@@ -208,13 +205,6 @@ class Transport(ABC):
         what must happen while nobody calls: answering the server's pings,
         pinging a quiet server, noticing and resuming a dropped connection.
         """
-
-    def _step_batcher(self) -> StepBatcher | LinkStepBatcher | None:
-        """What steps this session together with others of its host, as one message; ``None`` (the default): nothing.
-
-        Not part of the contract: openenv's own transports offer it (see `openenv._batch`).
-        """
-        return None
 
     @abstractmethod
     async def aclose(self) -> None:

@@ -350,7 +350,7 @@ class InProcessTransport(Transport):
         finally:
             self._served()
 
-    def _step_batcher(self) -> StepBatcher | None:
+    def step_batcher(self) -> StepBatcher | None:
         """Steps this session with others of its factory while calls run at once and it has nothing in hand."""
         if self._in_flight or self._serving or not self._habits.at_once:
             return None

@@ -26,10 +26,11 @@ from openenv import (
     ReplyValidationError,
     TimeoutError,
 )
-from openenv._client import _results_at_once
+from openenv._client import requests_of
 from openenv._codec import client_codec, server_codec
 from openenv._inline import TRIAL_CALLS
 from openenv._messages import Dialect, StepBatchReply
+from openenv._results import StepResults, results_at_once
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, CountState
 from tests.helpers import CounterClient, ManualClock, all_tasks_blocked
 from transports import inprocess
@@ -130,7 +131,7 @@ async def test_a_batch_gives_the_results_requests_on_their_own_give(monkeypatch:
 
     with anyio.fail_after(LIMIT):
         together = await run()
-        monkeypatch.setattr(InProcessTransport, "_step_batcher", lambda self: None)
+        monkeypatch.setattr(InProcessTransport, "step_batcher", lambda self: None)
         alone = await run()
     assert together == alone
 
@@ -232,8 +233,9 @@ async def test_a_client_used_on_its_own_meanwhile_keeps_its_order(batches: list[
         async with EnvPool(url(), size=SIZE, client=CounterClient) as pool:
             await until_at_once(pool)
             batches.clear()
-            lock = pool.clients[3]._lock
-            assert lock is not None
+            requests = requests_of(pool.clients[3])
+            assert requests is not None
+            lock = requests.lock
             await lock.acquire()  # as if the caller were using that client directly right now
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(pool.step, [CountAction(by=1)] * SIZE)
@@ -249,14 +251,13 @@ async def test_a_session_with_a_request_in_flight_steps_after_it_on_its_own(batc
     with anyio.fail_after(LIMIT):
         async with EnvPool(url(), size=SIZE, client=CounterClient) as pool:
             await until_at_once(pool)
-            client = pool.clients[2]
-            assert client._codec is not None
-            assert client.transport is not None
+            requests = requests_of(pool.clients[2])
+            assert requests is not None
             # Sent, then given up on before its reply was read (as a call cut by its timeout leaves it): the
             # reply is a late one, for the client to drop.
-            client._next_id += 1
-            client._unanswered.append(client._next_id)
-            await client.transport.send(client._codec.step(CountAction(by=5), client._next_id))
+            requests.next_id += 1
+            requests.unanswered.append(requests.next_id)
+            await requests.transport.send(requests.codec.step(CountAction(by=5), requests.next_id))
             batches.clear()
             first = await pool.step([CountAction(by=1)] * SIZE)
             second = await pool.step([CountAction(by=1)] * SIZE)
@@ -297,7 +298,7 @@ def test_an_untyped_client_gets_reward_and_done_beside_the_observation_as_from_a
     client = client_codec(dialect, dict, dict)
     observation = server.batch_observation({"count": 2, "reward": 1, "done": True, "metadata": {"a": 1}})
     replies, _ = client.decode_step_batch(server.step_batch_reply(StepBatchReply([observation])))
-    result = EnvClient("inproc://tests.client.test_pool_batch:BatchEnv")._batch_result(replies.observations[0])
+    result = StepResults[Any](dict).of_batched(replies.observations[0])
     assert (result.observation, result.reward, result.done, result.metadata) == (
         {"count": 2, "metadata": {"a": 1}},
         1,
@@ -319,12 +320,11 @@ class LooseMetadataObservation(CountObservation):
 def test_a_batch_makes_its_results_at_once_only_where_they_are_those_made_one_by_one(
     observation_type: Any, at_once: bool
 ) -> None:
-    client: EnvClient[Any, Any, Any] = EnvClient("inproc://tests.client.test_pool_batch:BatchEnv")
-    client._results_at_once = _results_at_once(observation_type)
-    assert client._results_at_once is at_once
+    results = StepResults[Any](observation_type)
+    assert results_at_once(observation_type) is results.at_once is at_once
     observations = [CountObservation(count=1, reward=2, done=True, metadata={"a": 1}), CountObservation(count=2)]
     if at_once:
-        assert client._batch_results(observations) == [client._batch_result(each) for each in observations]
-        assert client._batch_results([*observations, None]) is None  # a step not taken: each is looked at alone
+        assert results.of_batch(observations) == [results.of_batched(each) for each in observations]
+        assert results.of_batch([*observations, None]) is None  # a step not taken: each is looked at alone
     else:
-        assert client._batch_results(observations) is None
+        assert results.of_batch(observations) is None

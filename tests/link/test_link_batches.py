@@ -129,7 +129,7 @@ async def test_a_pools_steps_go_as_one_entry_and_come_back_as_one(monkeypatch: p
 
 
 async def test_a_batch_larger_than_a_part_leaves_in_parts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(openenv._pool, "LINK_BATCH", 2)
+    monkeypatch.setattr(openenv._pool_steps, "LINK_BATCH", 2)
     with anyio.fail_after(LIMIT), counted(monkeypatch) as batches:
         async with serving() as server, EnvPool(server.url, size=5, client=CounterClient) as pool:
             await pool.reset()

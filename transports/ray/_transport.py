@@ -318,9 +318,9 @@ class RayTransport(Transport):
             raise ConnectionClosed("the transport is not connected")
         return self._inner.receive_nowait()
 
-    def _step_batcher(self) -> LinkStepBatcher | None:
+    def step_batcher(self) -> LinkStepBatcher | None:
         """Its WebSocket's: a pool steps the sessions that share an actor's connection as one entry each way."""
-        return None if self._inner is None else self._inner._step_batcher()
+        return None if self._inner is None else self._inner.step_batcher()
 
     @property
     def _channel(self) -> LinkChannel | None:

@@ -456,7 +456,7 @@ class WebSocketTransport(Transport):
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         return link.receive_nowait(channel)
 
-    def _step_batcher(self) -> LinkStepBatcher | None:
+    def step_batcher(self) -> LinkStepBatcher | None:
         """Steps this session with the others of its link as one entry, when the server takes batches."""
         link, channel = self._link, self._channel
         if link is None or channel is None or channel.ended is not None:

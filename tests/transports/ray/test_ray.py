@@ -229,7 +229,7 @@ async def test_a_pool_steps_the_sessions_of_each_actor_as_one_entry(monkeypatch:
         async with EnvPool(url, size=8, client=CounterClient) as pool:
             await pool.reset()
             actors = [client.transport.actor for client in pool.clients]  # type: ignore[union-attr]
-            batchers = [client.transport._step_batcher() for client in pool.clients]  # type: ignore[union-attr]
+            batchers = [client.transport.step_batcher() for client in pool.clients]  # type: ignore[union-attr]
             # One batcher per actor's connection: the sessions of each actor go together.
             assert None not in batchers
             assert len(set(actors)) == len(set(batchers)) == len(set(zip(actors, batchers, strict=True))) == 2
