@@ -1,9 +1,10 @@
-"""The sessions of one link, server side, whatever carries its messages: admitted, stepped in batches, answered.
+"""The server end of a link, whatever carries its messages: its sessions' frames dispatched, stepped in batches.
 
 A `LinkHost` takes the envelopes a client sends on a link (`take`) and posts its
 sessions' replies for the carrier to send (`transports.link._state.ServerLinkState`).
-It admits each session (a slot of the registry, as a connection of its own
-would take), builds its environment, and answers each envelope as one batch:
+Its sessions are admitted and ended as connections of their own would be
+(`transports.link._host_sessions.LinkSessions`, which it builds on); it answers
+each envelope as one batch:
 
 - an ``async`` environment's reset or step runs in the carrier's task, at once,
   when it does not wait (`openenv._inline`): no task, no wake-up per session.
@@ -24,9 +25,10 @@ would take), builds its environment, and answers each envelope as one batch:
   through `openenv.server.ServerSession.handle`, in order with the session's others.
 
 A link that carries one plain session and nothing else may have its socket lent
-to that session's thread (`lend_to_lone_session`), as a connection of its own
-would: the thread reads each envelope, steps, and writes the reply's envelope
-itself, one thread wake-up a request and no trip through the event loop.
+to that session's thread (`lend_to_lone_session`, `transports.link._loan`), as a
+connection of its own would: the thread reads each envelope, steps, and writes
+the reply's envelope itself, one thread wake-up a request and no trip through
+the event loop.
 
 Each session keeps the guarantees of a connection of its own: its frames are
 handled in order, one at a time; one session's bad input, crash or slow step
@@ -43,12 +45,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
 import msgspec
-from anyio.abc import TaskGroup
 from websockets.frames import CloseCode
 
 from openenv import Dialect
@@ -57,14 +58,13 @@ from openenv._inline import TRIAL_CALLS, Suspended, finish, start
 from openenv._messages import StepBatchReply
 from openenv._session import StepsAtOnce
 from openenv._worker import Call, CallBatch, wait_for
-from openenv.server import ServerSession, SessionMetrics, factory_failed_frame
-from transports.admission._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
+from openenv.server import ServerSession, SessionMetrics
+from transports.admission._sessions import SessionLease, SessionRegistry
 from transports.link._envelope import (
     ENTRY_OVERHEAD,
     LINK_CHANNEL,
     End,
     Entry,
-    EnvelopeCodec,
     Hello,
     Open,
     Resume,
@@ -72,10 +72,9 @@ from transports.link._envelope import (
     Steps,
     fits,
 )
-from transports.link._state import ChannelState, LinkProtocolError, ServerLinkState, TakenSteps
-
-if TYPE_CHECKING:
-    from transports.websocket._socket_loan import LendSocket, SocketLoan
+from transports.link._host_sessions import LinkSession, LinkSessions
+from transports.link._loan import Lender, LentChannel, Loan
+from transports.link._state import ChannelState, LinkProtocolError, TakenSteps
 
 __all__ = ["BATCH_WAIT", "MAX_WAITING_FRAMES", "LinkHost"]
 
@@ -87,44 +86,11 @@ BATCH_WAIT: Final = 0.002
 MAX_WAITING_FRAMES: Final = 4096
 """Frames a link may hold for sessions still busy before the server stops reading it."""
 
-# WebSocket close codes (RFC 6455), as a connection of its own would end with.
-
 T = TypeVar("T")
 
 
-class _Session:
-    """One session of the link: its slot, its environment, and its frames waiting their turn."""
-
-    __slots__ = ("_settled", "frames", "lease", "number", "running", "scope", "session")
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.lease: SessionLease | None = None
-        self.session: ServerSession | None = None
-        # Received, not yet handled (this one is busy, or not admitted yet): mostly none or one, so a
-        # list (an empty deque takes ten times its memory).
-        self.frames: list[bytes] = []
-        self.running = False  # a frame of this session is being handled outside the link's task
-        self.scope: anyio.CancelScope | None = None  # the task handling its frames, or its wait for a slot
-        self._settled: anyio.Event | None = None
-
-    def stop_running(self) -> None:
-        """Its frame is handled: nothing of the session runs outside the link's task now."""
-        self.running = False
-        settled, self._settled = self._settled, None
-        if settled is not None:
-            settled.set()
-
-    async def wait_settled(self) -> None:
-        """Return once nothing of the session runs (its environment may then be closed)."""
-        while self.running:
-            if self._settled is None:
-                self._settled = anyio.Event()
-            await self._settled.wait()
-
-
-class LinkHost:
-    """The sessions of one link: see the module's docstring.
+class LinkHost(LinkSessions):
+    """The server end of one link: see the module's docstring.
 
     Args:
         factory: Builds one environment per session.
@@ -162,37 +128,27 @@ class LinkHost:
         metrics: SessionMetrics | None = None,
         client: str | None = None,
     ) -> None:
-        self.dialect = dialect
-        self.codec = EnvelopeCodec(dialect.encoding)
-        self.state = ServerLinkState(self.codec)
-        self._factory = factory
-        self._registry = registry
-        self._error_details = error_details
-        self._transport = transport
+        super().__init__(
+            factory,
+            registry=registry,
+            dialect=dialect,
+            error_details=error_details,
+            transport=transport,
+            metrics=metrics,
+            client=client,
+        )
         self._flush = flush
-        self._metrics = metrics
-        self._client = client
-        self._sessions: dict[int, _Session] = {}
-        self._tasks: TaskGroup | None = None
         self._flush_soon_pending = False
         self._waiting_frames = 0  # frames held for busy sessions, across the link
         self._room: anyio.Event | None = None  # set when they fall below MAX_WAITING_FRAMES
         self._suspends = False  # the environment's calls wait: each session runs in a task of its own
         self._trials = TRIAL_CALLS  # calls left to run in tasks before the host trusts them not to wait
-        self._loan: SocketLoan | None = None  # the socket lent to the lone session's thread, while it is
         self._calls: anyio.CancelScope | None = None  # where calls answered at once run (`serve`)
         # An envelope a give-up cut short: its entries left, and the plain calls it started.
         self._cut: tuple[list[tuple[int, Any]], _Batch | None] | None = None
         self.on_lendable: Callable[[], object] | None = None
-        self.on_shutting_down: Callable[[], object] | None = None
-        self.shutting_down = False
         self.left_by_client = False
         self.client_max_message_size: int | None = None
-
-    @property
-    def sessions(self) -> int:
-        """How many sessions are open on the link."""
-        return len(self._sessions)
 
     def hello(self, token: str, resume_timeout: float, max_message_size: int | None) -> None:
         """Post the link's `Hello`: the first entry a client gets on a new link."""
@@ -240,7 +196,7 @@ class LinkHost:
         """
         await self._dispatch(self.state.take(entries))
 
-    async def lend_to_lone_session(self, lend: LendSocket) -> None:
+    async def lend_to_lone_session(self, lend: Lender) -> None:
         """Lend the socket to the thread of the link's only session, if it is plain and nothing else is going on.
 
         Returns once the socket is back with the event loop: the loan ended,
@@ -255,7 +211,7 @@ class LinkHost:
         ends the loan, unread, for the event loop to take.
 
         Args:
-            lend: The connection's way to lend its socket (`transports.websocket._socket_loan`).
+            lend: The connection's way to lend its socket (`transports.link._loan.Lender`).
         """
         session = self._lendable()
         if session is None or self._tasks is None:
@@ -285,7 +241,7 @@ class LinkHost:
             return False
         return any(session.session is None or session.session.handles_on_thread for session in sessions.values())
 
-    def _lendable(self) -> _Session | None:
+    def _lendable(self) -> LinkSession | None:
         """The link's lone session, if it is plain, idle, and the link has nothing else to do; else ``None``."""
         if len(self._sessions) != 1:
             return None
@@ -306,15 +262,24 @@ class LinkHost:
 
     async def _serve_on_loan(
         self,
-        session: _Session,
+        session: LinkSession,
         server_session: ServerSession,
         lease: SessionLease,
         channel: ChannelState,
-        loan: SocketLoan,
+        loan: Loan,
         released: anyio.Event,
     ) -> None:
         """Run a loan on the session's thread (`lend_to_lone_session`); then post a reply it left, if any."""
-        answering = _LentChannel(self, session.number, server_session, lease, channel, loan)
+        answering = LentChannel(
+            session.number,
+            server_session,
+            lease,
+            channel,
+            loan,
+            codec=self.codec,
+            binary=self.dialect.encoding == "msgpack",
+            client_limit=self.client_max_message_size,
+        )
         unsent: bytes | None = None
         session.scope = scope = anyio.CancelScope()  # `_give_up` cancels it
         try:
@@ -339,12 +304,6 @@ class LinkHost:
         if session.frames and session.number in self._sessions:
             self._run_in_task(session)
         await self._flush_soon()
-
-    def release_all(self) -> None:
-        """Give back every slot still held (after a failure of the carrier)."""
-        for session in self._sessions.values():
-            if session.lease is not None:
-                session.lease.release()
 
     async def serve(self, read: Callable[[], Awaitable[T]]) -> T:
         """Run the carrier's loop, ``read``, which hands the client's messages to `take`; return what it returns.
@@ -451,7 +410,7 @@ class LinkHost:
         apart: list[tuple[int, Any]] = []
         apart_sessions: set[int] = set()
         # The steps run here, in order: each one's session and item, its server session and its action.
-        here: list[tuple[_Session, tuple[int, int, int]]] = []
+        here: list[tuple[LinkSession, tuple[int, int, int]]] = []
         here_sessions: list[ServerSession] = []
         here_actions: list[Any] = []
         for item in steps.taken:
@@ -528,7 +487,7 @@ class LinkHost:
 
     def _post_stepped(
         self,
-        here: list[tuple[_Session, tuple[int, int, int]]],
+        here: list[tuple[LinkSession, tuple[int, int, int]]],
         run: StepsAtOnce,
         codec: ServerCodec[Any],
         first: int = 0,
@@ -543,7 +502,7 @@ class LinkHost:
         """
         sessions, state = self._sessions, self.state
         channels = state.channels
-        answered: list[tuple[_Session, int, msgspec.Raw | dict[str, Any], ChannelState]] = []
+        answered: list[tuple[LinkSession, int, msgspec.Raw | dict[str, Any], ChannelState]] = []
         observations: list[msgspec.Raw | None] = []
         errors: dict[int, dict[str, Any]] = {}
         failed = run.errors
@@ -570,7 +529,7 @@ class LinkHost:
                 self._replied(session, codec.batch_reply_frame(reply, request_id))
             return
         items: list[StepItem] = []
-        ending: list[tuple[_Session, str]] = []
+        ending: list[tuple[LinkSession, str]] = []
         now = self._registry.clock.now()
         for session, request_id, reply, channel in answered:
             items.append(state.post_held(channel, _HeldReply(codec, reply, request_id), request_id))
@@ -597,7 +556,7 @@ class LinkHost:
             if session is not None:
                 self._end(session, "given up by the client", CloseCode.NORMAL_CLOSURE)
 
-    async def _finish_here(self, session: _Session, suspended: Suspended, scope: anyio.CancelScope) -> Any:
+    async def _finish_here(self, session: LinkSession, suspended: Suspended, scope: anyio.CancelScope) -> Any:
         """A call run at once that waits after all: finish it here, once; the host runs every call in a task now.
 
         ``scope`` (`serve`'s) was entered before the call started (a scope
@@ -646,7 +605,7 @@ class LinkHost:
             if session.frames and session.number in self._sessions:
                 self._run_in_task(session)
 
-    def _replied(self, session: _Session, reply: bytes | None) -> None:
+    def _replied(self, session: LinkSession, reply: bytes | None) -> None:
         """Post a session's reply, and end the session if that was its close (or it was asked to end)."""
         if session.number not in self._sessions:
             return  # ended meanwhile (given up on): its reply has nobody to go to
@@ -671,13 +630,13 @@ class LinkHost:
         if lease.close_reason is not None:
             self._end(session, lease.close_reason, CloseCode.GOING_AWAY)
 
-    def _run_in_task(self, session: _Session, *, call: Call | None = None, frame: bytes = b"") -> None:
+    def _run_in_task(self, session: LinkSession, *, call: Call | None = None, frame: bytes = b"") -> None:
         """Handle the session's waiting frames in a task of its own; first, the ``call`` of ``frame`` on its thread."""
         assert self._tasks is not None
         session.running = True
         self._tasks.start_soon(self._run_session, session, call, frame)
 
-    async def _run_session(self, session: _Session, call: Call | None, frame: bytes) -> None:
+    async def _run_session(self, session: LinkSession, call: Call | None, frame: bytes) -> None:
         server_session = session.session
         assert server_session is not None
         session.scope = scope = anyio.CancelScope()
@@ -690,7 +649,7 @@ class LinkHost:
         await self._flush_soon()
 
     async def _run_frames(
-        self, session: _Session, server_session: ServerSession, call: Call | None, frame: bytes
+        self, session: LinkSession, server_session: ServerSession, call: Call | None, frame: bytes
     ) -> None:
         """Handle ``call``'s frame (when given), then the session's frames waiting, in order."""
         if call is not None:
@@ -716,149 +675,11 @@ class LinkHost:
                 self._trials -= 1
             self._replied(session, outcome)
 
-    def _fail(self, session: _Session) -> None:
-        """End a session the server failed (a bug, not the environment): one ``SESSION_ERROR``, then `End`."""
-        session.stop_running()
-        channel = self.state.channels.get(session.number)
-        if channel is not None:
-            self.state.post(channel, msgspec.Raw(session_failed_frame(self.dialect)))
-        self._end(session, "the session failed on the server", CloseCode.INTERNAL_ERROR)
-
     def _count_waiting(self, change: int) -> None:
         self._waiting_frames += change
         if change < 0 and self._room is not None and self._waiting_frames < MAX_WAITING_FRAMES:
             self._room.set()
             self._room = None
-
-    def _open(self, number: int) -> None:
-        """A client opens a session on channel ``number``: admit it, or turn it away."""
-        session = self._sessions[number] = _Session(number)
-        registry = self._registry
-        client = self._client
-        lease = registry.open(transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client)
-        if lease is not None:
-            self._build(session, lease)
-        elif registry.queue_timeout is not None and not registry.over_quota(client):
-            assert self._tasks is not None
-            self._tasks.start_soon(self._admit, session)
-        else:
-            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
-
-    async def _admit(self, session: _Session) -> None:
-        """Wait in the registry's queue for a slot; then serve what the session sent meanwhile."""
-        registry, client = self._registry, self._client
-        lease = None
-        session.scope = scope = anyio.CancelScope()  # `_end` gives the place up: its client left it, or the link ended
-        with scope:
-            lease = await registry.admit(
-                transport=self._transport, on_close=lambda: self._asked_to_end(session), client=client
-            )
-        session.scope = None
-        if session.number not in self._sessions:  # ended meanwhile
-            if lease is not None:
-                lease.release()
-            return
-        if lease is None:
-            self._turn_away(session, registry.capacity_reached_frame(self.dialect, client))
-        else:
-            self._build(session, lease)
-            if session.frames and not session.running:
-                self._run_in_task(session)
-        await self._flush_soon()
-
-    def _build(self, session: _Session, lease: SessionLease) -> None:
-        """Build the session's environment (on the event loop, as a connection of its own would)."""
-        session.lease = lease
-        # Never reaped as idle: the link's own bounds (its resume wait, an HTTP link's silence) end it.
-        lease.connected = True
-        lease.on_give_up = lambda: self._give_up(session)
-        try:
-            env = self._factory()
-        except Exception as exc:
-            logger.exception("environment factory failed")
-            frame = factory_failed_frame(self.dialect, self._factory, exc, error_details=self._error_details)
-            self._turn_away(session, frame)
-            return
-        session.session = ServerSession(
-            env, dialect=self.dialect, error_details=self._error_details, on_end=lease.vacate, metrics=self._metrics
-        )
-
-    def _turn_away(self, session: _Session, frame: bytes) -> None:
-        """End a session that never started with one fatal error frame (``CAPACITY_REACHED``, ``FACTORY_ERROR``)."""
-        channel = self.state.channels.get(session.number)
-        if channel is not None:
-            self.state.post(channel, msgspec.Raw(frame))
-        self._count_waiting(-len(session.frames))
-        session.frames.clear()
-        self._end(session, "the session could not start", CloseCode.NORMAL_CLOSURE)
-
-    def _asked_to_end(self, session: _Session) -> None:
-        """The registry asks a session to end: idle too long, the server stopping (cut, even when busy)."""
-        lease = session.lease
-        reason = lease.close_reason if lease is not None else None
-        if session.running and session.scope is not None:
-            # Cut while a call of its runs in its task: cancel it (a plain call runs on to its end
-            # on the session's thread; nobody waits for it).
-            session.scope.cancel()
-        self._ended_by_server(session, reason or SHUTDOWN_REASON)
-
-    def _give_up(self, session: _Session) -> None:
-        """The registry gives up on the session's call in hand (the step timeout, the shutdown's cut): end it now.
-
-        Its task is cancelled; a plain call is abandoned to its thread unless
-        abandoned calls already hold as many threads as the server has slots
-        (`SessionRegistry.may_abandon`): then the session waits for it.
-        """
-        if session.scope is not None:
-            session.scope.cancel()
-        if session.session is not None and self._registry.may_abandon():
-            session.session.abandon()
-        lease = session.lease
-        self._ended_by_server(session, (lease.close_reason if lease is not None else None) or SHUTDOWN_REASON)
-
-    def _ended_by_server(self, session: _Session, reason: str) -> None:
-        """End a session the server ends (see `_end`), and send its `End` soon."""
-        if session.number in self._sessions:
-            self._end(session, reason, CloseCode.GOING_AWAY)
-            if self._tasks is not None:
-                self._tasks.start_soon(self._flush_soon)
-        if reason == SHUTDOWN_REASON and not self._sessions and not self.shutting_down:
-            self.shutting_down = True
-            if self.on_shutting_down is not None:
-                self.on_shutting_down()
-
-    def _leave(self, session: _Session, reason: str) -> None:
-        """The link is over: end the session; one with a call in hand is given up on, as its client has gone."""
-        lease = session.lease
-        if session.running and lease is not None and lease.give_up(reason):
-            return
-        self._end(session, reason, CloseCode.GOING_AWAY)
-
-    def _end(self, session: _Session, reason: str, code: int) -> None:
-        """End a session: tell the client (an `End`), close its environment, give its slot back."""
-        if self._sessions.pop(session.number, None) is None:
-            return
-        if self._loan is not None:
-            self._loan.stop()  # the thread lets go of the link's numbering and socket before they change
-        if session.lease is None and session.scope is not None:
-            session.scope.cancel()  # still waiting in the queue for a slot: it gives its place up
-        self.state.end(session.number, reason, code)
-        self._count_waiting(-len(session.frames))
-        session.frames.clear()
-        if self._tasks is not None:
-            self._tasks.start_soon(self._close_session, session)
-        elif session.lease is not None:
-            session.lease.release()
-
-    async def _close_session(self, session: _Session) -> None:
-        with anyio.CancelScope(shield=True):
-            try:
-                await session.wait_settled()  # a step in flight finishes first, as on a connection of its own
-                if session.session is not None:
-                    await session.session.aclose()
-            finally:
-                if session.lease is not None:
-                    session.lease.release()
 
     # -- sending -------------------------------------------------------------------------
 
@@ -900,88 +721,4 @@ class _Batch:
 
     def __init__(self) -> None:
         self.calls = CallBatch()
-        self.started: list[tuple[_Session, Call, bytes]] = []
-
-
-class _LentChannel:
-    """The lone session's side of a loan, on its thread: reads its envelopes, answers them, numbers the replies.
-
-    The thread changes the link's numbering only in `on_sent`, with the loan's
-    lock held and the loan not stopped; the event loop stops the loan before it
-    changes anything (`LinkHost._end`, a write to the connection): the two
-    never change it at once.
-
-    Attributes:
-        in_hand: ``(seq, ack, reply)`` of the frame answered last, until its reply is written.
-    """
-
-    __slots__ = ("_binary", "_channel", "_codec", "_host", "_lease", "_loan", "_number", "_session", "in_hand")
-
-    def __init__(
-        self,
-        host: LinkHost,
-        number: int,
-        session: ServerSession,
-        lease: SessionLease,
-        channel: ChannelState,
-        loan: SocketLoan,
-    ) -> None:
-        self._host = host
-        self._number = number
-        self._session = session
-        self._lease = lease
-        self._channel = channel
-        self._loan = loan
-        self._codec = host.codec
-        self._binary = host.dialect.encoding == "msgpack"
-        self.in_hand: tuple[int, int, bytes] | None = None
-
-    def on_frame(self, is_text: bool, payload: bytes) -> bytes | None:
-        """Answer one envelope holding the session's next frame alone; ``None`` leaves it to the event loop."""
-        if is_text is self._binary:
-            return None
-        try:
-            entries = self._codec.decode(payload)
-        except msgspec.DecodeError:
-            return None
-        channel = self._channel
-        if len(entries) != 1:
-            return None
-        number, seq, ack, frame = entries[0]
-        if number != self._number or seq != channel.received + 1:
-            return None  # a control, another channel, a frame sent again: the link's own business
-        self._lease.mark_busy()
-        reply = self._session.handle_on_thread(bytes(frame), self._begin)
-        if reply is None:
-            return None
-        self.in_hand = (seq, ack, reply)
-        if not fits(len(reply), self._host.client_max_message_size):
-            self._loan.stop_after_this()  # the event loop ends the session, as for any reply too large
-        entry = (number, channel.sent + 1, seq, msgspec.Raw(reply))
-        return self._codec.encode([entry])
-
-    def _begin(self, request_id: int | None) -> bool:
-        return self._loan.begin()
-
-    def on_idle(self) -> bool:
-        """Before each wait for the client: go on while the session is wanted."""
-        lease = self._lease
-        lease.touch()  # before looking at close_reason: see SessionLease.ask_to_end
-        return lease.close_reason is None
-
-    def on_sent(self, written: bytes) -> None:
-        """The reply in hand is written (the loan's lock held): number it, and keep it until acknowledged."""
-        reply = self.take_in_hand()
-        channel = self._channel
-        channel.sent = sent = channel.sent + 1
-        channel.unacked.append((sent, msgspec.Raw(reply)))
-
-    def take_in_hand(self) -> bytes:
-        """Take the frame answered last as received (and what it acknowledged); return its reply."""
-        in_hand, self.in_hand = self.in_hand, None
-        assert in_hand is not None
-        seq, ack, reply = in_hand
-        channel = self._channel
-        channel.acknowledged(ack)
-        channel.received = seq
-        return reply
+        self.started: list[tuple[LinkSession, Call, bytes]] = []
