@@ -27,6 +27,7 @@ from transports.server.app import create_app
 from transports.server.runner import RunningServer, ServerName, current_backend, serve
 from transports.websocket import WebSocketTransport
 from transports.websocket import _link as websocket_link
+from transports.websocket import _link_write as link_write
 
 pytestmark = pytest.mark.anyio
 
@@ -394,7 +395,7 @@ async def test_a_frame_that_is_not_one_value_ends_only_its_session() -> None:
 async def test_a_batch_leaves_in_pieces_as_it_is_posted_and_each_reply_finds_its_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(websocket_link, "SEND_EVERY", 2)
+    monkeypatch.setattr(link_write, "SEND_EVERY", 2)
     with anyio.fail_after(LIMIT):
         async with serving() as server, EnvPool(server.url, size=7, client=CounterClient) as pool:
             await pool.reset(start=list(range(7)))
@@ -410,9 +411,9 @@ async def test_a_batch_leaves_in_pieces_as_it_is_posted_and_each_reply_finds_its
 async def test_what_a_short_write_leaves_of_a_batch_is_written_before_the_replies_are_awaited(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    write = websocket_link._send_now
-    monkeypatch.setattr(websocket_link, "SEND_EVERY", 2)
-    monkeypatch.setattr(websocket_link, "_send_now", lambda fd, data: write(fd, data[:40]))  # a full socket, always
+    write = link_write._send_now
+    monkeypatch.setattr(link_write, "SEND_EVERY", 2)
+    monkeypatch.setattr(link_write, "_send_now", lambda fd, data: write(fd, data[:40]))  # a full socket, always
     with anyio.fail_after(LIMIT):
         async with serving() as server, EnvPool(server.url, size=6, client=CounterClient) as pool:
             await pool.reset(start=list(range(6)))

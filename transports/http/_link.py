@@ -93,6 +93,8 @@ class _Message:
 class PollingLink(ClientLink):
     """The sessions of one HTTP long-polling link, client side; see the module's docstring.
 
+    A session leaving (`ClientLink.leave`) tells the server (an `End` on its channel).
+
     Args:
         client: The httpx client that sends the link's requests.
         owns_client: Close ``client`` when the link closes.
@@ -110,6 +112,8 @@ class PollingLink(ClientLink):
         clock: Where the keeper's waits and the retries' backoff are measured.
         on_idle: Called once when the link ends, or its last session leaves.
     """
+
+    _session_name = "HTTP long-polling session"
 
     def __init__(
         self,
@@ -130,7 +134,7 @@ class PollingLink(ClientLink):
         clock: Clock,
         on_idle: Callable[[ClientLink], object] = lambda link: None,
     ) -> None:
-        super().__init__(url=url, codec=codec, clock=clock, on_idle=on_idle)
+        super().__init__(url=url, codec=codec, clock=clock, close_timeout=close_timeout, on_idle=on_idle)
         assert self._state is not None  # a polling link always carries envelopes
         self._envelopes: ClientLinkState = self._state
         self._envelope_codec: EnvelopeCodec = codec
@@ -147,7 +151,6 @@ class PollingLink(ClientLink):
         self._wait = wait
         self._retries = retries
         self._connect_timeout = connect_timeout
-        self._close_timeout = close_timeout
         self._messages: deque[_Message] = deque()  # not yet known to be taken, oldest first
         self._next_message = 1
         self._held = 0  # the place, in the server's log, of the last entry received
@@ -219,23 +222,9 @@ class PollingLink(ClientLink):
                 self._wake_one()  # it was this session's turn, perhaps: hand it on
                 raise
 
-    async def leave(self, channel: LinkChannel) -> None:
-        """A session is done with the link: send what it posted; close the link if it was the last.
-
-        Idempotent; shielded and bounded (by ``close_timeout``), under any cancel scope.
-        """
-        if self._channels.pop(channel.number, None) is None:
-            return
-        if channel.ended is None:
-            channel.ended = ConnectionClosed(f"the HTTP long-polling session to {self.url} was closed by the client")
-        channel.wake()
-        self._envelopes.leave(channel.number)  # unless the server ended it: it ends there too
-        with anyio.CancelScope(shield=True):
-            if self._channels:
-                with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
-                    await self._flush()  # its close request, say
-                return
-            await self.aclose()
+    def _left(self, channel: LinkChannel) -> None:
+        """Tell the server the session is over (an `End` on its channel), unless the server ended it."""
+        self._envelopes.leave(channel.number)
 
     async def aclose(self) -> None:
         """Close the link: send what is posted, then end it on the server (``DELETE``).

@@ -8,23 +8,50 @@ which the pool decodes in one call. Each step is numbered on its session's
 channel as a frame of its own would be, and kept until the server acknowledges
 it, as what makes the frame (`HeldStep`): after a dropped connection it is sent
 again as that frame, on its own, and its reply comes again as an ordinary frame.
+
+The batcher takes what it needs of the link through `SteppingLink`, which the
+WebSocket client's link (`transports.websocket._link.Link`) satisfies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from openenv import Transport
 from openenv._batch import BatchedReply, LinkStepBatcher
+from transports.link._client import LinkChannel
 from transports.link._envelope import ENTRY_OVERHEAD, EnvelopeCodec, StepItem, Steps, fits
+from transports.link._state import ClientLinkState
 
-if TYPE_CHECKING:
-    from transports.websocket._link import Link
+__all__ = ["HeldStep", "LinkBatcher", "SteppingLink"]
 
-__all__ = ["HeldStep", "LinkBatcher"]
+
+class SteppingLink(Protocol):
+    """What `LinkBatcher` needs of the link whose sessions it steps together."""
+
+    @property
+    def server_limit(self) -> int | None:
+        """The largest message the server takes (its `Hello` says), or ``None``."""
+        ...
+
+    def steps_state(self) -> ClientLinkState | None:
+        """The link's numbering, where a ``steps`` entry is posted; ``None`` while none may be (ended, broken)."""
+        ...
+
+    def write_without_waiting(self) -> None:
+        """Send the posted entries, as much as the connection takes at once; the rest leaves with the next write."""
+        ...
+
+    def receive_step_nowait(self, channel: LinkChannel) -> bytes | BatchedReply:
+        """A frame the session holds already, or a reply of its that came in a batch (`anyio.WouldBlock`: none)."""
+        ...
+
+    async def receive_step(self, channel: LinkChannel) -> bytes | BatchedReply:
+        """The session's next frame, or its reply that came in a batch."""
+        ...
 
 
 class _SentSteps:
@@ -73,18 +100,17 @@ class LinkBatcher(LinkStepBatcher):
 
     __slots__ = ("_link",)
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: SteppingLink) -> None:
         self._link = link
 
     def post(self, transports: Sequence[Transport], actions: bytes, request_ids: Sequence[int]) -> bool:
         """Post one step in each session, as one ``steps`` entry; see `LinkStepBatcher.post`."""
         link = self._link
-        state = link._state
-        envelope = link._envelope
-        if state is None or envelope is None or link.ended or link._broken is not None:
+        state = link.steps_state()
+        if state is None:
             return False
         # Each step's four numbers (up to 19 digits each) and their punctuation: two entries' overhead at most.
-        if not fits(len(actions) + 2 * ENTRY_OVERHEAD * len(transports), link._server_limit):
+        if not fits(len(actions) + 2 * ENTRY_OVERHEAD * len(transports), link.server_limit):
             return False
         numbers = []
         channels = state.channels
@@ -94,14 +120,14 @@ class LinkBatcher(LinkStepBatcher):
             if channel_state is None:
                 return False  # ended meanwhile: its own request says so
             numbers.append(channel_state)
-        sent = _SentSteps(actions, envelope)
+        sent = _SentSteps(actions, state.codec)
         post_held = state.post_held
         items: list[StepItem] = [
             post_held(channel_state, HeldStep(sent, position, request_id), request_id)
             for position, (channel_state, request_id) in enumerate(zip(numbers, request_ids, strict=True))
         ]
         state.post_steps(Steps(channels=items, actions=msgspec.Raw(actions)))
-        link._write_without_waiting()  # the server starts on them while the pool waits
+        link.write_without_waiting()  # the server starts on them while the pool waits
         return True
 
     def receive_nowait(self, transport: Transport) -> bytes | BatchedReply:

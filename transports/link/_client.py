@@ -4,10 +4,11 @@ A link carries the sessions of many clients of one process to one server
 (`transports.link._envelope`, `transports.link._state`). `ClientLink` keeps what
 every carrier needs: a `LinkChannel` per session, the frames handed to each,
 the sessions waiting for theirs, how each channel (or the whole link) ended,
-and the turn of the link's keeper (`ClientLink.keep`, the idle work a client's
-owner runs). A carrier adds how messages move: what `receive` does when a
-session has no frame yet (read for everyone, or wait for whoever reads), how
-posted entries leave, what the keeper does, and how the link closes.
+a session leaving (`ClientLink.leave`), and the turn of the link's keeper
+(`ClientLink.keep`, the idle work a client's owner runs). A carrier adds how
+messages move: what `receive` does when a session has no frame yet (read for
+everyone, or wait for whoever reads), how posted entries leave (``_flush``),
+what the keeper does, and how the link closes (`ClientLink.aclose`).
 
 It runs no task of its own: whoever waits in ``receive`` does the carrier's
 I/O for every session, and the keeper does it while nobody waits.
@@ -15,6 +16,7 @@ I/O for every session, and the keeper does it while nobody waits.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -22,7 +24,7 @@ from typing import Any, NoReturn
 import anyio
 import msgspec
 
-from openenv import Clock, ConnectionClosed, ProtocolError
+from openenv import Clock, ConnectionClosed, OpenEnvError, ProtocolError
 from openenv._batch import BatchedReply
 from transports.link._envelope import End, EnvelopeCodec, Stepped
 from transports.link._state import ClientLinkState
@@ -70,6 +72,7 @@ class ClientLink:
         codec: The link's envelope codec; ``None`` for a connection that carries
             one session, whose frames are its messages (a WebSocket one only).
         clock: Where the keeper's waits are measured.
+        close_timeout: Seconds a session leaving (and the link's close) waits for the server.
         on_idle: Called once when the link ends, or its last session leaves
             (a registry of shared links forgets it there).
 
@@ -77,18 +80,23 @@ class ClientLink:
         url: The server's URL.
     """
 
+    _session_name = "session"
+    """What one of its sessions is called in the errors: ``"WebSocket session"``, say."""
+
     def __init__(
         self,
         *,
         url: str,
         codec: EnvelopeCodec | None,
         clock: Clock,
+        close_timeout: float,
         on_idle: Callable[[Any], object] = lambda link: None,
     ) -> None:
         self.url = url
         self.shared = codec is not None
         self._codec = codec
         self._clock = clock
+        self._close_timeout = close_timeout
         self._on_idle: Callable[[Any], object] | None = on_idle
         self._state: ClientLinkState | None = None
         # Checks that a frame is one value of the link's encoding (embedded raw, anything else breaks the envelope).
@@ -195,6 +203,35 @@ class ClientLink:
         if channel.ended is not None:
             raise fresh(channel.ended)
         raise anyio.WouldBlock
+
+    async def leave(self, channel: LinkChannel) -> None:
+        """A session is done with the link: send what it posted; close the link if it was the last.
+
+        Idempotent; shielded and bounded (by ``close_timeout``), under any cancel scope.
+        """
+        if self._channels.pop(channel.number, None) is None:
+            return
+        if channel.ended is None:
+            channel.ended = ConnectionClosed(f"the {self._session_name} to {self.url} was closed by the client")
+        channel.wake()
+        self._left(channel)
+        with anyio.CancelScope(shield=True):
+            if self._channels:
+                with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
+                    await self._flush()  # its close request, say
+                return
+            await self.aclose()
+
+    def _left(self, channel: LinkChannel) -> None:
+        """A session left the link, others ride it still perhaps (the carrier may tell the server; by default not)."""
+
+    async def _flush(self) -> None:
+        """Send every posted entry (the carrier's)."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Close the link: every session still on it ends (the carrier's). Idempotent; shielded and bounded."""
+        raise NotImplementedError
 
     def _refuse(self, channel: LinkChannel, reason: str) -> NoReturn:
         """Refuse a frame of a session, unsent: the session ends (the server is told), the others go on."""

@@ -4,7 +4,7 @@ A `Link` runs no task of its own. Its socket is read by whoever waits on it: the
 first session waiting in `Link.receive` reads for every session of the link
 (the *reader*) and hands each its frames; the others wait for theirs, and one
 of them takes the reading over when the reader has what it came for. Writes go
-through one lock. So a link may be opened in one task, used from many and closed
+through one lock (`transports.websocket._link_write`). So a link may be opened in one task, used from many and closed
 from any, under any cancel scope, and it costs a lone session nothing.
 
 While nobody waits, the socket is read by the link's *keeper*: `Link.keep`, the
@@ -30,7 +30,6 @@ import math
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from typing import NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -50,18 +49,18 @@ from openenv import (
 )
 from openenv._batch import BatchedReply
 from transports.link._batch import LinkBatcher
-from transports.link._client import ClientLink, LinkChannel
+from transports.link._client import LinkChannel
 from transports.link._client import for_send as _for_send
 from transports.link._client import fresh as _fresh
-from transports.link._envelope import LINK_CHANNEL, End, Entry, EnvelopeCodec, Hello, Resumed, fits
-from transports.link._state import ChannelState, LinkProtocolError
-from transports.shared._locks import acquire_promptly
+from transports.link._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, Resumed, fits
+from transports.link._state import ClientLinkState, LinkProtocolError
 from transports.shared._network_client import STREAM_ERRORS, describe
 from transports.websocket._handshake import READ_SIZE, Handshaken, close_quietly
+from transports.websocket._link_write import LinkWriter
 from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
 from transports.websocket._socket_reader import SocketReader, socket_reader
 
-__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "SEND_EVERY", "Link", "LinkChannel", "Reconnect"]
+__all__ = ["IDLE_READ", "RECEIVE_BUFFER", "Link", "LinkChannel", "Reconnect"]
 
 IDLE_READ = 1.0
 """Seconds a link goes unread before its keeper reads it (answering the server's pings)."""
@@ -69,32 +68,12 @@ IDLE_READ = 1.0
 RECEIVE_BUFFER = 64
 """Frames a session may hold unread before the keeper stops reading for it (TCP then holds the server back)."""
 
-SEND_EVERY = 128
-"""Frames posted in one turn of the event loop after which they leave at once, without waiting for the turn's end.
-
-So the server steps a big batch's first sessions while the client still
-encodes the last ones, and the client decodes the first replies while the
-server steps the rest.
-"""
-
-# The close codes websockets' protocol fails a connection with when the peer broke the protocol:
-# a malformed frame, invalid UTF-8 in a text message, a message over the size limit.
-PEER_PROTOCOL_ERRORS = frozenset({CloseCode.PROTOCOL_ERROR, CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG})
-
 # Seconds between attempts to resume a dropped link: doubled each time, up to the maximum.
 _FIRST_RETRY_DELAY = 0.05
 _MAX_RETRY_DELAY = 1.0
 
 Reconnect = Callable[[str], Awaitable[Handshaken]]
 """Opens a new connection presenting a link's token (the ``OpenEnv-Resume`` header)."""
-
-
-def _send_now(fd: int, data: bytes | memoryview) -> int:
-    """Write what a non-blocking socket takes at once; the number of bytes written."""
-    try:
-        return os.write(fd, data)
-    except (BlockingIOError, InterruptedError):
-        return 0  # full: nothing written
 
 
 def _refused(exc: BaseException) -> bool:
@@ -108,8 +87,10 @@ def _refused(exc: BaseException) -> bool:
     return cause is not None
 
 
-class Link(ClientLink):
+class Link(LinkWriter):
     """One open WebSocket connection carrying its sessions' frames; see the module's docstring.
+
+    Its write path is `transports.websocket._link_write.LinkWriter`'s.
 
     Args:
         handshaken: The connection, past the upgrade.
@@ -135,6 +116,8 @@ class Link(ClientLink):
             (a registry of shared links forgets it there).
     """
 
+    _session_name = "WebSocket session"
+
     def __init__(
         self,
         handshaken: Handshaken,
@@ -153,9 +136,8 @@ class Link(ClientLink):
         max_message_size: int | None = None,
         on_idle: Callable[[Link], object] = lambda link: None,
     ) -> None:
-        super().__init__(url=url, codec=envelope, clock=clock, on_idle=on_idle)
+        super().__init__(url=url, codec=envelope, clock=clock, close_timeout=close_timeout, on_idle=on_idle)
         self.subprotocol = subprotocol
-        self._close_timeout = close_timeout
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
         self._reconnect = reconnect
@@ -172,7 +154,7 @@ class Link(ClientLink):
         self._pong: tuple[bytes, anyio.Event] | None = None  # the keeper's ping awaiting its pong
         self._token: str | None = None  # the link's resume token, from the server's Hello
         self._server_resume_timeout = 0.0
-        self._server_limit: int | None = None  # the largest message the server takes, from its Hello
+        self.server_limit: int | None = None  # the largest message the server takes, from its Hello
         self._batcher: LinkBatcher | None = None  # set once the server's Hello says it takes steps entries
         self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
@@ -261,6 +243,12 @@ class Link(ClientLink):
         batcher = self._batcher
         return batcher if batcher is not None and len(self._channels) > 1 else None
 
+    def steps_state(self) -> ClientLinkState | None:
+        """The link's numbering, where a pool's ``steps`` entry is posted; ``None`` when none may be: ended, broken."""
+        if self._ended is not None or self._broken is not None:
+            return None
+        return self._state
+
     async def send(self, channel: LinkChannel, frame: bytes) -> None:
         """Send one of a session's frames.
 
@@ -297,10 +285,10 @@ class Link(ClientLink):
 
     def _refusal(self, frame: bytes) -> str | None:
         """Why a frame cannot travel in an envelope (too big for the server, not one value), or ``None``."""
-        if not fits(len(frame), self._server_limit):
+        if not fits(len(frame), self.server_limit):
             return (
                 f"1009 (message too big): a frame of {len(frame)} bytes is over the server's limit "
-                f"of {self._server_limit} bytes"
+                f"of {self.server_limit} bytes"
             )
         assert self._check_frame is not None
         try:
@@ -327,45 +315,6 @@ class Link(ClientLink):
         if channel_state is None or self._refusal(frame) is not None:
             raise anyio.WouldBlock  # `send` tells why
         self._post(channel_state, frame)
-
-    def _post(self, channel_state: ChannelState, frame: bytes) -> None:
-        """Post a frame on a shared link; every `SEND_EVERY` frames of a turn, write what is posted."""
-        state = self._state
-        assert state is not None
-        state.post(channel_state, msgspec.Raw(frame))
-        if state.outgoing_count >= SEND_EVERY:
-            self._write_without_waiting()
-
-    def _write_without_waiting(self) -> None:
-        """Send the posted entries, as much as the socket takes at once; the rest leaves with the next write.
-
-        Nothing is written when a writer holds the lock (it may be part-way
-        through a message), the connection is not open, or the socket is not
-        ours (TLS): the entries then leave with the next flush, as any others.
-        A failure to write is left for that next write to find.
-        """
-        state, sock = self._state, self._socket
-        if (
-            state is None
-            or sock is None
-            or self._write_lock.locked()
-            or self._broken is not None
-            or self._ended is not None
-            or self._protocol.state is not State.OPEN
-        ):
-            return
-        self._queue(state.outgoing())
-        unsent = self._unsent
-        unsent += self._protocol.data_to_send()
-        data = b"".join(unsent)
-        unsent.clear()
-        try:
-            written = _send_now(sock.fileno(), data)
-        except OSError:
-            written = 0
-        if written < len(data):
-            # Written before anything queued later: by the next flush, or by the next read (`_read_some`).
-            unsent.append(data[written:])
 
     async def receive(self, channel: LinkChannel) -> bytes:
         """The next frame for a session: read by this call, or by another session's.
@@ -421,23 +370,6 @@ class Link(ClientLink):
                 await self._read_for(channel)
                 continue
             await self._wait_for(channel)
-
-    async def leave(self, channel: LinkChannel) -> None:
-        """A session is done with the link: send what it posted; close the link if it was the last.
-
-        Idempotent; shielded and bounded (by ``close_timeout``), under any cancel scope.
-        """
-        if self._channels.pop(channel.number, None) is None:
-            return
-        if channel.ended is None:
-            channel.ended = ConnectionClosed(f"the WebSocket session to {self.url} was closed by the client")
-        channel.wake()
-        with anyio.CancelScope(shield=True):
-            if self._channels:
-                with anyio.move_on_after(self._close_timeout), contextlib.suppress(OpenEnvError):
-                    await self._flush()  # its close request, say
-                return
-            await self.aclose()
 
     async def aclose(self) -> None:
         """Close the link: send what is posted, the closing handshake (1000), then the socket.
@@ -672,102 +604,12 @@ class Link(ClientLink):
             if isinstance(control, Hello):
                 self._token = control.token
                 self._server_resume_timeout = control.resume_timeout
-                self._server_limit = control.max_message_size
+                self.server_limit = control.max_message_size
                 if control.batches and self._batcher is None:
                     self._batcher = LinkBatcher(self)
             elif isinstance(control, Resumed):
                 state.resumed(control)
                 self._resumed = True
-
-    # -- writing -------------------------------------------------------------------------
-
-    def _has_output(self) -> bool:
-        """Whether posted entries, or bytes a write left (`_write_without_waiting`), wait to be written."""
-        state = self._state
-        return state is not None and (state.has_outgoing or bool(self._unsent))
-
-    async def _flush(self) -> None:
-        """Send every posted entry, as one message (after what an earlier write left)."""
-        state = self._state
-        if state is None or not self._has_output():
-            return
-        lock = self._write_lock
-        await acquire_promptly(lock)
-        try:
-            if self._broken is not None:
-                if self._reconnect is None:
-                    self._raise_broken()
-                return  # kept: sent again once the link is resumed
-            entries = state.outgoing()
-            if not entries and not self._unsent:
-                return
-            self._check_writable()
-            self._queue(entries)
-            await self._write_pending()
-        finally:
-            lock.release()
-
-    def _queue(self, entries: list[Entry]) -> None:
-        """Hand posted entries to the protocol, in envelopes no larger than the server takes."""
-        if not entries:
-            return  # only what an earlier write left is to go
-        assert self._envelope is not None
-        for message in self._envelope.encode_within(entries, self._server_limit):
-            self._send_data(message)
-
-    def _check_writable(self) -> None:
-        if self._ended is not None:
-            raise _for_send(self._ended)
-        if self._broken is not None or self._protocol.state is not State.OPEN:
-            self._raise_broken()
-
-    async def _write_pending(self) -> None:
-        """Write every byte the protocol has queued; call with the write lock held.
-
-        A failure breaks the connection (noted); it raises `ConnectionClosed`
-        unless the link will be resumed (then what was posted is sent again).
-        """
-        protocol = self._protocol
-        unsent = self._unsent
-        try:
-            while True:  # a loop: a reader may queue a pong while we wait on the socket
-                unsent += protocol.data_to_send()
-                if not unsent:
-                    break
-                # b"" is the protocol asking for EOF: the socket is closed later.
-                data = unsent[0] if len(unsent) == 1 else b"".join(unsent)
-                unsent.clear()
-                if not data:
-                    continue
-                sock = self._socket
-                if sock is None:
-                    await self._stream.send(data)
-                    continue
-                # The socket is ours while the protocol is not CLOSED (after it, it may be closed,
-                # and its number reused by another socket).
-                view = memoryview(data)
-                while view and protocol.state is not State.CLOSED:
-                    sent = _send_now(sock.fileno(), view)
-                    view = view[sent:]
-                    if view:
-                        await anyio.wait_writable(sock)  # full: wait for room, then write the rest
-        except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
-            # A server that hangs up on us often said why first (a close frame with 1009,
-            # message too big): read what it sent, unless a session reads already.
-            if not self._reading:
-                self._read_what_is_left()
-            self._break(self._closed_error(f"the connection broke while sending: {describe(exc)}"), exc)
-            if self._reconnect is None or self._token is None:
-                self._raise_broken()
-        except BaseException:
-            # Interrupted (cancelled) part-way: what reached the wire is unknown.
-            self._break(ConnectionClosed(f"a write to {self.url} was interrupted; the connection was abandoned"))
-            raise
-
-    def _shut_down(self) -> None:
-        """End the socket's traffic now, waking whoever waits on it (its read then ends at once)."""
-        with contextlib.suppress(OSError):
-            (self._socket or self._stream.extra(SocketAttribute.raw_socket)).shutdown(socket.SHUT_RDWR)
 
     def _read_what_is_left(self) -> None:
         """Feed the protocol what the socket still holds (a close frame, say), without waiting for more."""
@@ -889,29 +731,6 @@ class Link(ClientLink):
         if self._broken is None:
             self._broken = error
         super()._end_all(error, cause)
-
-    def _broken_protocol(self) -> ProtocolError | None:
-        """The error to tell when the client failed the connection because the server broke the protocol."""
-        protocol = self._protocol
-        sent = protocol.close_sent
-        if sent is None or protocol.close_rcvd is not None or sent.code not in PEER_PROTOCOL_ERRORS:
-            return None
-        return ProtocolError(f"the server at {self.url} broke the WebSocket protocol: {sent.reason} ({sent.code})")
-
-    def _closed_error(self, default: str) -> ConnectionClosed | ProtocolError:
-        protocol = self._protocol
-        broke = self._broken_protocol()
-        if broke is not None:
-            return broke
-        if protocol.close_rcvd is not None:
-            return ConnectionClosed(f"the server at {self.url} closed the WebSocket connection: {protocol.close_rcvd}")
-        return ConnectionClosed(f"{default} ({self.url})")
-
-    def _raise_broken(self) -> NoReturn:
-        error = self._ended or self._broken
-        if error is None:
-            error = self._closed_error("the connection was lost")
-        raise _for_send(error)
 
     _resumed = False  # the server's Resumed came on the connection that takes the link over
     _resuming = False  # a connection is taking the link over: its close is a refusal, not the link's end
