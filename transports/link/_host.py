@@ -35,7 +35,7 @@ handled in order, one at a time; one session's bad input, crash or slow step
 reaches no other; its slot, idle timeout and capacity refusal are its own.
 
 The carrier (the WebSocket endpoint's `transports.websocket._link_server.ServerLink`,
-the HTTP long-polling endpoint's `transports.http._link_server.PollingLink`)
+the HTTP long-polling endpoint's `transports.http._link_server.PollingServerLink`)
 decides when posted entries leave: it is told through ``flush`` once replies
 are posted.
 """
