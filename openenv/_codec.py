@@ -59,7 +59,7 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
 
 
-def _nested_deeper_than(frame: bytes, limit: int) -> bool:
+def nested_deeper_than(frame: bytes, limit: int) -> bool:
     """Whether a valid JSON document nests arrays and objects deeper than ``limit`` (a slow, exact look)."""
     structure = _JSON_STRING.sub(b"", frame).translate(None, _NOT_BRACKETS)
     for _ in range(limit):  # each pass removes the innermost level
@@ -430,12 +430,18 @@ class ServerCodec(Generic[ActT]):
             number as a numeric string, an ``int`` as an integral float or a
             bool, a bool as ``"yes"`` or ``1.0``: see `openenv._lax`), as
             OpenEnv's pydantic models accept them.
+
+    Attributes:
+        dialect: The dialect it reads and writes.
+        encode_value: The dialect's encoder: a Struct, a dict or a builtin in, its
+            bytes out, with no check; for a caller that encodes many observations
+            in one loop (the in-process batch of steps).
     """
 
     def __init__(self, dialect: Dialect, *, action_type: Any, strict: bool = False) -> None:
         self.dialect = dialect
         self._request_ids = dialect.request_ids
-        self._encode = _encoder(dialect).encode
+        self.encode_value = _encoder(dialect).encode
         self._decode_request = _decoder(dialect, IncomingRequest).decode
         self._decode_kwargs = _decoder(dialect, dict[str, Any]).decode
         self._decode_any = _decoder(dialect, Any).decode
@@ -510,7 +516,7 @@ class ServerCodec(Generic[ActT]):
         if (
             self._json
             and frame.count(b"[") + frame.count(b"{") > MAX_NESTING
-            and _nested_deeper_than(frame, MAX_NESTING)
+            and nested_deeper_than(frame, MAX_NESTING)
         ):
             raise RequestError(
                 "INVALID_JSON", f"Invalid JSON: nested deeper than {MAX_NESTING} levels", request_id=request_id
@@ -587,7 +593,7 @@ class ServerCodec(Generic[ActT]):
                 split = self._split_actions(message)
                 if max(map(len, split), default=0) > 2 * MAX_NESTING:  # a long one: look closer (rare)
                     for action in split:
-                        if len(action) > 2 * MAX_NESTING and _nested_deeper_than(bytes(action), MAX_NESTING - 1):
+                        if len(action) > 2 * MAX_NESTING and nested_deeper_than(bytes(action), MAX_NESTING - 1):
                             return None
             if self._decode_member is not None:
                 decode = self._decode_member
@@ -606,7 +612,7 @@ class ServerCodec(Generic[ActT]):
         Returns:
             The message.
         """
-        return self._encode(replies)
+        return self.encode_value(replies)
 
     def batch_observation(self, observation: Any) -> msgspec.Raw:
         """One step's observation in a batch's reply: encoded as it is, at once (see `StepBatchReply`).
@@ -626,7 +632,7 @@ class ServerCodec(Generic[ActT]):
             observation = msgspec.to_builtins(observation)
             if not isinstance(observation, dict):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
-        return msgspec.Raw(self._encode(observation))
+        return msgspec.Raw(self.encode_value(observation))
 
     def batch_reply_frame(self, reply: msgspec.Raw | dict[str, Any], request_id: int | None) -> bytes:
         """The frame a reply in a batch stands for: the observation reply, or the error reply, of its own.
@@ -666,7 +672,7 @@ class ServerCodec(Generic[ActT]):
                 raise TypeError(f"an observation must be a Struct or a dict, not {type(observation).__name__}")
         fields, reward, done, metadata = lift_observation_fields(fields)
         reply = ObservationReply(data=ObservationData(fields, reward, done, metadata), id=request_id)
-        return self._encode(reply)
+        return self.encode_value(reply)
 
     def state(self, state: Any, request_id: int | None) -> bytes:
         """Encode a state reply.
@@ -678,7 +684,7 @@ class ServerCodec(Generic[ActT]):
         Returns:
             The frame.
         """
-        return self._encode(StateReply(data=state, id=request_id))
+        return self.encode_value(StateReply(data=state, id=request_id))
 
     def mcp(self, response: dict[str, Any], request_id: int | None) -> bytes:
         """Encode an ``mcp`` reply carrying a JSON-RPC 2.0 response.
@@ -690,7 +696,7 @@ class ServerCodec(Generic[ActT]):
         Returns:
             The frame.
         """
-        return self._encode(MCPMessage(data=response, id=request_id))
+        return self.encode_value(MCPMessage(data=response, id=request_id))
 
     def error(
         self, code: str, message: str, *, extra: dict[str, Any] | None = None, request_id: int | None = None
@@ -718,7 +724,7 @@ class ServerCodec(Generic[ActT]):
         Returns:
             The frame.
         """
-        return self._encode(ErrorReply(data=data, id=request_id))
+        return self.encode_value(ErrorReply(data=data, id=request_id))
 
 
 def error_data(code: str, message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:

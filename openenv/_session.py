@@ -565,7 +565,7 @@ class StepsAtOnce:
         """Take the steps, in order, until the last or `stop` (a generator-based coroutine: see the class)."""
         observations, errors, codec = self.observations, self.errors, self._codec
         # `ServerCodec.batch_observation`, inline for a Struct or a dict (what steps return): no call per step.
-        encode, raw, whole = codec._encode, msgspec.Raw, (msgspec.Struct, dict)
+        encode, raw, whole = codec.encode_value, msgspec.Raw, (msgspec.Struct, dict)
         for session, action in zip(self._sessions, self._actions, strict=True):
             if self._stopped:
                 return

@@ -212,6 +212,7 @@ class HTTPPollingTransport(Transport):
         session_id: The session's id, once connected; ``None`` on a link.
         shared: Whether the session rides a link; set on connect.
         dialect: How frames are written: the ``encoding``, with request ids.
+        link_channel: The session's channel when it rides a link, else ``None``.
 
     Raises:
         ValueError: An unsupported URL, an unknown encoding, a protocol header in
@@ -256,7 +257,7 @@ class HTTPPollingTransport(Transport):
         self.shared = False
         self.session_id: str | None = None
         self._link: PollingLink | None = None
-        self._channel: LinkChannel | None = None
+        self.link_channel: LinkChannel | None = None
         self._session_key: str | None = None
         self._headers = pairs
         self._clock = clock
@@ -398,7 +399,7 @@ class HTTPPollingTransport(Transport):
         if link is None:
             return False
         try:
-            self._channel = link.open()
+            self.link_channel = link.open()
         except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
             raise ConnectError(f"cannot open a session on the link to {self.url}: {exc}") from exc
         self._link = link
@@ -627,8 +628,8 @@ class HTTPPollingTransport(Transport):
         """
         link = self._link
         if link is not None:
-            assert self._channel is not None
-            link.post(self._channel, frame)
+            assert self.link_channel is not None
+            link.post(self.link_channel, frame)
             return
         lock = self._send_lock
         if self._end.by_client or self._client is None or lock is None:
@@ -735,8 +736,8 @@ class HTTPPollingTransport(Transport):
         """
         link = self._link
         if link is not None:
-            assert self._channel is not None
-            return await link.receive(self._channel)
+            assert self.link_channel is not None
+            return await link.receive(self.link_channel)
         inbox = self._inbox
         while True:
             if self._end.by_client:
@@ -789,8 +790,8 @@ class HTTPPollingTransport(Transport):
         link = self._link
         if link is None:
             raise anyio.WouldBlock
-        assert self._channel is not None
-        link.post(self._channel, frame)
+        assert self.link_channel is not None
+        link.post(self.link_channel, frame)
 
     def receive_nowait(self) -> bytes:
         """A reply that came already, on a link (a session of its own: await `receive`).
@@ -803,8 +804,8 @@ class HTTPPollingTransport(Transport):
         link = self._link
         if link is None:
             raise anyio.WouldBlock
-        assert self._channel is not None
-        return link.receive_nowait(self._channel)
+        assert self.link_channel is not None
+        return link.receive_nowait(self.link_channel)
 
     async def keep(self) -> None:
         """Keep the link while nobody calls: long-poll it, so it stays alive and the server's news arrives.
@@ -824,9 +825,9 @@ class HTTPPollingTransport(Transport):
         """
         link = self._link
         if link is not None:
-            assert self._channel is not None
+            assert self.link_channel is not None
             self._end.close_by_client()
-            await link.leave(self._channel)
+            await link.leave(self.link_channel)
             return
         if self._end.by_client:
             return

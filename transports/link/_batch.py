@@ -92,7 +92,7 @@ class LinkBatcher(LinkStepBatcher):
     """Steps the sessions of one WebSocket link as one entry (see the module's docstring).
 
     Its sessions' transports are WebSocket transports, or transports that carry
-    their frames on one and show its ``_channel`` (`transports.ray.RayTransport`).
+    their frames on one and show its ``link_channel`` (`transports.ray.RayTransport`).
 
     Args:
         link: The link.
@@ -115,7 +115,7 @@ class LinkBatcher(LinkStepBatcher):
         numbers = []
         channels = state.channels
         for transport in transports:
-            channel = transport._channel  # type: ignore[attr-defined]
+            channel = transport.link_channel  # type: ignore[attr-defined]
             channel_state = None if channel is None or channel.ended is not None else channels.get(channel.number)
             if channel_state is None:
                 return False  # ended meanwhile: its own request says so
@@ -132,7 +132,7 @@ class LinkBatcher(LinkStepBatcher):
 
     def receive_nowait(self, transport: Transport) -> bytes | BatchedReply:
         """A reply of the session that came already; see `LinkStepBatcher.receive_nowait`."""
-        channel = transport._channel  # type: ignore[attr-defined]
+        channel = transport.link_channel  # type: ignore[attr-defined]
         frames = channel.frames
         if frames:  # `ClientLink.receive_step_nowait`'s first case, inline: called once per session per step
             return frames.popleft()  # type: ignore[no-any-return]
@@ -140,5 +140,5 @@ class LinkBatcher(LinkStepBatcher):
 
     async def receive(self, transport: Transport) -> bytes | BatchedReply:
         """The next reply of the session; see `LinkStepBatcher.receive`."""
-        channel = transport._channel  # type: ignore[attr-defined]
+        channel = transport.link_channel  # type: ignore[attr-defined]
         return await self._link.receive_step(channel)

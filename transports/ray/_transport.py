@@ -323,9 +323,9 @@ class RayTransport(Transport):
         return None if self._inner is None else self._inner.step_batcher()
 
     @property
-    def _channel(self) -> LinkChannel | None:
+    def link_channel(self) -> LinkChannel | None:
         """Its WebSocket's channel on the link: what the link's batcher reads of each session it steps."""
-        return None if self._inner is None else self._inner._channel
+        return None if self._inner is None else self._inner.link_channel
 
     async def keep(self) -> None:
         """The WebSocket's idle work (answering the actor's server's pings, resuming a drop)."""

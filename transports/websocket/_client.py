@@ -185,6 +185,8 @@ class WebSocketTransport(Transport):
         dialect: How frames are written on this connection; set on connect.
         shared: Whether the session rides a link (``v2`` subprotocol); set on connect.
         resumable: Whether the session survives a dropped connection; set on connect.
+        link_channel: The session's channel when it rides a link, else ``None``: what
+            the link's batcher (`transports.link.LinkBatcher`) reads of each session.
 
     Raises:
         ValueError: An unsupported URL scheme, an unknown encoding, a TLS context
@@ -236,7 +238,7 @@ class WebSocketTransport(Transport):
         self.shared = False
         self._entered = False
         self._link: Link | None = None
-        self._channel: LinkChannel | None = None
+        self.link_channel: LinkChannel | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -314,7 +316,7 @@ class WebSocketTransport(Transport):
             link = await self._open(upgrade, None)
         self._link = link
         try:
-            self._channel = link.open()
+            self.link_channel = link.open()
         except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
             raise ConnectError(f"cannot open a session on the connection to {self.url}: {exc}") from exc
         self.shared = link.shared
@@ -404,7 +406,7 @@ class WebSocketTransport(Transport):
             ConnectionClosed: The connection is closed or broken, the server
                 ended the session, or the transport was never opened.
         """
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         await link.send(channel, frame)
@@ -425,7 +427,7 @@ class WebSocketTransport(Transport):
                 frame, or a message larger than ``max_message_size``) or the
                 link's; the connection is closed.
         """
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         return await link.receive(channel)
@@ -438,7 +440,7 @@ class WebSocketTransport(Transport):
                 session): await `send` instead.
             ConnectionClosed: The session has ended, or the transport is not connected.
         """
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         link.send_nowait(channel, frame)
@@ -451,14 +453,14 @@ class WebSocketTransport(Transport):
             ConnectionClosed: The session has ended and every frame was returned.
             ProtocolError: The server broke the protocol.
         """
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
         return link.receive_nowait(channel)
 
     def step_batcher(self) -> LinkStepBatcher | None:
         """Steps this session with the others of its link as one entry, when the server takes batches."""
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is None or channel is None or channel.ended is not None:
             return None
         return link.step_batcher()
@@ -479,6 +481,6 @@ class WebSocketTransport(Transport):
         Idempotent, safe on a broken connection, from any task and under any
         cancel scope. Afterwards `send` and `receive` raise `ConnectionClosed`.
         """
-        link, channel = self._link, self._channel
+        link, channel = self._link, self.link_channel
         if link is not None and channel is not None:
             await link.leave(channel)

@@ -578,7 +578,7 @@ async def test_the_server_ending_a_session_reaches_its_client_through_the_keeper
             await env.reset()
             await all_tasks_blocked()
             clock.advance(IDLE_POLL)  # the keeper's long poll waits at the server
-            channel = env.transport._channel  # type: ignore[union-attr]
+            channel = env.transport.link_channel  # type: ignore[union-attr]
             assert channel is not None
             (lease,) = running.app.state.sessions.leases()
             lease.request_close("asked to end")

@@ -642,7 +642,7 @@ async def test_server_ping_is_answered_while_the_caller_is_busy_between_send_and
 
 def _reading_paused(transport: WebSocketTransport) -> bool:
     """Whether the keeper stopped reading the socket, the session's frames unread up to the buffer."""
-    channel = transport._channel
+    channel = transport.link_channel
     assert channel is not None
     return len(channel.frames) >= RECEIVE_BUFFER
 

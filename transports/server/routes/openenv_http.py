@@ -36,7 +36,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 import openenv
-from openenv._codec import MAX_NESTING, _nested_deeper_than
+from openenv._codec import MAX_NESTING, nested_deeper_than
 from openenv.server import (
     SERVER_DEFAULTS,
     ServerSession,
@@ -242,7 +242,7 @@ def _check_depth(body: bytes) -> None:
     msgspec's own guard is the stack, whose depth depends on the Python (3.13
     decodes 5,000 levels): the bound is the codec's, on every Python.
     """
-    if body.count(b"[") + body.count(b"{") > MAX_NESTING and _nested_deeper_than(body, MAX_NESTING):
+    if body.count(b"[") + body.count(b"{") > MAX_NESTING and nested_deeper_than(body, MAX_NESTING):
         raise msgspec.DecodeError(f"JSON is nested deeper than {MAX_NESTING} levels")
 
 
