@@ -184,7 +184,7 @@ def test_metadata_reaches_the_client_both_ways(dialect: Dialect) -> None:
     assert isinstance(reply, ObservationReply)
     assert reply.data.observation["metadata"] == reply.data.metadata == {"source": "env"}
     # An older server (openenv-core 0.3) sends none at all.
-    old = typed.decode_reply(server._encode(ObservationReply(data=ObservationData({"count": 2}, None, False))))
+    old = typed.decode_reply(server.encode_value(ObservationReply(data=ObservationData({"count": 2}, None, False))))
     assert isinstance(old, ObservationReply)
     assert (old.data.observation.metadata, old.data.metadata) == ({}, msgspec.UNSET)
 
