@@ -30,6 +30,8 @@ class MixedInstallWarning(RuntimeWarning):
 
 def upstream_installed() -> str | None:
     """Upstream OpenEnv's distribution and version (``"openenv 0.10.0"``), if its metadata is installed here."""
+    # `transports.cli._coexistence.upstream_installed` is this look again, on purpose: it runs when the
+    # ``openenv`` Python imports may be upstream's, so it cannot import this module.
     for name in _UPSTREAM_DISTRIBUTIONS:
         try:
             distribution = metadata.distribution(name)

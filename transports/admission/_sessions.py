@@ -118,8 +118,6 @@ __all__ = [
     "MONOTONIC_CLOCK",
     "SHUTDOWN_REASON",
     "STEP_TIMEOUT_REASON",
-    "QueueTicket",
-    "SessionLease",
     "SessionRegistry",
     "session_failed_frame",
 ]

@@ -66,13 +66,21 @@ from transports.http._protocol import (
     QueuePlace,
     dialect_for,
 )
-from transports.http._requests import READ_MARGIN, USER_AGENT, Answer, RequestFailed, end_reason, error_detail, exchange
+from transports.http._requests import (
+    READ_MARGIN,
+    USER_AGENT,
+    Answer,
+    RequestFailed,
+    creation_answer,
+    end_reason,
+    error_detail,
+    exchange,
+)
 from transports.link._client import LinkChannel
 from transports.link._registry import Private, forget, join
 from transports.shared._network_client import (
     ConnectionEnd,
     HeaderPairs,
-    authentication_error,
     client_headers,
     connect_once,
     default_ssl_context,
@@ -439,19 +447,8 @@ class HTTPPollingTransport(Transport):
             self._inbox.put(response.content)
             self._finish(ConnectionClosed(reason))
             return
-        if status == 401:
-            refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
-            raise authentication_error(self.url, refusal, token_sent="authorization" in response.request.headers)
-        if status != 201:
-            hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
-            raise ConnectError(
-                f"the server at {self.url} refused to create a session: HTTP {status} {response.reason_phrase}: "
-                f"{error_detail(response)}{hint}"
-            )
-        try:
-            created = _decode_created(response.content)
-        except msgspec.DecodeError as exc:
-            raise ConnectError(f"the server at {self.url} answered the session's creation with {exc}") from exc
+        hint = " (is it an openenv server with HTTP long-polling?)" if status in (404, 405) else ""
+        created = creation_answer(response, self.url, "a session", _decode_created, hint)
         self.session_id = created.session_id
         self._session_key = created.session_key
         self._max_body_size = created.max_body_size

@@ -53,6 +53,7 @@ from transports.http._requests import (
     Answer,
     Body,
     RequestFailed,
+    creation_answer,
     end_reason,
     error_code,
     error_detail,
@@ -63,7 +64,6 @@ from transports.link._client import ClientLink, LinkChannel, fresh
 from transports.link._envelope import End, Entry, EnvelopeCodec, fits
 from transports.link._registry import PRIVATE, Private
 from transports.link._state import ClientLinkState, LinkProtocolError
-from transports.shared._network_client import authentication_error
 
 __all__ = ["IDLE_POLL", "MAX_POSTS", "PollingLink", "create_link"]
 
@@ -535,18 +535,7 @@ async def create_link(
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
             return PRIVATE  # a server without links: a session of its own, as before
-        if status == 401:
-            refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
-            raise authentication_error(url, refusal, token_sent="authorization" in response.request.headers)
-        if status != 201:
-            raise ConnectError(
-                f"the server at {url} refused to create a link: HTTP {status} {response.reason_phrase}: "
-                f"{error_detail(response)}"
-            )
-        try:
-            created = _decode_created(response.content)
-        except msgspec.DecodeError as exc:
-            raise ConnectError(f"the server at {url} answered the link's creation with {exc}") from exc
+        created = creation_answer(response, url, "a link", _decode_created)
     except BaseException:
         if owns_client:
             with anyio.CancelScope(shield=True):

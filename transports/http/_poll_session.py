@@ -22,7 +22,7 @@ import anyio.lowlevel
 
 from openenv import Clock, ConnectionClosed, Dialect
 from openenv.channel import FrameQueue, QueueClosed
-from transports.admission._sessions import SessionLease
+from transports.admission._lease import SessionLease
 from transports.http._protocol import MEDIA_TYPES
 
 __all__ = ["HeldBytes", "PollSession"]

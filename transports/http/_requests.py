@@ -6,11 +6,15 @@ own (`transports.http._client`) and a link of many sessions (`transports.http._l
 
 from __future__ import annotations
 
-import httpx
+from collections.abc import Callable
+from typing import TypeVar
 
-from openenv import Clock
+import httpx
+import msgspec
+
+from openenv import Clock, ConnectError
 from transports.http._protocol import RECEIVED_HEADER, SEQ_HEADER
-from transports.shared._network_client import describe, error_message, network_cause, user_agent
+from transports.shared._network_client import authentication_error, describe, error_message, network_cause, user_agent
 from transports.shared._network_client import error_detail as body_detail
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "USER_AGENT",
     "RequestFailed",
     "backoff",
+    "creation_answer",
     "end_reason",
     "error_detail",
     "exchange",
@@ -130,6 +135,41 @@ class RequestFailed(Exception):
 def error_detail(response: httpx.Response) -> str:
     """What an error response says, in a line: our JSON error's message, or the start of the body."""
     return body_detail(response.content)
+
+
+T = TypeVar("T")
+
+
+def creation_answer(response: httpx.Response, url: str, what: str, decode: Callable[[bytes], T], hint: str = "") -> T:
+    """What the server says of a session or link it was asked to create: its ``201``'s body, decoded.
+
+    Args:
+        response: The creation's response.
+        url: The server's URL, for the errors.
+        what: What was asked for (``"a session"``, ``"a link"``).
+        decode: Decodes the body of a ``201``.
+        hint: What the error of another status adds (a ``404`` or ``405`` may be another server).
+
+    Returns:
+        The decoded body.
+
+    Raises:
+        openenv.AuthenticationError: The server refused the token (``401``).
+        openenv.ConnectError: Any other status but ``201``, or a body that does not decode.
+    """
+    status = response.status_code
+    if status == 401:
+        refusal = f"HTTP 401 {response.reason_phrase}: {error_detail(response)}"
+        raise authentication_error(url, refusal, token_sent="authorization" in response.request.headers)
+    if status != 201:
+        raise ConnectError(
+            f"the server at {url} refused to create {what}: HTTP {status} {response.reason_phrase}: "
+            f"{error_detail(response)}{hint}"
+        )
+    try:
+        return decode(response.content)
+    except msgspec.DecodeError as exc:
+        raise ConnectError(f"the server at {url} answered the creation of {what} with {exc}") from exc
 
 
 def error_code(response: httpx.Response) -> str:

@@ -39,7 +39,9 @@ from starlette.routing import BaseRoute, Route
 from openenv import Dialect
 from openenv.server import SERVER_DEFAULTS, SessionMetrics, host_session
 from transports.admission._guard import client_of
-from transports.admission._sessions import GivingUp, QueueTicket, SessionLease, SessionRegistry, session_failed_frame
+from transports.admission._lease import SessionLease
+from transports.admission._queue import QueueTicket
+from transports.admission._sessions import GivingUp, SessionRegistry, session_failed_frame
 from transports.http._poll_requests import read_created_dialect, read_frame, read_poll_headers
 from transports.http._poll_session import HeldBytes, PollSession
 from transports.http._protocol import (

@@ -59,7 +59,8 @@ from openenv._messages import StepBatchReply
 from openenv._session import StepsAtOnce
 from openenv._worker import Call, CallBatch, wait_for
 from openenv.server import ServerSession, SessionMetrics
-from transports.admission._sessions import SessionLease, SessionRegistry
+from transports.admission._lease import SessionLease
+from transports.admission._sessions import SessionRegistry
 from transports.link._envelope import (
     ENTRY_OVERHEAD,
     LINK_CHANNEL,

@@ -27,7 +27,8 @@ from websockets.frames import CloseCode
 
 from openenv import Dialect
 from openenv.server import ServerSession, SessionMetrics, factory_failed_frame
-from transports.admission._sessions import SHUTDOWN_REASON, SessionLease, SessionRegistry, session_failed_frame
+from transports.admission._lease import SessionLease
+from transports.admission._sessions import SHUTDOWN_REASON, SessionRegistry, session_failed_frame
 from transports.link._envelope import EnvelopeCodec
 from transports.link._loan import Loan
 from transports.link._state import ServerLinkState

@@ -17,7 +17,7 @@ from typing import Protocol
 import msgspec
 
 from openenv.server import ServerSession
-from transports.admission._sessions import SessionLease
+from transports.admission._lease import SessionLease
 from transports.link._envelope import EnvelopeCodec, fits
 from transports.link._state import ChannelState
 

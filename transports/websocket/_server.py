@@ -33,11 +33,11 @@ from websockets.frames import CloseCode
 from openenv import ConnectionClosed, Dialect
 from openenv.server import SERVER_DEFAULTS, ServerSession, SessionMetrics, encode_fatal_error, host_session
 from transports.admission._guard import client_of
+from transports.admission._lease import SessionLease
+from transports.admission._queue import QueueTicket
 from transports.admission._sessions import (
     CLIENT_GONE_REASON,
     GivingUp,
-    QueueTicket,
-    SessionLease,
     SessionRegistry,
     session_failed_frame,
 )

@@ -51,7 +51,8 @@ from openenv.server import (
     jsonrpc_error,
     serve_frames,
 )
-from transports.admission._sessions import SessionLease, SessionRegistry
+from transports.admission._lease import SessionLease
+from transports.admission._sessions import SessionRegistry
 from transports.shared._asgi import Receive, Send
 
 __all__ = ["SESSION_CLOSE", "SESSION_CREATE", "MCPSessions", "is_session_request"]

@@ -46,11 +46,11 @@ from openenv.server import (
     jsonrpc_error,
 )
 from transports.admission._guard import client_of
+from transports.admission._lease import SessionLease
 from transports.admission._sessions import (
     CLIENT_GONE_REASON,
     STEP_TIMEOUT_REASON,
     GivingUp,
-    SessionLease,
     SessionRegistry,
 )
 from transports.server._json_response import JSONResponse
