@@ -342,7 +342,12 @@ class ClientCodec(Generic[ActT, ObsT, StateT]):
 
 
 class RequestError(Exception):
-    """A request frame the server session cannot take; becomes an error reply.
+    """A request the server session cannot take; becomes an error reply.
+
+    The codec raises it for a frame that does not decode or fit; an
+    environment's method may raise it too, to refuse a request with a code of
+    its own (``openenv.core`` answers a pydantic action that does not validate
+    with ``VALIDATION_ERROR`` this way).
 
     Args:
         code: The OpenEnv error code.

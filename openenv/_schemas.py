@@ -11,7 +11,7 @@ import collections.abc
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -115,9 +115,13 @@ def environment_schemas(factory: Callable[[], Any]) -> dict[str, dict[str, Any]]
         ``done``, ``reward`` and ``metadata`` included, although on the wire
         ``done`` and ``reward`` travel beside the others (see
         `openenv._codec.lift_observation_fields`). A tool environment's action
-        schema lists its tools' names.
+        schema lists its tools' names. A class with a ``json_schemas``
+        classmethod gives its own.
     """
     cls = _environment_class(factory)
+    own = getattr(cls, "json_schemas", None)
+    if callable(own):  # a class that describes itself (openenv.core's, whose types are pydantic models)
+        return cast(dict[str, dict[str, Any]], own())
     action_type = getattr(cls, "action_type", dict)
     observation_type = getattr(cls, "observation_type", dict)
     state_type = getattr(cls, "state_type", dict)

@@ -17,10 +17,13 @@ from typing import Any, Protocol, Unpack, cast
 
 from ._config import ServerConfig, ServerOptions, server_config
 
-__all__ = ["SERVER_ENTRY_POINT_GROUP", "RunningServer", "ServeFunction", "serve"]
+__all__ = ["SERVER_ENTRY_POINT_GROUP", "AppFunction", "RunningServer", "ServeFunction", "build_app", "serve"]
 
 SERVER_ENTRY_POINT_GROUP = "openenv.server"
-"""The entry-point group `serve` finds its server in: the entry named ``serve``, a `ServeFunction`."""
+"""Where `serve` and `build_app` find the server.
+
+Its entries: ``serve`` (a `ServeFunction`) and ``create_app`` (an `AppFunction`).
+"""
 
 
 class RunningServer(Protocol):
@@ -66,16 +69,43 @@ class ServeFunction(Protocol):
         """Start serving on entering; stop gracefully on leaving."""
 
 
-def _server_entry() -> ServeFunction:
-    """The ``serve`` entry of the ``openenv.server`` group, loaded."""
-    hint = "openenv.serve needs the server extra: pip install 'openenv-anyio[server]'"
-    found = entry_points(group=SERVER_ENTRY_POINT_GROUP, name="serve")
+class AppFunction(Protocol):
+    """What the ``create_app`` entry of ``openenv.server`` is: it builds the ASGI app that serves a factory."""
+
+    def __call__(self, factory: Callable[..., Any], /, *, config: ServerConfig) -> Any:
+        """The app: every transport's endpoint for ``factory``'s environments, bounded by ``config``."""
+
+
+def _server_entry(name: str, caller: str) -> Any:
+    """The entry ``name`` of the ``openenv.server`` group, loaded; ``caller`` is named in the error without it."""
+    hint = f"{caller} needs the server extra: pip install 'openenv-anyio[server]'"
+    found = entry_points(group=SERVER_ENTRY_POINT_GROUP, name=name)
     if not found:
-        raise ImportError(f"{hint} (no {SERVER_ENTRY_POINT_GROUP!r} entry point named 'serve' is installed)")
+        raise ImportError(f"{hint} (no {SERVER_ENTRY_POINT_GROUP!r} entry point named {name!r} is installed)")
     try:
-        return cast(ServeFunction, next(iter(found)).load())
+        return next(iter(found)).load()
     except ImportError as exc:
         raise ImportError(f"{hint} ({exc})") from exc
+
+
+def build_app(factory: Callable[..., Any], /, *, config: ServerConfig, caller: str = "build_app") -> Any:
+    """The ASGI app that serves an environment factory, from the installed server (the ``create_app`` entry).
+
+    For code in ``openenv`` that must hand back an app (``openenv.core``'s
+    ``create_app``) without importing ``transports``.
+
+    Args:
+        factory: Builds one environment per session.
+        config: The server's options.
+        caller: What the user called, for the error when the server extra is missing.
+
+    Returns:
+        The app (a Starlette app, for the built-in server).
+
+    Raises:
+        ImportError: The server extra is not installed.
+    """
+    return cast(AppFunction, _server_entry("create_app", caller))(factory, config=config)
 
 
 def serve(
@@ -142,4 +172,5 @@ def serve(
         TimeoutError: On entering: the server did not start within ``startup_timeout``.
     """
     checked = server_config(config, options)
-    return _server_entry()(app_or_factory, config=checked, host=host, port=port)
+    serve_function = cast(ServeFunction, _server_entry("serve", "openenv.serve"))
+    return serve_function(app_or_factory, config=checked, host=host, port=port)

@@ -280,9 +280,11 @@ class ServerSession:
             else:
                 await self.aclose()
                 reply = None
-        except RequestError as exc:
+        except RequestError as exc:  # a frame that does not decode, or an environment refusing a request
             error = exc.code
-            reply = self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=exc.request_id)
+            if exc.request_id is not None:
+                request_id = exc.request_id
+            reply = self.codec.error(exc.code, exc.message, extra=exc.extra, request_id=request_id)
         except Exception as exc:
             error = "EXECUTION_ERROR"
             reply = self._execution_error(exc, request_id)
@@ -391,7 +393,12 @@ class ServerSession:
 
         Returns:
             The error reply's data: it names the exception unless `error_details` is off.
+            An environment that raised `openenv.server.RequestError` refused the
+            request with a code of its own (``VALIDATION_ERROR``, say): its code,
+            message and fields, as it wrote them.
         """
+        if isinstance(exc, RequestError):
+            return error_data(exc.code, exc.message, exc.extra)
         logger.exception("environment error in session", exc_info=exc)
         message = f"{type(exc).__name__}: {exc}" if self.error_details else _HIDDEN_EXECUTION_ERROR
         return error_data("EXECUTION_ERROR", message)
@@ -467,7 +474,7 @@ class ServerSession:
         try:
             reply = self._encoders[kind](self._resolved(call(data)), request_id)
         except Exception as exc:
-            error = "EXECUTION_ERROR"
+            error = exc.code if isinstance(exc, RequestError) else "EXECUTION_ERROR"
             reply = self._execution_error(exc, request_id)
         if metrics is not None:
             self._count(metrics, kind, error, started, len(frame), reply)

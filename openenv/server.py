@@ -5,11 +5,12 @@ with two callables (receive a frame, send a frame); everything OpenEnv-specific
 happens in `ServerSession`.
 """
 
+from ._codec import RequestError
 from ._config import SERVER_DEFAULTS, LogLevel, ServerConfig, ServerName, ServerOptions, server_config
 from ._environment import Environment, EnvironmentMetadata
 from ._loading import check_factory, load_factory
 from ._schemas import environment_metadata, environment_schemas
-from ._serve import SERVER_ENTRY_POINT_GROUP, RunningServer, ServeFunction
+from ._serve import SERVER_ENTRY_POINT_GROUP, AppFunction, RunningServer, ServeFunction, build_app
 from ._session import (
     ServerSession,
     SessionMetrics,
@@ -27,10 +28,12 @@ from ._worker import abandoned_calls
 __all__ = [
     "SERVER_DEFAULTS",
     "SERVER_ENTRY_POINT_GROUP",
+    "AppFunction",
     "Environment",
     "EnvironmentMetadata",
     "LogLevel",
     "MCPEnvironment",
+    "RequestError",
     "RunningServer",
     "ServeFunction",
     "ServerConfig",
@@ -40,6 +43,7 @@ __all__ = [
     "SessionMetrics",
     "StructUnionDecoder",
     "abandoned_calls",
+    "build_app",
     "check_factory",
     "encode_fatal_error",
     "environment_metadata",

@@ -9,9 +9,11 @@ from typing import Any
 import anyio
 import pytest
 
+import openenv
 from openenv import ConnectionClosed, Dialect
+from openenv._inline import finish
 from openenv._session import _dropped_noted
-from openenv.server import ServerSession, host_session
+from openenv.server import RequestError, ServerSession, host_session
 from tests.envs import AsyncCounterEnv, DictEnv, SyncCounterEnv, failing_factory
 
 pytestmark = pytest.mark.anyio
@@ -148,3 +150,42 @@ def test_sessions_of_one_kind_share_a_codec_and_others_get_their_own() -> None:
     assert ServerSession(AsyncCounterEnv(), dialect=Dialect(request_ids=True)).codec is not one.codec
     assert ServerSession(AsyncCounterEnv(), strict=True).codec is not one.codec
     assert ServerSession(DictEnv()).codec is not one.codec
+
+
+class _Refusing(openenv.Environment):
+    """Refuses every step with a code of its own, the way openenv.core refuses a pydantic action that fails."""
+
+    def reset(self, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        raise RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": [{"loc": ["x"]}]})
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+class _AsyncRefusing(_Refusing):
+    async def step(self, action: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+        return super().step(action)
+
+
+@pytest.mark.parametrize("env_class", [_Refusing, _AsyncRefusing])
+async def test_an_environment_refuses_a_request_with_a_code_of_its_own(env_class: type[Any]) -> None:
+    session = ServerSession(env_class(), dialect=Dialect(request_ids=True))
+    expected = {"code": "VALIDATION_ERROR", "message": "Invalid message", "errors": [{"loc": ["x"]}]}
+    step = {"type": "step", "data": {"x": 1}, "id": 7}
+    # The general path, the one a step answered at once takes, and the session thread's.
+    assert await ask(session, step) == {"type": "error", "data": expected, "id": 7}
+    started = session.start_handle(json.dumps(step).encode())
+    if not isinstance(started, bytes):
+        with anyio.fail_after(5):
+            started = await finish(started)  # type: ignore[arg-type]
+    assert json.loads(started) == {"type": "error", "data": expected, "id": 7}
+    if session.handles_on_thread:
+        answered = await session.run_on_thread(
+            lambda: session.handle_on_thread(json.dumps(step).encode()), lambda: None
+        )
+        assert json.loads(answered) == {"type": "error", "data": expected, "id": 7}
+    assert (await ask(session, {"type": "reset", "data": {}, "id": 8}))["type"] == "observation"

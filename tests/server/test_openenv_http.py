@@ -35,10 +35,15 @@ async def test_reset_and_step_are_stateless_as_the_reference_s() -> None:
         assert reset.status_code == 200
         # This reset takes **kwargs, so every keyword reaches it (it notes their names).
         observation = {"count": 4, "note": "episode_id,seed,start,unknown", "metadata": {}}
-        assert reset.json() == {"observation": observation, "reward": None, "done": False}
+        assert reset.json() == {"observation": observation, "reward": None, "done": False, "metadata": None}
         assert (await client.post("/reset")).json()["observation"]["count"] == 0  # no body: no keywords
         step = await client.post("/step", json={"action": {"by": "3"}})  # lax, as on /ws
-        assert step.json() == {"observation": {"count": 3, "note": "", "metadata": {}}, "reward": 3.0, "done": False}
+        assert step.json() == {
+            "observation": {"count": 3, "note": "", "metadata": {}},
+            "reward": 3.0,
+            "done": False,
+            "metadata": None,
+        }
         # A fresh environment per request: the count starts over.
         assert (await client.post("/step", json={"action": {"by": 1}})).json()["observation"]["count"] == 1
         assert (await client.get("/state")).json() == {"episode_id": None, "step_count": 0, "count": 0}

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import anyio
 import msgspec
@@ -45,6 +45,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from openenv import Clock, EnvironmentMetadata
 from openenv.server import (
+    AppFunction,
     ServerConfig,
     ServerOptions,
     check_factory,
@@ -340,3 +341,7 @@ def create_app(
     app.state.metadata = meta
     app.state.metrics = counted
     return app
+
+
+if TYPE_CHECKING:  # openenv.server.build_app hands its factory and config here: mypy checks the signatures agree
+    _builds_openenv_apps: AppFunction = create_app

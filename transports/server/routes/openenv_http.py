@@ -8,8 +8,8 @@ factory, runs one request on it through an I/O-free `openenv.server.ServerSessio
 An episode spanning requests needs ``/ws`` or HTTP long-polling.
 
 ```text
-POST /reset   {"seed": 42, "episode_id": "ep-1"}          -> {"observation": {...}, "reward": r, "done": d}
-POST /step    {"action": {...}}                             -> {"observation": {...}, "reward": r, "done": d}
+POST /reset   {"seed": 42, "episode_id": "ep-1"}    -> {"observation": {...}, "reward": r, "done": d, "metadata": m}
+POST /step    {"action": {...}}                       -> {"observation": {...}, "reward": r, "done": d, "metadata": m}
 GET  /state                                                 -> the state of a fresh environment
 POST /mcp     {"jsonrpc": "2.0", "method": "tools/list", "id": 1}  -> a JSON-RPC 2.0 response (always 200)
 GET  /openapi.json                                          -> OpenAPI 3.1, with the environment's schemas
@@ -199,7 +199,8 @@ async def _give_up_when_gone(request: Request, lease: SessionLease) -> None:
 def _observation_or_error(reply: dict[str, Any]) -> Response:
     data = reply.get("data", {})
     if reply.get("type") != "error":
-        return JSONResponse(data)
+        # OpenEnv 0.10's response models always have ``metadata``: null when the observation has none.
+        return JSONResponse(data if "metadata" in data else {**data, "metadata": None})
     if data.get("code") == "VALIDATION_ERROR":
         return JSONResponse({"detail": data.get("errors", [])}, status_code=422)
     if data.get("code") == "CAPACITY_REACHED":
