@@ -4,8 +4,9 @@ openenv is the distribution ``openenv-anyio``; upstream OpenEnv is ``openenv``
 on PyPI (``openenv-core`` up to 0.3.0), and both install a package named
 ``openenv``. pip does not see the clash (the distributions differ): installed
 one over the other, they share one directory, and the last owns the files they
-both have. When this package's ``__init__`` runs and finds upstream's
-``openenv/core`` beside it, it warns once, in one line, with what to do. (When
+both have. When this package's ``__init__`` runs and finds upstream's files in
+``openenv/core`` (its web interface, which openenv-anyio's drop-in ``openenv.core``
+does not have), it warns once, in one line, with what to do. (When
 upstream's ``__init__`` is the one that runs, this code does not: then
 ``transports`` and the ``openenv`` command say so, see ``transports.cli._coexistence``.)
 """
@@ -49,7 +50,8 @@ def warn_if_mixed(package_dir: Path) -> None:
     Args:
         package_dir: The directory of this ``openenv`` package.
     """
-    if not (package_dir / "core").is_dir():
+    # openenv-anyio has an ``openenv/core`` of its own (the drop-in layer) but never upstream's web interface.
+    if not (package_dir / "core" / "env_server" / "gradio_ui.py").is_file():
         return
     upstream = upstream_installed() or "upstream OpenEnv"
     warnings.warn(

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 import openenv
+import openenv.core
+import openenv.core.env_server
 import openenv.server
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module", [openenv, openenv.server])
+@pytest.mark.parametrize("module", [openenv, openenv.server, openenv.core, openenv.core.env_server])
 def test_all_is_sorted_and_complete(module: object) -> None:
     exported = list(module.__all__)  # type: ignore[attr-defined]
     # Sorted isort-style: CONSTANTS, then Classes, then functions.
@@ -41,11 +43,32 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_openenv_imports_only_anyio_msgspec_and_the_standard_library() -> None:
-    """Every import of every module counts: at module level, inside a function, under TYPE_CHECKING."""
+    """Every import of every module counts: at module level, inside a function, under TYPE_CHECKING.
+
+    The drop-in ``openenv.core`` may import pydantic too (its extra, ``openenv-anyio[core]``).
+    """
     allowed = {"anyio", "msgspec", "openenv", "typing_extensions"} | set(sys.stdlib_module_names)
     for path in (ROOT / "openenv").rglob("*.py"):
         imported = _imports(path)
+        if path.is_relative_to(ROOT / "openenv" / "core"):
+            imported -= {"pydantic"}
         assert imported <= allowed, f"{path.relative_to(ROOT)} imports {imported - allowed}"
+
+
+def test_openenv_outside_its_core_never_imports_openenv_core() -> None:
+    """``import openenv`` needs no pydantic: only ``openenv.core`` (the drop-in layer) reaches it."""
+    for path in (ROOT / "openenv").rglob("*.py"):
+        if path.is_relative_to(ROOT / "openenv" / "core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            reached = [name for name in modules if name == "openenv.core" or name.startswith("openenv.core.")]
+            assert not reached, f"{path.relative_to(ROOT)} imports {reached}"
 
 
 def test_the_import_check_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:

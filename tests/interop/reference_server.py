@@ -23,8 +23,10 @@ server with the tools ``echo_message`` and ``echo_with_length``; an empty
 observation on reset; action and observation classes ``CallToolAction`` and
 ``CallToolObservation``). With ``--blob-bytes N`` it serves instead an env whose every step observation
 is {data: base64 of N seeded random bytes} (for the large-observation benchmark).
-With ``--tasks`` (0.10.0 only) the echo environment also offers tasks through
-the Task API's methods (``list_splits``, ``list_tasks``, ...).
+With ``--app package.module:attribute`` it serves that app instead: an environment
+package's own ``create_app`` (put its directory on ``PYTHONPATH``). With ``--tasks``
+(0.10.0 only) the echo environment also offers tasks through the Task API's methods
+(``list_splits``, ``list_tasks``, ...).
 Triggers:
   message == "raise"  -> step raises RuntimeError  -> EXECUTION_ERROR frame
   message == "done"   -> observation done=True
@@ -37,6 +39,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import importlib
 import os
 import random
 import socket
@@ -55,10 +58,11 @@ from reference_import import import_reference_openenv
 import_reference_openenv()
 
 import uvicorn  # noqa: E402
+from pydantic import Field  # noqa: E402
+
 from openenv.core.env_server.http_server import create_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-from pydantic import Field  # noqa: E402
 
 
 class EchoAction(Action):
@@ -241,15 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mcp-echo", action="store_true", help="serve an MCP echo env built as OpenEnv's echo_env")
     p.add_argument("--tasks", action="store_true", help="serve the echo env offering tasks (0.10.0's Task API)")
     p.add_argument("--max-lifetime", type=float, default=0.0, help="exit after this many seconds (0 = never)")
+    p.add_argument("--app", help="serve this app instead, 'package.module:attribute' (an environment package's)")
     args = p.parse_args(argv)
 
-    app = build_app(
-        args.max_sessions,
-        async_step=args.async_step,
-        blob_bytes=args.blob_bytes,
-        mcp_echo=args.mcp_echo,
-        tasks=args.tasks,
-    )
+    if args.app:
+        module, _, attribute = args.app.partition(":")
+        app = getattr(importlib.import_module(module), attribute)
+    else:
+        app = build_app(
+            args.max_sessions,
+            async_step=args.async_step,
+            blob_bytes=args.blob_bytes,
+            mcp_echo=args.mcp_echo,
+            tasks=args.tasks,
+        )
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -314,6 +314,7 @@ class ReferenceServer:
         startup_timeout: float = 60.0,
         max_lifetime: float = 900.0,
         extra_args: Sequence[str] = (),
+        environment: dict[str, str] | None = None,
     ) -> None:
         self.python = Path(python)
         self.host = host
@@ -322,6 +323,8 @@ class ReferenceServer:
         self.startup_timeout = startup_timeout
         self.max_lifetime = max_lifetime
         self.extra_args = list(extra_args)
+        self.environment = environment
+        """More environment variables for the server (``PYTHONPATH`` for an ``--app``'s package)."""
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
         self.log_tail: collections.deque[str] = collections.deque(maxlen=200)
@@ -359,7 +362,7 @@ class ReferenceServer:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=reference_env(),
+            env=reference_env(self.environment),
         )
         self.port = _wait_ready(self.proc, self.startup_timeout)
         # Keep reading both pipes: the reference logs a traceback at every

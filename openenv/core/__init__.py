@@ -1,0 +1,23 @@
+"""Upstream OpenEnv's ``openenv.core``, on openenv-anyio: environment packages written for upstream, unchanged.
+
+Needs the ``core`` extra (``pip install 'openenv-anyio[core]'``: pydantic). What is
+offered so far is the server side, `openenv.core.env_server`, and
+`openenv.core.client_types`; ``docs/migrating.md`` says what works unchanged, what
+differs, and what is not offered yet.
+"""
+
+try:
+    import pydantic  # noqa: F401  (the core extra: said here, in one line, rather than deep in a model)
+except ImportError as exc:
+    raise ImportError(
+        "openenv.core needs the core extra: pip install 'openenv-anyio[core]' (it brings pydantic)"
+    ) from exc
+
+from openenv.core import env_server
+from openenv.core.client_types import StepResult as StepResult
+from openenv.core.env_server import *  # noqa: F403
+
+__all__ = sorted(
+    ["StepResult", *env_server.__all__],
+    key=lambda name: (0 if name.isupper() else 1 if name[0].isupper() else 2, name),
+)

@@ -1,0 +1,158 @@
+"""An upstream-style environment served by openenv's server: each session's `HostedEnvironment`.
+
+openenv's server serves `openenv.Environment` subclasses whose calls take and give
+plain data. A `HostedEnvironment` is one, around one instance of an upstream-style
+environment: it validates each action into the declared pydantic class, calls the
+environment as upstream's server would (``reset_async``/``step_async`` on the event
+loop when the class overrides them, else ``reset``/``step`` on the session's own
+thread, with the reset keywords its signature takes), and hands back observations
+and states as upstream 0.10 serializes them (`serialization.serialize_observation`:
+the server's codec lifts ``reward`` and ``done`` out of the fields the same way). Everything else (sessions, links,
+limits, every transport) is the server's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ValidationError
+
+from openenv import Environment as NativeEnvironment
+from openenv import EnvironmentMetadata as NativeMetadata
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.serialization import deserialize_action
+from openenv.core.env_server.types import Action, Observation, State
+from openenv.server import RequestError
+
+__all__ = ["Hosting", "HostedEnvironment", "hosted_class", "overrides"]
+
+
+def overrides(env: object, name: str) -> bool:
+    """Whether the environment's class replaces the base class's ``name`` (``reset_async``, ``step_async``)."""
+    return getattr(type(env), name, None) is not getattr(Environment, name)
+
+
+def _keyword_filter(method: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The reset keywords ``method`` takes, as upstream's server picks them: all of them with ``**kwargs``."""
+    parameters = inspect.signature(method).parameters
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        return dict
+    names = frozenset(parameters)
+    return lambda data: {key: value for key, value in data.items() if key in names}
+
+
+def _observation_fields(observation: Observation) -> dict[str, Any]:
+    """An observation's fields in JSON's types (the server lifts ``reward`` and ``done`` beside them, as upstream)."""
+    return observation.model_dump(mode="json")
+
+
+def _state_data(state: Any) -> dict[str, Any]:
+    """A state's reply data: its fields, as upstream's WebSocket handler dumps them."""
+    if isinstance(state, BaseModel):
+        return state.model_dump(mode="json")
+    return dict(state) if state else {}
+
+
+@dataclass(frozen=True)
+class Hosting:
+    """What `http_server.create_app` was given, for the sessions it serves.
+
+    Attributes:
+        factory: Builds one upstream-style environment per session.
+        action_cls: The actions' pydantic class.
+        observation_cls: The observations' class (for ``/schema``).
+        state_cls: The state's class (for ``/schema``).
+        reset_observation_cls: What ``reset`` returns (for ``/schema``).
+        env_name: The environment's public name.
+    """
+
+    factory: Callable[[], Environment[Any, Any, Any]]
+    action_cls: type[Action]
+    observation_cls: type[Observation]
+    state_cls: type[State]
+    reset_observation_cls: type[Observation]
+    env_name: str
+
+
+class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[str, Any]]):
+    """One session of an upstream-style environment, as openenv's server serves it.
+
+    Made per `Hosting` by `hosted_class`; the server builds one per session.
+
+    Attributes:
+        env: The upstream-style environment of this session.
+    """
+
+    hosting: ClassVar[Hosting]
+
+    def __init__(self) -> None:
+        env = self.hosting.factory()
+        self.env = env
+        # The server reads each call from the instance: plain ones run on the session's thread.
+        if overrides(env, "reset_async"):
+            self._reset_keywords = _keyword_filter(env.reset_async)
+            self.reset = self._reset_on_loop  # type: ignore[method-assign, assignment]
+        else:
+            self._reset_keywords = _keyword_filter(env.reset)
+        if overrides(env, "step_async"):
+            self.step = self._step_on_loop  # type: ignore[method-assign, assignment]
+
+    @classmethod
+    def json_schemas(cls) -> dict[str, dict[str, Any]]:
+        """What ``GET /schema`` answers: the pydantic classes' JSON Schemas."""
+        hosting = cls.hosting
+        return {
+            "action": hosting.action_cls.model_json_schema(),
+            "observation": hosting.observation_cls.model_json_schema(),
+            "state": hosting.state_cls.model_json_schema(),
+            "reset_observation": hosting.reset_observation_cls.model_json_schema(),
+        }
+
+    @classmethod
+    def metadata(cls) -> NativeMetadata:
+        """What ``GET /metadata`` answers: an environment's ``get_metadata()``, from one built for it."""
+        env = cls.hosting.factory()
+        try:
+            found = env.get_metadata()
+        finally:
+            env.close()
+        return NativeMetadata(**found.model_dump())
+
+    def _action(self, data: dict[str, Any]) -> Action:
+        try:
+            return deserialize_action(data, self.hosting.action_cls)
+        except ValidationError as exc:
+            errors = json.loads(exc.json())
+            raise RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": errors}) from None
+
+    def reset(self, **data: Any) -> dict[str, Any]:
+        """Reset the environment with the keywords its ``reset`` takes; the observation's reply data."""
+        return _observation_fields(self.env.reset(**self._reset_keywords(data)))
+
+    async def _reset_on_loop(self, **data: Any) -> dict[str, Any]:
+        return _observation_fields(await self.env.reset_async(**self._reset_keywords(data)))
+
+    def step(self, action: dict[str, Any]) -> dict[str, Any]:
+        """Validate the action, step the environment; the observation's reply data."""
+        return _observation_fields(self.env.step(self._action(action)))
+
+    async def _step_on_loop(self, action: dict[str, Any]) -> dict[str, Any]:
+        return _observation_fields(await self.env.step_async(self._action(action)))
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The environment's state, as reply data."""
+        return _state_data(self.env.state)
+
+    def close(self) -> None:
+        """Close the environment."""
+        self.env.close()
+
+
+def hosted_class(hosting: Hosting) -> type[HostedEnvironment]:
+    """The `HostedEnvironment` class of one app: what it gives the server as its factory."""
+    return type(hosting.env_name, (HostedEnvironment,), {"hosting": hosting, "__module__": __name__})

@@ -1,0 +1,138 @@
+"""The pydantic models of upstream OpenEnv's ``openenv.core.env_server.types``: actions, observations, states.
+
+Environment packages written against upstream subclass `Action`, `Observation` and
+`State`; the server validates actions into the declared `Action` subclass and
+serializes observations as upstream 0.10 does (`serialization.serialize_observation`).
+Field names, defaults, validation and JSON Schemas are upstream's, so ``GET /schema``
+and every reply read the same on either server.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Action",
+    "BaseMessage",
+    "CodeExecResult",
+    "ConcurrencyConfig",
+    "EnvironmentMetadata",
+    "HealthStatus",
+    "Observation",
+    "ServerMode",
+    "State",
+    "WSErrorCode",
+]
+
+
+class ServerMode(str, Enum):  # noqa: UP042 - upstream's: str() names the member, as a StrEnum's would not
+    """Which routes a server offers: ``simulation`` adds the stateless ``/reset``, ``/step`` and ``/state``."""
+
+    SIMULATION = "simulation"
+    PRODUCTION = "production"
+
+
+class HealthStatus(str, Enum):  # noqa: UP042 - upstream's: str() names the member, as a StrEnum's would not
+    """What ``GET /health`` says of a server."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    DEGRADED = "degraded"
+
+
+class WSErrorCode(str, Enum):  # noqa: UP042 - upstream's: str() names the member, as a StrEnum's would not
+    """The codes of OpenEnv's error frames (``{"type": "error", "data": {"code": ...}}``)."""
+
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
+
+
+class Action(BaseModel):
+    """The base class of an environment's actions: unknown fields are refused, assignments validated.
+
+    Attributes:
+        metadata: Free-form data that travels with the action.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the action")
+
+
+class Observation(BaseModel):
+    """The base class of an environment's observations.
+
+    Attributes:
+        done: Whether the episode has ended.
+        reward: The reward of the step that led here, if any.
+        metadata: Free-form data; it travels inside the observation and beside it.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+    done: bool = Field(default=False, description="Whether the episode has terminated")
+    reward: bool | int | float | None = Field(default=None, description="Reward signal from the last action")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the observation")
+
+
+class BaseMessage(BaseModel):
+    """The base class of upstream's small messages: unknown fields refused, assignments validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class State(BaseModel):
+    """The base class of an environment's state; subclasses and instances may carry more fields.
+
+    Attributes:
+        episode_id: The current episode's id, if the environment names episodes.
+        step_count: Steps taken in the current episode.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+
+    episode_id: str | None = Field(default=None, description="Unique identifier for the current episode")
+    step_count: int = Field(default=0, ge=0, description="Number of steps taken in the current episode")
+
+
+class CodeExecResult(BaseMessage):
+    """What running a piece of code gave: its output streams and exit code."""
+
+    stdout: str = Field(description="Standard output from code execution")
+    stderr: str = Field(description="Standard error from code execution")
+    exit_code: int = Field(description="Exit code from code execution")
+
+
+class EnvironmentMetadata(BaseMessage):
+    """What ``GET /metadata`` tells about an environment (`interfaces.Environment.get_metadata`)."""
+
+    name: str = Field(description="Name of the environment")
+    description: str = Field(description="Description of what the environment does")
+    readme_content: str | None = Field(default=None, description="Content of the README file for the environment")
+    version: str | None = Field(default=None, description="Version of the environment")
+    author: str | None = Field(default=None, description="Author of the environment")
+    documentation_url: str | None = Field(default=None, description="URL to the environment's documentation")
+
+
+class ConcurrencyConfig(BaseMessage):
+    """How many sessions a server holds at once (`http_server.create_app`'s ``concurrency_config``).
+
+    Attributes:
+        max_concurrent_envs: The most sessions at once.
+        session_timeout: Seconds a session may stay idle before it is ended (``None``: no limit).
+    """
+
+    max_concurrent_envs: int = Field(
+        default=1, ge=1, description="Maximum number of concurrent WebSocket sessions allowed"
+    )
+    session_timeout: float | None = Field(
+        default=None, gt=0, description="Timeout in seconds for inactive sessions. None means no timeout."
+    )

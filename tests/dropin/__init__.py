@@ -1,0 +1,1 @@
+"""Tests of `openenv.core`: environment packages written for upstream OpenEnv, served unchanged by openenv."""
