@@ -1,9 +1,9 @@
 """Upstream OpenEnv's ``openenv.core``, on openenv-anyio: environment packages written for upstream, unchanged.
 
-Needs the ``core`` extra (``pip install 'openenv-anyio[core]'``: pydantic). What is
-offered so far is the server side, `openenv.core.env_server`, and
-`openenv.core.client_types`; ``docs/migrating.md`` says what works unchanged, what
-differs, and what is not offered yet.
+Needs the ``core`` extra (``pip install 'openenv-anyio[core]'``: pydantic). Offered so
+far: the server side (`openenv.core.env_server`) and the clients (`EnvClient` with its
+hooks, `SyncEnvClient`, `GenericEnvClient`, `StepResult`); ``docs/migrating.md`` says
+what works unchanged, what differs, and what is not offered yet.
 """
 
 try:
@@ -15,9 +15,13 @@ except ImportError as exc:
 
 from openenv.core import env_server
 from openenv.core.client_types import StepResult as StepResult
+from openenv.core.env_client import EnvClient as EnvClient
+from openenv.core.env_client import SyncEnvClient as SyncEnvClient
 from openenv.core.env_server import *  # noqa: F403
+from openenv.core.generic_client import GenericAction as GenericAction
+from openenv.core.generic_client import GenericEnvClient as GenericEnvClient
 
 __all__ = sorted(
-    ["StepResult", *env_server.__all__],
+    ["EnvClient", "GenericAction", "GenericEnvClient", "StepResult", "SyncEnvClient", *env_server.__all__],
     key=lambda name: (0 if name.isupper() else 1 if name[0].isupper() else 2, name),
 )

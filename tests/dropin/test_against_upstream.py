@@ -7,8 +7,12 @@ subprotocol) and the plain HTTP routes. The differences that remain are named in
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,12 +22,14 @@ from grid_env.server import app as grid_apps
 
 import openenv
 from tests.dropin.conftest import PROJECTS
-from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_reference_python
+from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_reference_python, reference_env
 from transports.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.interop]
 
 LIMIT = 60
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_SESSION = Path(__file__).with_name("client_session.py")
 
 SESSION = [
     {"type": "reset", "data": {"seed": 5, "episode_id": "e-1", "colour": "blue"}},
@@ -95,7 +101,8 @@ def _without_known_differences(reply: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("which", ["plain", "async"])
 async def test_every_websocket_reply_is_upstreams(which: str, request: pytest.FixtureRequest) -> None:
     upstream: ReferenceServer = request.getfixturevalue(f"upstream_{which}")
-    app = grid_apps.app if which == "plain" else grid_apps.async_app
+    apps = importlib.reload(grid_apps)
+    app = apps.app if which == "plain" else apps.async_app
     with anyio.fail_after(LIMIT):
         theirs = await _session_replies(upstream.base_url)
         async with openenv.serve(app) as server:
@@ -130,7 +137,7 @@ async def test_the_http_routes_answer_as_upstreams(upstream_plain: ReferenceServ
 
     with anyio.fail_after(LIMIT):
         theirs = await answers(upstream_plain.base_url)
-        async with openenv.serve(grid_apps.app) as server:
+        async with openenv.serve(importlib.reload(grid_apps).app) as server:
             ours = await answers(server.url)
     # A stateless GET /state builds a fresh environment: its episode id is random on both.
     for answer in (theirs[-1][1], ours[-1][1]):
@@ -141,3 +148,43 @@ async def test_the_http_routes_answer_as_upstreams(upstream_plain: ReferenceServ
             assert mine == (500, our_error), call
         else:
             assert mine == reference, call
+
+
+async def _client_session(python: Path | str, environment: dict[str, str], url: str, kind: str, how: str) -> Any:
+    """What `client_session.py` printed: each call's result, with the known differences taken out."""
+    done = await anyio.run_process([str(python), str(CLIENT_SESSION), url, kind, how], env=environment, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    text = done.stdout.decode()
+    upstream, ours = KNOWN_DIFFERENCES["execution error message"]
+    return json.loads(text.replace(ours, upstream))
+
+
+@pytest.mark.parametrize("kind", ["own", "generic"])
+@pytest.mark.parametrize("how", ["sync", "async"])
+async def test_the_packages_clients_get_the_same_answers_from_either_server_on_either_openenv(
+    kind: str, how: str, upstream_plain: ReferenceServer
+) -> None:
+    """The package's own client and ``GenericEnvClient``, run on upstream 0.10.0 and on openenv.core, against both."""
+    upstream_python = ensure_reference_python(reference=OPENENV_0_10)
+    theirs = reference_env({"PYTHONPATH": str(PROJECTS)})
+    ours = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECTS), str(ROOT)])}
+    with anyio.fail_after(4 * LIMIT):
+        async with openenv.serve(importlib.reload(grid_apps).app) as server:
+            runs = {
+                (who, where): await _client_session(python, environment, url, kind, how)
+                for who, python, environment in (("upstream", upstream_python, theirs), ("ours", sys.executable, ours))
+                for where, url in (("upstream", upstream_plain.base_url), ("ours", server.url))
+            }
+    reference = runs["upstream", "upstream"]
+    assert [line.get("error") for line in reference] == [
+        None,
+        None,
+        None,
+        None,
+        "RuntimeError",
+        "RuntimeError",
+        None,
+        None,
+    ]
+    for (who, where), lines in runs.items():
+        assert lines == reference, f"{who}'s client against {where}'s server"

@@ -1,0 +1,129 @@
+"""An environment package's own client (upstream's ``EnvClient`` hooks) on openenv: async, sync, and both refused.
+
+``test_against_upstream.py`` runs the same client on upstream's ``openenv`` too, against both servers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from grid_env.client import GridEnv
+from grid_env.models import GridAction, GridObservation, GridState
+from grid_env.server import app as grid_apps
+
+import openenv
+from openenv.core import GenericAction, GenericEnvClient, StepResult
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 30
+
+
+@asynccontextmanager
+async def grid_server() -> AsyncIterator[Any]:
+    async with openenv.serve(importlib.reload(grid_apps).app) as server:
+        yield server
+
+
+@pytest.mark.parametrize("scheme", ["http", "ws", "http+poll"])
+async def test_the_packages_client_in_async_code(scheme: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server, GridEnv(base_url=f"{scheme}://{server.host}:{server.port}") as env:
+            first = await env.reset(seed=5)
+            assert isinstance(first, StepResult)
+            assert first.observation == GridObservation(
+                position=[0, 0], message="find [1, 1]", reward=0, metadata={"seed": 5}
+            )
+            moved = await env.step(GridAction(direction="up"))
+            assert (moved.observation.position, moved.reward, moved.done, moved.metadata) == ([0, 1], -0.1, False, None)
+            state = await env.state()
+            assert isinstance(state, GridState)
+            assert (state.step_count, state.position, state.goal) == (1, [0, 1], [1, 1])
+
+
+async def test_the_packages_client_in_plain_code() -> None:
+    def walk(url: str) -> tuple[StepResult[GridObservation], GridState]:
+        env = GridEnv(base_url=url)
+        try:
+            env.reset()  # plain code: the result itself, no await
+            result = env.step(GridAction(direction="right", steps=2))
+            return result, env.state()
+        finally:
+            env.close()
+
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            result, state = await anyio.to_thread.run_sync(walk, server.url)
+    assert (result.observation.position, result.reward) == ([2, 0], -0.1)
+    assert state.step_count == 1
+
+
+async def test_a_sync_view_and_new_sessions() -> None:
+    def two_sessions(url: str) -> list[list[int]]:
+        with GridEnv(base_url=url).sync() as env:
+            env.reset()
+            env.step(GridAction(direction="up"))
+            other = env.new_session()
+            other.reset()
+            other.step(GridAction(direction="down", steps=3))
+            return [env.state().position, other.state().position]
+
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            positions = await anyio.to_thread.run_sync(two_sessions, server.url)
+    assert positions == [[0, 1], [0, -3]]
+
+
+async def test_new_session_in_async_code_is_closed_with_its_parent() -> None:
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            async with GridEnv(base_url=server.url) as env:
+                other = await env.new_session()
+                assert isinstance(other, GridEnv)
+                await other.reset()
+                assert (await other.step(GridAction(direction="left"))).observation.position == [-1, 0]
+            assert other._native is None  # closed with its parent
+            assert env._native is None
+
+
+async def test_errors_are_upstreams_runtime_errors_and_the_session_goes_on() -> None:
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server, GenericEnvClient(base_url=server.url) as env:
+            await env.reset()
+            with pytest.raises(
+                RuntimeError, match=r"Server error: Invalid message \(code: VALIDATION_ERROR\)"
+            ) as caught:
+                await env.step(GenericAction(direction="north"))
+            assert isinstance(caught.value.__cause__, openenv.ValidationError)
+            with pytest.raises(RuntimeError, match="EXECUTION_ERROR"):
+                await env.step({"direction": "raise"})
+            assert (await env.step({"direction": "up"})).observation["position"] == [0, 1]
+
+
+async def test_a_client_keeps_to_the_way_it_was_first_used() -> None:
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            env = GenericEnvClient(base_url=server.url)
+            await env.connect()
+            with pytest.raises(RuntimeError, match="already being used in async mode"):
+                await anyio.to_thread.run_sync(env.sync().reset)
+            await env.close()
+
+
+def test_what_the_client_refuses_at_once() -> None:
+    with pytest.raises(ValueError, match="either base_url or provider"):
+        GenericEnvClient()
+    with pytest.raises(TypeError, match="no provider yet"):
+        GenericEnvClient(provider=object())
+    with pytest.raises(ValueError, match="Invalid mode"):
+        GenericEnvClient(base_url="http://127.0.0.1:1", mode="staging")
+    env = GenericEnvClient(base_url="http://127.0.0.1:1/")
+    assert env.base_url == "http://127.0.0.1:1"
+    with pytest.raises(AttributeError, match="Cannot modify mode"):
+        env._mode = "production"  # upstream's guard, which upstream's own tests poke
