@@ -22,7 +22,8 @@ __all__ = ["SERVER_ENTRY_POINT_GROUP", "AppFunction", "RunningServer", "ServeFun
 SERVER_ENTRY_POINT_GROUP = "openenv.server"
 """Where `serve` and `build_app` find the server.
 
-Its entries: ``serve`` (a `ServeFunction`) and ``create_app`` (an `AppFunction`).
+Its entries: ``serve`` (a `ServeFunction`), and ``create_app`` and ``create_extensible_app``
+(each an `AppFunction`).
 """
 
 
@@ -88,7 +89,9 @@ def _server_entry(name: str, caller: str) -> Any:
         raise ImportError(f"{hint} ({exc})") from exc
 
 
-def build_app(factory: Callable[..., Any], /, *, config: ServerConfig, caller: str = "build_app") -> Any:
+def build_app(
+    factory: Callable[..., Any], /, *, config: ServerConfig, caller: str = "build_app", extensible: bool = False
+) -> Any:
     """The ASGI app that serves an environment factory, from the installed server (the ``create_app`` entry).
 
     For code in ``openenv`` that must hand back an app (``openenv.core``'s
@@ -98,6 +101,8 @@ def build_app(factory: Callable[..., Any], /, *, config: ServerConfig, caller: s
         factory: Builds one environment per session.
         config: The server's options.
         caller: What the user called, for the error when the server extra is missing.
+        extensible: Behind a front that takes more routes, as upstream's FastAPI app does
+            (the ``create_extensible_app`` entry).
 
     Returns:
         The app (a Starlette app, for the built-in server).
@@ -105,7 +110,8 @@ def build_app(factory: Callable[..., Any], /, *, config: ServerConfig, caller: s
     Raises:
         ImportError: The server extra is not installed.
     """
-    return cast(AppFunction, _server_entry("create_app", caller))(factory, config=config)
+    entry = "create_extensible_app" if extensible else "create_app"
+    return cast(AppFunction, _server_entry(entry, caller))(factory, config=config)
 
 
 def serve(

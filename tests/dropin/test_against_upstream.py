@@ -116,6 +116,7 @@ async def test_every_websocket_reply_is_upstreams(which: str, request: pytest.Fi
 async def test_the_http_routes_answer_as_upstreams(upstream_plain: ReferenceServer) -> None:
     calls: list[tuple[str, str, Any]] = [
         ("GET", "/health", None),
+        ("GET", "/config", None),
         ("GET", "/schema", None),
         ("GET", "/metadata", None),
         ("POST", "/reset", {"seed": 3, "episode_id": "h-1"}),

@@ -127,6 +127,9 @@ async def test_schema_and_metadata_are_the_pydantic_classes(apps: ModuleType) ->
                 "documentation_url": None,
             }
             assert (await http.get("/health")).json() == {"status": "healthy"}
+            # The package's own route, added with FastAPI's decorator to the app create_app gave.
+            assert (await http.get("/config")).json() == {"max_concurrent_envs": 8, "env": "grid_env"}
+            assert (await http.get("/nowhere")).status_code == 404
 
 
 async def test_an_environment_pool_steps_unchanged_upstream_environments_over_one_link(apps: ModuleType) -> None:

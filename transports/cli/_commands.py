@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import click
+import msgspec
 
 import openenv
 from openenv.server import SERVER_DEFAULTS, LogLevel, ServerConfig
@@ -212,9 +213,11 @@ def serve(
     """Serve FACTORY (package.module:Factory) over WebSocket and HTTP long-polling until Ctrl-C.
 
     FACTORY builds one environment per session: usually an openenv.Environment
-    subclass. Clients connect to ws://HOST:PORT or http://HOST:PORT (WebSocket; the
-    client appends the endpoint, /ws), or to http+poll://HOST:PORT for HTTP
-    long-polling (under /poll/sessions).
+    subclass. It may also name an app, as uvicorn takes one: an environment package
+    written for upstream OpenEnv serves as its server/app.py's create_app() made it
+    (package.server.app:app), with the options it set there. Clients connect to
+    ws://HOST:PORT or http://HOST:PORT (WebSocket; the client appends the endpoint,
+    /ws), or to http+poll://HOST:PORT for HTTP long-polling (under /poll/sessions).
     """
     if backend == "trio":
         require_installed("trio")
@@ -230,6 +233,8 @@ def serve(
             err=True,
         )
     tokens = [*auth_tokens, *(token for path in auth_token_files for token in _read_token_file(path))]
+
+    from starlette.applications import Starlette
 
     from openenv.server import load_factory
     from transports.server.app import create_app
@@ -275,12 +280,20 @@ def serve(
         step_timeout=step_timeout,
         log_level=cast(Any, log_level),
     )
-    try:
-        app = create_app(env_factory, config=config)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
+    if isinstance(env_factory, Starlette):  # an app, as uvicorn takes one: an environment package's create_app()
+        app = env_factory
+        given_here = context.get_parameter_source("auth_tokens") is click.core.ParameterSource.COMMANDLINE
+        if not given_here and not auth_token_files:  # the app read OPENENV_AUTH_TOKEN itself, in create_app()
+            config = msgspec.structs.replace(config, auth_token=None)
+    else:
+        try:
+            app = create_app(env_factory, config=config)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--auth-token") from exc
     try:
         run(app, config=config, host=host, port=port, backend=cast(Any, backend), on_ready=announce)
+    except ValueError as exc:  # an option the app's create_app() sets already
+        raise click.BadParameter(str(exc), param_hint="FACTORY") from exc
     except OSError as exc:
         raise click.ClickException(listen_error(exc, host, port)) from exc
     except RuntimeError as exc:

@@ -1,7 +1,8 @@
 """Upstream OpenEnv's ``openenv.core.env_server.http_server``: `create_app` serves an upstream-style environment.
 
 The app is openenv's own (``transports.server.app.create_app``, reached through the
-``openenv.server`` entry points as `openenv.serve` reaches its server): WebSocket,
+``openenv.server`` entry points as `openenv.serve` reaches its server), behind a FastAPI
+front that takes a package's own routes (``@app.get(...)``), as upstream's app does: WebSocket,
 links, HTTP long-polling, OpenEnv's plain HTTP routes, ``/schema``, ``/metadata`` and
 ``/health``, bounded as ``docs/reliability.md`` lists. Each session's environment is
 wrapped by `openenv.core.env_server._hosting.HostedEnvironment`, which calls it as
@@ -148,7 +149,7 @@ class HTTPEnvServer:
         if self._concurrency_config.session_timeout is not None:
             settings["session_idle_timeout"] = self._concurrency_config.session_timeout
         config = ServerConfig(**{**settings, **options})
-        return build_app(hosted_class(hosting), config=config, caller="openenv.core's create_app")
+        return build_app(hosted_class(hosting), config=config, caller="openenv.core's create_app", extensible=True)
 
 
 def _mode(mode: ServerMode | str | None) -> ServerMode:

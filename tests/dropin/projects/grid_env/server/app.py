@@ -26,3 +26,9 @@ async_app = create_app(
 )
 single_app = create_app(GridEnvironment, GridAction, GridObservation, env_name="grid_env", state_cls=GridState)
 """One session at a time: upstream's default."""
+
+
+@app.get("/config")
+def config():
+    """A route of the package's own, as packages add them to the app ``create_app`` gave."""
+    return {"max_concurrent_envs": MAX_CONCURRENT_ENVS, "env": "grid_env"}
