@@ -1,0 +1,1 @@
+"""Upstream OpenEnv's ``openenv.core.containers``: where an environment's server runs (`runtime`)."""
