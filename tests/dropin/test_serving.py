@@ -19,7 +19,7 @@ from grid_env.server import app as grid_apps
 from grid_env.server.environment import GridEnvironment
 
 import openenv
-from openenv.core.env_server import ConcurrencyConfigurationError, State, create_app
+from openenv.core.env_server import ConcurrencyConfigurationError, EnvironmentMetadata, State, create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -168,3 +168,24 @@ def test_the_web_interface_is_not_served_and_says_so(
         create_app(GridEnvironment, GridAction, GridObservation, state_cls=State)
     (record,) = [record for record in caplog.records if "ENABLE_WEB_INTERFACE" in record.getMessage()]
     assert "does not serve upstream's web interface" in record.getMessage()
+
+
+async def test_an_environments_own_metadata_is_read_once() -> None:
+    built: list[int] = []
+
+    class Described(GridEnvironment):
+        def __init__(self) -> None:
+            built.append(1)
+            super().__init__()
+
+        def get_metadata(self) -> EnvironmentMetadata:
+            return EnvironmentMetadata(name="grid", description="A grid world.", author="openenv")
+
+    app = create_app(Described, GridAction, GridObservation)
+    assert len(built) == 1  # for its metadata, once; the plain grid above built none
+    with anyio.fail_after(LIMIT):
+        async with openenv.serve(app) as server, httpx.AsyncClient(base_url=server.url) as http:
+            for _ in range(2):
+                answer = (await http.get("/metadata")).json()
+                assert (answer["name"], answer["description"], answer["author"]) == ("grid", "A grid world.", "openenv")
+    assert len(built) == 1

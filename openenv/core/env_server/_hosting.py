@@ -114,8 +114,16 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
 
     @classmethod
     def metadata(cls) -> NativeMetadata:
-        """What ``GET /metadata`` answers: an environment's ``get_metadata()``, from one built for it."""
-        env = cls.hosting.factory()
+        """What ``GET /metadata`` answers: an environment's ``get_metadata()``, read once.
+
+        A class that keeps upstream's own ``get_metadata`` is described by its name
+        without building one; any other factory builds one environment for it.
+        """
+        factory = cls.hosting.factory
+        if isinstance(factory, type) and getattr(factory, "get_metadata", None) is Environment.get_metadata:
+            name = factory.__name__
+            return NativeMetadata(name=name, description=f"{name} environment", version="1.0.0")
+        env = factory()
         try:
             found = env.get_metadata()
         finally:
