@@ -207,6 +207,44 @@ def _machine(meta: dict[str, Any]) -> list[str]:
     ]
 
 
+def dropin_section(results: dict[str, Any] | None) -> list[str]:
+    """The section "Unchanged upstream environments", from `tests.benchmarks.bench_dropin`'s JSON (none without)."""
+    if not results:
+        return []
+    pydantic = results["pydantic"]
+    lines = [
+        "## Unchanged upstream environments",
+        "",
+        "An environment package written against upstream's API (`tests/dropin/projects/grid_env`: pydantic types,",
+        "`create_app` in its `server/app.py`) served by upstream 0.10.0 in its own environment and by openenv",
+        "(`openenv serve grid_env.server.app:app`), the same files on both; `tests/benchmarks/bench_dropin.py`,",
+        f"medians of {results['runs']} runs of {results['seconds']:g} s. The clients are upstream's `GenericEnvClient`",
+        "(one, or C at once, each a WebSocket of its own), except the last row's `EnvPool` of 1,024 sessions on one",
+        "connection. *plain*: `step` runs on a thread per session; *async*: `step_async` on the event loop.",
+        "",
+        "| steps/s | upstream's server | openenv | ratio |",
+        "|---|--:|--:|--:|",
+    ]
+    for which, figures in results["envs"].items():
+        rows = [
+            ("1 session", figures["one/upstream"], figures["one/ours"]),
+            ("256 sessions", figures["256/upstream"], figures["256/ours"]),
+            ("1,024 sessions (ours: one EnvPool)", figures["1024/upstream"], figures["1024/ours pool"]),
+        ]
+        for label, theirs, ours in rows:
+            lines.append(f"| {which}, {label} | {theirs:,.0f} | {ours:,.0f} | **{ours / theirs:.2f}x** |")
+    plain = results["envs"]["plain"]["one/ours server cpu us"]
+    cost = pydantic["validate_us"] + pydantic["dump_us"]
+    lines += [
+        "",
+        f"Pydantic's share: validating the action takes {pydantic['validate_us']:.1f} µs and dumping the observation",
+        f"{pydantic['dump_us']:.1f} µs, {cost:.1f} µs a step in all (measured alone, `timeit`), against {plain:.0f} µs",
+        "of our server's CPU per step at one session (the plain environment, its whole process, warm-up included).",
+        "",
+    ]
+    return lines
+
+
 def render(results: dict[str, Any], image: str) -> str:
     """The whole page, in Markdown; ``image`` is the plot's path relative to the page."""
     meta = results["meta"]
@@ -323,5 +361,6 @@ def render(results: dict[str, Any], image: str) -> str:
         "",
         *_fleet_report.fleet_section(results),
         *_pool_section(results.get("pool")),
+        *dropin_section(results.get("dropin")),
     ]
     return "\n".join(lines)

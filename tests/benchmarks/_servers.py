@@ -75,12 +75,20 @@ def our_env(tree: Path = ROOT) -> dict[str, str]:
 
 
 @contextmanager
-def server_process(command: Sequence[str], port: int | None, tree: Path = ROOT) -> Iterator[Server]:
-    """Run a server process from ``tree``'s code; its port is ``port``, or read from its ``READY <port>`` line."""
+def server_process(
+    command: Sequence[str], port: int | None, tree: Path = ROOT, environment: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """Run a server process from ``tree``'s code; its port is ``port``, or read from its ``READY <port>`` line.
+
+    ``environment`` adds variables; its ``PYTHONPATH`` comes after ``tree``.
+    """
+    env = our_env(tree)
+    for name, value in (environment or {}).items():
+        env[name] = os.pathsep.join([env[name], value]) if name == "PYTHONPATH" else value
     process = subprocess.Popen(
         command,
         cwd=tree,
-        env=our_env(tree),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         stdin=subprocess.DEVNULL,

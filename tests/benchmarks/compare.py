@@ -445,6 +445,9 @@ def main() -> None:
     if "fleet" in results:
         _fleet_plot.plot(results, args.out / "img" / "fleet.png")
         written.append(args.out / "img" / "fleet.png")
+    dropin = args.out / "benchmarks-dropin.json"  # bench_dropin's section, measured apart
+    if dropin.exists():
+        results["dropin"] = json.loads(dropin.read_text())
     (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
     say(f"wrote {', '.join(map(str, written))}")
 

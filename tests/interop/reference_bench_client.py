@@ -137,10 +137,13 @@ if __name__ == "__main__":
     parser.add_argument("url")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--blob", action="store_true", help="base64-decode each observation's data")
+    parser.add_argument("--action", type=json.loads, help="the action to step with, as JSON (default: the echo's)")
     parser.add_argument("--sessions", type=int, default=0, help="C concurrent sessions, openenv bench's JSON")
     parser.add_argument("--stagger", type=int, default=16, help="sessions opening at once (0: all)")
     parser.add_argument("--connect-timeout", type=float, default=120.0, help="seconds for all sessions to open")
     args = parser.parse_args()
+    if args.action is not None:
+        ACTION = args.action
     if args.sessions:
         stagger = args.stagger or args.sessions
         figures = asyncio.run(sessions(args.url, args.seconds, args.sessions, args.connect_timeout, stagger))
