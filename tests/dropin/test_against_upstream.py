@@ -21,6 +21,7 @@ import pytest
 from grid_env.server import app as grid_apps
 
 import openenv
+from openenv.core import MCPToolClient
 from tests.dropin.conftest import PROJECTS
 from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_reference_python, reference_env
 from transports.websocket import WebSocketTransport
@@ -189,3 +190,20 @@ async def test_the_packages_clients_get_the_same_answers_from_either_server_on_e
     ]
     for (who, where), lines in runs.items():
         assert lines == reference, f"{who}'s client against {where}'s server"
+
+
+@pytest.fixture(scope="module")
+def upstream_mcp_echo() -> Iterator[ReferenceServer]:
+    python = ensure_reference_python(reference=OPENENV_0_10)
+    with ReferenceServer(python, extra_args=["--mcp-echo"]) as server:
+        yield server
+
+
+async def test_our_mcp_tool_client_against_upstreams_mcp_environment(upstream_mcp_echo: ReferenceServer) -> None:
+    with anyio.fail_after(LIMIT):
+        async with MCPToolClient(base_url=upstream_mcp_echo.base_url) as env:
+            assert {tool.name for tool in await env.list_tools()} == {"echo_message", "echo_with_length"}
+            assert await env.call_tool("echo_message", message="hi") == "hi"
+            assert await env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
+            with pytest.raises(RuntimeError, match="Tool 'nothing' failed"):
+                await env.call_tool("nothing")
