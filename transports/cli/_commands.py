@@ -357,6 +357,37 @@ def demo(backend: str) -> None:
     click.secho("all good", fg="green")
 
 
+# -- install ---------------------------------------------------------------------
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("package")
+@click.argument("pip_options", nargs=-1, type=click.UNPROCESSED)
+def install(package: str, pip_options: tuple[str, ...]) -> None:
+    """Install PACKAGE, an environment written for upstream OpenEnv, without upstream's openenv.
+
+    PACKAGE is what pip installs: a folder, a wheel, or a name on an index
+    (name[extra] too). Its requirements are installed with it, except upstream's
+    openenv (or openenv-core), which pip would otherwise put over this one:
+    openenv-anyio's openenv.core stands in for it. PIP_OPTIONS go to pip as they
+    are (--index-url URL, --no-index, ...).
+    """
+    from transports.cli._coexistence import upstream_installed
+    from transports.cli._install import PipFailed
+    from transports.cli._install import install as install_package
+
+    try:
+        name, requirements = install_package(package, pip_options)
+    except PipFailed as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"openenv: installed {name} and its {len(requirements)} requirements, upstream's openenv left out", err=True
+    )
+    upstream = upstream_installed()
+    if upstream is not None:
+        click.echo(f"openenv: warning: {upstream} is installed here all the same (pip uninstall it)", err=True)
+
+
 # -- bench -----------------------------------------------------------------------
 
 
