@@ -207,3 +207,44 @@ async def test_our_mcp_tool_client_against_upstreams_mcp_environment(upstream_mc
             assert await env.call_tool("echo_with_length", message="abc") == {"message": "abc", "length": 3}
             with pytest.raises(RuntimeError, match="Tool 'nothing' failed"):
                 await env.call_tool("nothing")
+
+
+TOOLS_SESSION = [
+    {"type": "reset", "data": {"episode_id": "t-1"}},
+    {"type": "step", "data": {"type": "list_tools"}},
+    {"type": "step", "data": {"type": "call_tool", "tool_name": "add", "arguments": {"amount": 3}}},
+    {"type": "step", "data": {"type": "call_tool", "tool_name": "total", "arguments": {}}},
+    {"type": "step", "data": {"type": "call_tool", "tool_name": "fail", "arguments": {"reason": "boom"}}},
+    {"type": "step", "data": {"type": "call_tool", "tool_name": "nothing", "arguments": {}}},
+    {"type": "step", "data": {"type": "call_tool", "tool_name": "add", "arguments": {"amount": "x"}}},
+    {"type": "state"},
+]
+"""One session of the tool environment: its tools listed, called, failing, unknown, given bad arguments."""
+
+
+@pytest.fixture(scope="module")
+def upstream_tools() -> Iterator[ReferenceServer]:
+    python = ensure_reference_python(reference=OPENENV_0_10)
+    environment = {"PYTHONPATH": str(PROJECTS)}
+    with ReferenceServer(python, extra_args=["--app", "tools_env.server.app:app"], environment=environment) as server:
+        yield server
+
+
+async def _replies(url: str, session: list[dict[str, Any]]) -> list[Any]:
+    replies = []
+    async with WebSocketTransport(url, subprotocols=[], share=False) as transport:
+        for request in session:
+            await transport.send(json.dumps(request).encode())
+            replies.append(json.loads(await transport.receive()))
+    return replies
+
+
+async def test_an_mcp_environment_answers_as_upstreams(upstream_tools: ReferenceServer) -> None:
+    from tools_env.server import app as tools_apps
+
+    with anyio.fail_after(LIMIT):
+        theirs = await _replies(upstream_tools.base_url, TOOLS_SESSION)
+        async with openenv.serve(importlib.reload(tools_apps).app) as server:
+            ours = await _replies(server.url, TOOLS_SESSION)
+    for request, mine, reference in zip(TOOLS_SESSION, ours, theirs, strict=True):
+        assert mine == reference, request

@@ -1,9 +1,9 @@
 """Upstream OpenEnv's ``openenv.core.env_server``: what an environment package's server imports.
 
-Offered so far: the types, the `Environment` interface, transforms, serialization,
-the MCP tool types, the server's exceptions, and `create_app`. Upstream's web
-interface, its JSON-RPC models and ``MCPEnvironment`` are not offered yet
-(``docs/migrating.md`` lists what differs).
+Offered so far: the types, the `Environment` interface, ``MCPEnvironment`` (with the
+``mcp`` extra: FastMCP), transforms, serialization, the MCP tool types, the server's
+exceptions, and `create_app`. Upstream's web interface and its JSON-RPC models are not
+offered yet (``docs/migrating.md`` lists what differs).
 """
 
 from openenv.core.env_server.base_transforms import CompositeTransform, NullTransform
@@ -17,6 +17,11 @@ from openenv.core.env_server.exceptions import (
 )
 from openenv.core.env_server.http_server import HTTPEnvServer, create_app, create_fastapi_app
 from openenv.core.env_server.interfaces import Environment, Message, ModelTokenizer, TaskProvider, Transform
+
+try:  # FastMCP is the mcp extra's: without it, MCPEnvironment is None, as upstream's is
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+except ModuleNotFoundError:
+    MCPEnvironment = None  # type: ignore[assignment, misc]
 from openenv.core.env_server.mcp_types import (
     RESERVED_TOOL_NAMES,
     CallToolAction,
@@ -56,6 +61,7 @@ __all__ = [
     "EnvironmentMetadata",
     "HTTPEnvServer",
     "HealthStatus",
+    "MCPEnvironment",
     "ListToolsAction",
     "ListToolsObservation",
     "Message",

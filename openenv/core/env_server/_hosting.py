@@ -24,11 +24,12 @@ from pydantic import BaseModel, ValidationError
 from openenv import Environment as NativeEnvironment
 from openenv import EnvironmentMetadata as NativeMetadata
 from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.env_server.serialization import deserialize_action
 from openenv.core.env_server.types import Action, Observation, State
-from openenv.server import RequestError
+from openenv.server import RequestError, jsonrpc_error
 
-__all__ = ["Hosting", "HostedEnvironment", "hosted_class", "overrides"]
+__all__ = ["HostedEnvironment", "Hosting", "hosted_class", "overrides"]
 
 
 def overrides(env: object, name: str) -> bool:
@@ -100,6 +101,9 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
             self._reset_keywords = _keyword_filter(env.reset)
         if overrides(env, "step_async"):
             self.step = self._step_on_loop  # type: ignore[method-assign, assignment]
+        if hasattr(env, "list_tools_observation") and hasattr(env, "call_tool_observation"):  # an MCPEnvironment
+            self._tools: Any = env
+            self.handle_mcp = self._handle_mcp
 
     @classmethod
     def json_schemas(cls) -> dict[str, dict[str, Any]]:
@@ -136,6 +140,34 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
         except ValidationError as exc:
             errors = json.loads(exc.json())
             raise RequestError("VALIDATION_ERROR", "Invalid message", extra={"errors": errors}) from None
+
+    async def _handle_mcp(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer ``tools/list`` or ``tools/call`` from the environment's FastMCP server, bypassing its ``step``."""
+        request_id = request.get("id")
+        method = request.get("method")
+        params = request.get("params") or {}
+        if request.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, dict):
+            return jsonrpc_error(-32600, "Invalid Request", request_id)
+        if method == "tools/list":
+            listed = await self._tools.list_tools_observation()
+            tools = [
+                {"name": t.name, "description": t.description, "inputSchema": t.input_schema} for t in listed.tools
+            ]
+            return {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+        if method == "tools/call":
+            name, arguments = params.get("name"), params.get("arguments") or {}
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                return jsonrpc_error(
+                    -32602, "Invalid params: 'name' must be a string, 'arguments' an object", request_id
+                )
+            called = await self._tools.call_tool_observation(CallToolAction(tool_name=name, arguments=arguments))
+            if called.error is not None:
+                code = -32602 if called.error.error_type in ("tool_not_found", "invalid_args") else -32603
+                data = {"error_type": called.error.error_type.value}
+                return jsonrpc_error(code, called.error.message, request_id, data)
+            result = called.model_dump(mode="json")["result"]
+            return {"jsonrpc": "2.0", "id": request_id, "result": result}
+        return jsonrpc_error(-32601, f"Method not found: {method}", request_id)
 
     def reset(self, **data: Any) -> dict[str, Any]:
         """Reset the environment with the keywords its ``reset`` takes; the observation's reply data."""

@@ -1,0 +1,1 @@
+"""The tool environment's server."""
