@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import sniffio
 from fastmcp import Client
 from fastmcp.client.client import CallToolResult
 from mcp.types import TextContent
@@ -275,7 +274,8 @@ class MCPEnvironment(Environment[Any, Any, Any]):
             async with Client(server) as client:
                 return await use(client)
 
-        if sniffio.current_async_library() == "asyncio":
+        # anyio runs on asyncio or trio: trio's token is trio's own, asyncio's is its loop.
+        if not type(anyio.lowlevel.current_token()).__module__.startswith("trio"):
             return await connected()
         return await anyio.to_thread.run_sync(lambda: contextvars.Context().run(anyio.run, connected))
 
