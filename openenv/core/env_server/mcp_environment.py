@@ -274,8 +274,8 @@ class MCPEnvironment(Environment[Any, Any, Any]):
             async with Client(server) as client:
                 return await use(client)
 
-        # anyio runs on asyncio or trio: trio's token is trio's own, asyncio's is its loop.
-        if not type(anyio.lowlevel.current_token()).__module__.startswith("trio"):
+        # anyio runs on asyncio or trio: trio's native token is trio's own, asyncio's is its loop.
+        if not type(anyio.lowlevel.current_token().native_token).__module__.startswith("trio"):
             return await connected()
         return await anyio.to_thread.run_sync(lambda: contextvars.Context().run(anyio.run, connected))
 
