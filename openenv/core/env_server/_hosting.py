@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from openenv import Environment as NativeEnvironment
 from openenv import EnvironmentMetadata as NativeMetadata
+from openenv._tools import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import CallToolAction
 from openenv.core.env_server.serialization import deserialize_action
@@ -147,7 +148,7 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
         method = request.get("method")
         params = request.get("params") or {}
         if request.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, dict):
-            return jsonrpc_error(-32600, "Invalid Request", request_id)
+            return jsonrpc_error(INVALID_REQUEST, "Invalid Request", request_id)
         if method == "tools/list":
             listed = await self._tools.list_tools_observation()
             tools = [
@@ -157,17 +158,17 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
         if method == "tools/call":
             name, arguments = params.get("name"), params.get("arguments") or {}
             if not isinstance(name, str) or not isinstance(arguments, dict):
-                return jsonrpc_error(
-                    -32602, "Invalid params: 'name' must be a string, 'arguments' an object", request_id
-                )
+                message = "Invalid params: 'name' must be a string, 'arguments' an object"
+                return jsonrpc_error(INVALID_PARAMS, message, request_id)
             called = await self._tools.call_tool_observation(CallToolAction(tool_name=name, arguments=arguments))
             if called.error is not None:
-                code = -32602 if called.error.error_type in ("tool_not_found", "invalid_args") else -32603
+                failed_call = called.error.error_type in ("tool_not_found", "invalid_args")
+                code = INVALID_PARAMS if failed_call else INTERNAL_ERROR
                 data = {"error_type": called.error.error_type.value}
                 return jsonrpc_error(code, called.error.message, request_id, data)
             result = called.model_dump(mode="json")["result"]
             return {"jsonrpc": "2.0", "id": request_id, "result": result}
-        return jsonrpc_error(-32601, f"Method not found: {method}", request_id)
+        return jsonrpc_error(METHOD_NOT_FOUND, f"Method not found: {method}", request_id)
 
     def reset(self, **data: Any) -> dict[str, Any]:
         """Reset the environment with the keywords its ``reset`` takes; the observation's reply data."""
