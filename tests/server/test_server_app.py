@@ -26,7 +26,7 @@ from websockets.uri import parse_uri
 
 import openenv
 from openenv import Action, EnvironmentMetadata, Observation, State
-from openenv.examples.echo import EchoEnvironment
+from openenv.examples.echo import CallToolAction, EchoEnv, EchoEnvironment
 from openenv.server import Environment
 from tests.helpers import ManualClock, wait_until
 from transports.admission._sessions import IDLE_TIMEOUT_REASON, SHUTDOWN_REASON, SessionRegistry
@@ -872,3 +872,15 @@ async def test_serving_a_client_class_fails_before_anything_is_served() -> None:
         with pytest.raises(TypeError, match=says):
             async with openenv.serve(not_an_environment):
                 pass
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http+poll"])
+async def test_an_app_is_served_again_once_a_server_that_ran_it_has_stopped(scheme: str) -> None:
+    """As a notebook serves a module's ``app`` twice: the first server's stop does not close the second's doors."""
+    app = create_app(EchoEnvironment)
+    with anyio.fail_after(30):
+        for _ in range(2):
+            async with openenv.serve(app) as server, EchoEnv(f"{scheme}://{server.host}:{server.port}") as env:
+                await env.reset()
+                result = await env.step(CallToolAction(tool_name="echo_message", arguments={"message": "again"}))
+                assert result.observation.echoed_message == "again"

@@ -664,6 +664,10 @@ class SessionRegistry:
                 given_up.append(lease)
         return given_up
 
+    def reopen(self) -> None:
+        """Take sessions again: the app is served anew after a server that ran it stopped (`close_all`)."""
+        self._closing = False
+
     def close_all(self, reason: str = SHUTDOWN_REASON) -> None:
         """Ask every session to end (see `SessionLease.request_close`): the server is stopping.
 

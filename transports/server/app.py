@@ -261,6 +261,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        registry.reopen()  # an app may be served again once a server that ran it has stopped
         async with anyio.create_task_group() as task_group:
             for task in app.state.lifespan_tasks:
                 task_group.start_soon(task)
