@@ -126,6 +126,14 @@ async def test_the_http_routes_answer_as_upstreams(upstream_plain: ReferenceServ
         ("POST", "/step", {"action": {"direction": "raise"}}),
         ("POST", "/reset", {}),
         ("GET", "/state", None),
+        ("GET", "/list_environments", None),
+        ("GET", "/grid_env/splits", None),
+        ("POST", "/grid_env/tasks", {"split": "train"}),
+        ("POST", "/grid_env/num_tasks", {"split": "eval"}),
+        ("POST", "/grid_env/task", {"split": "train", "index": 2}),
+        ("POST", "/grid_env/task", {"split": "train", "index": 7}),
+        ("POST", "/grid_env/task_range", {"split": "train", "start": 1}),
+        ("GET", "/other_env/splits", None),
     ]
 
     async def answers(base_url: str) -> list[tuple[int, Any]]:
@@ -142,7 +150,8 @@ async def test_the_http_routes_answer_as_upstreams(upstream_plain: ReferenceServ
         async with openenv.serve(importlib.reload(grid_apps).app) as server:
             ours = await answers(server.url)
     # A stateless GET /state builds a fresh environment: its episode id is random on both.
-    for answer in (theirs[-1][1], ours[-1][1]):
+    state = calls.index(("GET", "/state", None))
+    for answer in (theirs[state][1], ours[state][1]):
         answer["episode_id"] = "random"
     upstream_error, our_error = KNOWN_DIFFERENCES["http execution error"]
     for call, mine, reference in zip(calls, ours, theirs, strict=True):

@@ -299,7 +299,13 @@ def create_app(
             metrics=counted,
         ),
         # Last: its /{env_name}/... paths would take any other two-part path.
-        *task_api_routes(env_factory, name=meta.name, registry=registry, error_details=config.error_details),
+        *task_api_routes(
+            env_factory,
+            # An environment class may name itself there (openenv.core's: upstream's create_app(env_name=)).
+            name=getattr(env_factory, "task_api_name", None) or meta.name,
+            registry=registry,
+            error_details=config.error_details,
+        ),
     ]
     if counted is not None:
         routes.append(Route("/metrics", counted.endpoint, methods=["GET"], name="metrics"))

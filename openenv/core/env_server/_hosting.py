@@ -30,7 +30,11 @@ from openenv.core.env_server.serialization import deserialize_action
 from openenv.core.env_server.types import Action, Observation, State
 from openenv.server import RequestError, jsonrpc_error
 
-__all__ = ["HostedEnvironment", "Hosting", "hosted_class", "overrides"]
+__all__ = ["TASK_METHODS", "HostedEnvironment", "Hosting", "hosted_class", "overrides"]
+
+
+TASK_METHODS = ("list_splits", "list_tasks", "num_tasks", "get_task", "get_task_range")
+"""Upstream's ``TaskProvider`` methods, which an environment may define."""
 
 
 def overrides(env: object, name: str) -> bool:
@@ -90,6 +94,8 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
     """
 
     hosting: ClassVar[Hosting]
+    task_api_name: ClassVar[str]
+    """The environment's name in the Task API's routes (``/{env_name}/splits``): ``create_app``'s ``env_name``."""
 
     def __init__(self) -> None:
         env = self.hosting.factory()
@@ -102,6 +108,10 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
             self._reset_keywords = _keyword_filter(env.reset)
         if overrides(env, "step_async"):
             self.step = self._step_on_loop  # type: ignore[method-assign, assignment]
+        for name in TASK_METHODS:  # upstream's TaskProvider methods, where it has them: the Task API asks these
+            method = getattr(env, name, None)
+            if callable(method):
+                setattr(self, name, method)
         if hasattr(env, "list_tools_observation") and hasattr(env, "call_tool_observation"):  # an MCPEnvironment
             self._tools: Any = env
             self.handle_mcp = self._handle_mcp
@@ -196,4 +206,5 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
 
 def hosted_class(hosting: Hosting) -> type[HostedEnvironment]:
     """The `HostedEnvironment` class of one app: what it gives the server as its factory."""
-    return type(hosting.env_name, (HostedEnvironment,), {"hosting": hosting, "__module__": __name__})
+    attributes = {"hosting": hosting, "task_api_name": hosting.env_name, "__module__": __name__}
+    return type(hosting.env_name, (HostedEnvironment,), attributes)

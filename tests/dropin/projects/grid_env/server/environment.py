@@ -51,6 +51,22 @@ class GridEnvironment(Environment):
     def state(self) -> GridState:
         return self._state
 
+    # Upstream's TaskProvider methods: the Task API's routes answer with them.
+    def list_splits(self):
+        return ["train", {"name": "eval", "type": "test"}]
+
+    def list_tasks(self, split):
+        return [{"goal": [index, index]} for index in range(3 if split == "train" else 1)]
+
+    def num_tasks(self, split):
+        return len(self.list_tasks(split))
+
+    def get_task(self, split, index):
+        return self.list_tasks(split)[index]
+
+    def get_task_range(self, split, start=None, stop=None):
+        return self.list_tasks(split)[start:stop]
+
 
 class AsyncGridEnvironment(GridEnvironment):
     """The same walk, its reset and step awaited on the event loop (``reset_async``, ``step_async``)."""
