@@ -4,7 +4,6 @@ import time
 import uuid
 
 import anyio
-import anyio.lowlevel
 
 from grid_env.models import GridAction, GridObservation, GridState
 from openenv.core.env_server.interfaces import Environment
@@ -72,7 +71,6 @@ class AsyncGridEnvironment(GridEnvironment):
     """The same walk, its reset and step awaited on the event loop (``reset_async``, ``step_async``)."""
 
     async def reset_async(self, seed=None, episode_id=None, **kwargs):
-        await anyio.lowlevel.checkpoint()
         return self.reset(seed=seed, episode_id=episode_id)
 
     async def step_async(self, action, timeout_s=None, **kwargs):
