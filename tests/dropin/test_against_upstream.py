@@ -251,9 +251,17 @@ async def _replies(url: str, session: list[dict[str, Any]]) -> list[Any]:
 async def test_an_mcp_environment_answers_as_upstreams(upstream_tools: ReferenceServer) -> None:
     from tools_env.server import app as tools_apps
 
+    async def described(base_url: str) -> list[Any]:
+        async with httpx.AsyncClient(base_url=base_url) as http:
+            return [(await http.get(path)).json() for path in ("/schema", "/metadata")]
+
     with anyio.fail_after(LIMIT):
         theirs = await _replies(upstream_tools.base_url, TOOLS_SESSION)
+        their_schemas = await described(upstream_tools.base_url)
         async with openenv.serve(importlib.reload(tools_apps).app) as server:
             ours = await _replies(server.url, TOOLS_SESSION)
+            our_schemas = await described(server.url)
     for request, mine, reference in zip(TOOLS_SESSION, ours, theirs, strict=True):
         assert mine == reference, request
+    # Upstream's MCP classes and State as its /schema describes them (their descriptions are upstream's words).
+    assert our_schemas == their_schemas

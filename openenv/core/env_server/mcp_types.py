@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from openenv.core.env_server.types import Action, Observation
+from openenv.core.env_server.types import SCHEMA_DESCRIPTIONS, Action, Observation, published_description
 
 __all__ = [
     "MCP_ACTION_TYPES",
@@ -32,7 +32,7 @@ RESERVED_TOOL_NAMES = frozenset(["reset", "step", "state", "close"])
 class Tool(BaseModel):
     """A tool an MCP environment offers, as ``tools/list`` describes it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=published_description)
 
     name: str = Field(description="Unique identifier for the tool")
     description: str = Field(description="Human-readable description of what the tool does")
@@ -40,7 +40,7 @@ class Tool(BaseModel):
 
 
 class ToolErrorType(str, Enum):  # noqa: UP042 - upstream's: str() names the member, as a StrEnum's would not
-    """Why a tool call failed outside the tool itself."""
+    """Types of errors that can occur during tool execution."""  # upstream's words: /schema publishes them
 
     EXECUTION_ERROR = "execution_error"
     INVALID_ARGS = "invalid_args"
@@ -52,7 +52,7 @@ class ToolErrorType(str, Enum):  # noqa: UP042 - upstream's: str() names the mem
 class ToolError(BaseModel):
     """A tool call's failure outside the tool (an error the tool returns is its result)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=published_description)
 
     error_type: ToolErrorType = Field(description="Category of the error")
     message: str = Field(description="Human-readable error message")
@@ -88,3 +88,21 @@ class CallToolObservation(Observation):
 
 MCP_ACTION_TYPES: dict[str, type[Action]] = {"list_tools": ListToolsAction, "call_tool": CallToolAction}
 """The MCP actions by their ``type``: a step's data with one of these is read as that action."""
+
+SCHEMA_DESCRIPTIONS.update(
+    {
+        Tool: "Strongly typed MCP tool specification.\n\nFollows the MCP ToolSpec format for tool discovery.\n"
+        "See: https://modelcontextprotocol.io/specification/2025-06-18/server/tools",
+        ToolError: "Structured error for tool execution failures.\n\nThis is used for transport/framework errors, NOT "
+        "for errors returned\nby the tool itself (those go in the result field).",
+        ListToolsAction: "Request list of available tools from the environment.\n\nThis action triggers MCP's "
+        "tools/list operation and returns\nall available tools with their schemas. Does NOT require reset()\nto be "
+        "called first.",
+        CallToolAction: "Call a specific tool via MCP.\n\nThis action triggers MCP's tools/call operation with the\n"
+        "specified tool name and arguments.",
+        ListToolsObservation: "Response containing available tools.\n\nReturned when processing a ListToolsAction.",
+        CallToolObservation: "Response from tool execution.\n\nContains the tool's result or an error if the call "
+        "failed.\nTool-specific errors (from the tool itself) are included in the result.\nTransport/framework errors "
+        "use the error field.",
+    }
+)

@@ -14,17 +14,35 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+SCHEMA_DESCRIPTIONS: dict[type[BaseModel], str] = {}
+"""The ``description`` each of upstream's base classes has in a JSON Schema, in upstream's words.
+
+pydantic publishes a class's docstring there (``GET /schema``), and clients may compare
+schemas; these classes' docstrings are written for this project, so their published
+description is upstream's, set by `published_description`. A subclass keeps its own.
+"""
+
+
+def published_description(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Give one of upstream's base classes its upstream description in a JSON Schema (pydantic's hook)."""
+    words = SCHEMA_DESCRIPTIONS.get(model)
+    if words is not None:
+        schema["description"] = words
+
+
 __all__ = [
     "Action",
     "BaseMessage",
     "CodeExecResult",
     "ConcurrencyConfig",
     "EnvironmentMetadata",
+    "SCHEMA_DESCRIPTIONS",
     "HealthStatus",
     "Observation",
     "ServerMode",
     "State",
     "WSErrorCode",
+    "published_description",
 ]
 
 
@@ -62,7 +80,12 @@ class Action(BaseModel):
         metadata: Free-form data that travels with the action.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        arbitrary_types_allowed=True,
+        json_schema_extra=published_description,
+    )
 
     metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the action")
 
@@ -76,7 +99,12 @@ class Observation(BaseModel):
         metadata: Free-form data; it travels inside the observation and beside it.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        arbitrary_types_allowed=True,
+        json_schema_extra=published_description,
+    )
 
     done: bool = Field(default=False, description="Whether the episode has terminated")
     reward: bool | int | float | None = Field(default=None, description="Reward signal from the last action")
@@ -86,7 +114,7 @@ class Observation(BaseModel):
 class BaseMessage(BaseModel):
     """The base class of upstream's small messages: unknown fields refused, assignments validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=published_description)
 
 
 class State(BaseModel):
@@ -97,7 +125,12 @@ class State(BaseModel):
         step_count: Steps taken in the current episode.
     """
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="allow",
+        validate_assignment=True,
+        arbitrary_types_allowed=True,
+        json_schema_extra=published_description,
+    )
 
     episode_id: str | None = Field(default=None, description="Unique identifier for the current episode")
     step_count: int = Field(default=0, ge=0, description="Number of steps taken in the current episode")
@@ -136,3 +169,19 @@ class ConcurrencyConfig(BaseMessage):
     session_timeout: float | None = Field(
         default=None, gt=0, description="Timeout in seconds for inactive sessions. None means no timeout."
     )
+
+
+SCHEMA_DESCRIPTIONS.update(
+    {
+        Action: "Base class for all environment actions.\n\nAll action subclasses should inherit from this base "
+        "class.\nUses Pydantic for automatic validation and serialization.",
+        Observation: "Base class for all environment observations.\n\nAll observation subclasses should inherit from "
+        "this base class.\nUses Pydantic for automatic validation and serialization.",
+        State: "Base class for environment state.\n\n"
+        "Represents internal environment state, separate from observations.",
+        BaseMessage: "Base class for WebSocket messages with shared configuration.",
+        EnvironmentMetadata: "Metadata about an environment for documentation and UI purposes.",
+        CodeExecResult: "Result of code execution containing stdout, stderr, and exit code.",
+        ConcurrencyConfig: "Configuration for concurrent environment sessions.",
+    }
+)
