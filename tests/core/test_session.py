@@ -176,16 +176,17 @@ async def test_an_environment_refuses_a_request_with_a_code_of_its_own(env_class
     session = ServerSession(env_class(), dialect=Dialect(request_ids=True))
     expected = {"code": "VALIDATION_ERROR", "message": "Invalid message", "errors": [{"loc": ["x"]}]}
     step = {"type": "step", "data": {"x": 1}, "id": 7}
-    # The general path, the one a step answered at once takes, and the session thread's.
-    assert await ask(session, step) == {"type": "error", "data": expected, "id": 7}
-    started = session.start_handle(json.dumps(step).encode())
-    if not isinstance(started, bytes):
-        with anyio.fail_after(5):
+    # The general path, the one a step answered at once takes, and the session thread's. A call
+    # start_handle left waiting is finished in the scopes it started in: one bound around both.
+    with anyio.fail_after(5):
+        assert await ask(session, step) == {"type": "error", "data": expected, "id": 7}
+        started = session.start_handle(json.dumps(step).encode())
+        if not isinstance(started, bytes):
             started = await finish(started)  # type: ignore[arg-type]
-    assert json.loads(started) == {"type": "error", "data": expected, "id": 7}
-    if session.handles_on_thread:
-        answered = await session.run_on_thread(
-            lambda: session.handle_on_thread(json.dumps(step).encode()), lambda: None
-        )
-        assert json.loads(answered) == {"type": "error", "data": expected, "id": 7}
-    assert (await ask(session, {"type": "reset", "data": {}, "id": 8}))["type"] == "observation"
+        assert json.loads(started) == {"type": "error", "data": expected, "id": 7}
+        if session.handles_on_thread:
+            answered = await session.run_on_thread(
+                lambda: session.handle_on_thread(json.dumps(step).encode()), lambda: None
+            )
+            assert json.loads(answered) == {"type": "error", "data": expected, "id": 7}
+        assert (await ask(session, {"type": "reset", "data": {}, "id": 8}))["type"] == "observation"
