@@ -94,6 +94,8 @@ def install(target: str, pip_options: Sequence[str] = ()) -> tuple[str, list[str
         first = ["install", "--no-deps", "--force-reinstall", "--report", str(report), *pip_options, target]
         _pip(first, f"installing {target}")
         entries: list[dict[str, Any]] = json.loads(report.read_text()).get("install", [])
+    if not entries:  # pip reported nothing installed (a pip that ignores --force-reinstall for it)
+        return target, []
     entry = next((item for item in entries if item.get("requested")), entries[0])
     metadata = entry.get("metadata", {})
     requirements = requirements_without_upstream(metadata.get("requires_dist", []), entry.get("requested_extras", []))
