@@ -26,7 +26,7 @@ from anyio.from_thread import BlockingPortal
 
 from ._exceptions import ClientStateError
 
-__all__ = ["BlockingFacade", "Holder", "call"]
+__all__ = ["BlockingFacade", "Holder", "call", "in_event_loop"]
 
 _T = TypeVar("_T")
 
@@ -35,7 +35,8 @@ _T = TypeVar("_T")
 _UNWIND_TIMEOUT = 5.0
 
 
-def _in_event_loop() -> bool:
+def in_event_loop() -> bool:
+    """Whether an event loop (anyio's: asyncio or trio) runs in this thread."""
     try:
         anyio.lowlevel.current_token()
     except RuntimeError:
@@ -44,7 +45,7 @@ def _in_event_loop() -> bool:
 
 
 def _refuse_inside_event_loop(name: str) -> None:
-    if _in_event_loop():
+    if in_event_loop():
         raise ClientStateError(
             f"SyncEnvClient.{name}() blocks, so it cannot run inside an event loop; "
             "await the EnvClient's own methods instead"
@@ -207,7 +208,7 @@ class _HeldOpen:
 def _close_abandoned(opened: _HeldOpen, description: str) -> None:
     """Close a client whose facade was collected, or left open at exit; warn as an unclosed file does."""
     try:
-        if _in_event_loop():
+        if in_event_loop():
             # Collected inside some event loop: close elsewhere rather than block it.
             threading.Thread(target=_close_quietly, args=(opened,), daemon=True).start()
         else:

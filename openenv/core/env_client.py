@@ -24,11 +24,8 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
-import anyio
-import anyio.lowlevel
-
 import openenv
-from openenv._blocking import Holder, call
+from openenv._blocking import Holder, call, in_event_loop
 from openenv.core.client_types import StepResult
 
 __all__ = ["EnvClient", "SyncEnvClient"]
@@ -50,14 +47,6 @@ def _mode_of(mode: str | None) -> str:
     if chosen not in _MODES:
         raise ValueError(f"Invalid mode: {chosen!r}. Must be one of: {list(_MODES)}")
     return chosen
-
-
-def _in_event_loop() -> bool:
-    try:
-        anyio.lowlevel.current_token()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _payload(result: openenv.StepResult[Any]) -> dict[str, Any]:
@@ -198,7 +187,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def _dispatch(self, work: Callable[[], Awaitable[T]]) -> Any:
         """An awaitable in async code, the result in plain code."""
-        if not _in_event_loop():
+        if not in_event_loop():
             return self._run_sync(work)
         self._claim_execution_mode("async")
         return work()
@@ -236,7 +225,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
 
     def close(self) -> Any:
         """Close the client and the sessions `new_session` made (an awaitable in async code)."""
-        if _in_event_loop() or self._holder is None:
+        if in_event_loop() or self._holder is None:
             return self._dispatch(self._close_async)
         holder, self._holder = self._holder, None
         try:

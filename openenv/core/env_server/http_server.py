@@ -221,14 +221,13 @@ def create_app(
             that does not set ``SUPPORTS_CONCURRENT_SESSIONS``.
         ImportError: The server extra is not installed.
     """
-    _mode(mode)
     if os.environ.get(WEB_INTERFACE_ENV, "false").lower() in ("true", "1", "yes"):
         logger.warning(
             "%s is set, but openenv-anyio does not serve upstream's web interface at /web: "
             "the environment is served without it (see docs/migrating.md)",
             WEB_INTERFACE_ENV,
         )
-    server = HTTPEnvServer(
+    return create_fastapi_app(
         env,
         action_cls,
         observation_cls,
@@ -236,9 +235,9 @@ def create_app(
         concurrency_config,
         env_name,
         state_cls,
+        mode=mode,
         reset_observation_cls=reset_observation_cls,
     )
-    return server.asgi_app()
 
 
 def create_fastapi_app(

@@ -30,6 +30,7 @@ from fastmcp import Client
 from fastmcp.client.client import CallToolResult
 from mcp.types import TextContent
 
+from openenv._blocking import in_event_loop
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.mcp_types import (
     RESERVED_TOOL_NAMES,
@@ -54,17 +55,9 @@ VALID_MODES = frozenset({"production", "simulation"})
 T = TypeVar("T")
 
 
-def _in_event_loop() -> bool:
-    try:
-        anyio.lowlevel.current_token()
-    except RuntimeError:
-        return False
-    return True
-
-
 def _run(work: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine to its end from plain code: here, or in a thread of its own if an event loop runs here."""
-    if not _in_event_loop():
+    if not in_event_loop():
         return anyio.run(work)
     outcome: list[T] = []
     failure: list[BaseException] = []
