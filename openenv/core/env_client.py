@@ -300,29 +300,43 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         assert self._native is not None
         return self._native
 
-    async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One request and its reply, as upstream's client exchanges them (its tests patch this to fake a server).
+
+        Args:
+            message: ``{"type": "reset" | "step" | "state", "data": ...}``.
+
+        Returns:
+            The reply: ``{"type": "observation" | "state", "data": ...}``.
+
+        Raises:
+            RuntimeError: An error reply (``Server error: ... (code: ...)``), as upstream's client raises it.
+            ValueError: Another type of message.
+        """
         native = await self._connected()
+        kind, data = message.get("type"), message.get("data", {})
         try:
-            result = await native.reset(**kwargs)
+            if kind == "reset":
+                return {"type": "observation", "data": _payload(await native.reset(**data))}
+            if kind == "step":
+                return {"type": "observation", "data": _payload(await native.step(data))}
+            if kind == "state":
+                return {"type": "state", "data": await native.state()}
         except openenv.ServerError as exc:
             raise _as_upstream_error(exc) from exc
-        return self._parse_result(_payload(result))
+        raise ValueError(f"unknown message type {kind!r}: reset, step or state")
+
+    async def _reset_async(self, **kwargs: Any) -> StepResult[ObsT]:
+        response = await self._send_and_receive({"type": "reset", "data": kwargs})
+        return self._parse_result(response.get("data", {}))
 
     async def _step_async(self, action: ActT, **kwargs: Any) -> StepResult[ObsT]:
-        native = await self._connected()
-        try:
-            result = await native.step(self._step_payload(action))
-        except openenv.ServerError as exc:
-            raise _as_upstream_error(exc) from exc
-        return self._parse_result(_payload(result))
+        response = await self._send_and_receive({"type": "step", "data": self._step_payload(action)})
+        return self._parse_result(response.get("data", {}))
 
     async def _state_async(self) -> StateT:
-        native = await self._connected()
-        try:
-            state = await native.state()
-        except openenv.ServerError as exc:
-            raise _as_upstream_error(exc) from exc
-        return self._parse_state(state)
+        response = await self._send_and_receive({"type": "state"})
+        return self._parse_state(response.get("data", {}))
 
     async def _close_async(self) -> None:
         children, self._child_clients = self._child_clients, []

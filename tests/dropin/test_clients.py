@@ -127,3 +127,24 @@ def test_what_the_client_refuses_at_once() -> None:
     assert env.base_url == "http://127.0.0.1:1"
     with pytest.raises(AttributeError, match="Cannot modify mode"):
         env._mode = "production"  # upstream's guard, which upstream's own tests poke
+
+
+async def test_a_test_may_fake_the_server_by_patching_send_and_receive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's own tests fake a server so: every call goes through ``_send_and_receive``, as upstream's does."""
+    sent: list[dict[str, Any]] = []
+
+    async def fake(message: dict[str, Any]) -> dict[str, Any]:
+        sent.append(message)
+        if message["type"] == "state":
+            return {"type": "state", "data": {"episode_id": "x", "step_count": 1, "goal": [0, 0], "position": [0, 1]}}
+        return {"type": "observation", "data": {"observation": {"position": [0, 1]}, "reward": 1.0, "done": True}}
+
+    env = GridEnv(base_url="http://127.0.0.1:1")  # nothing listens: the fake answers
+    monkeypatch.setattr(env, "_send_and_receive", fake)
+    with anyio.fail_after(LIMIT):
+        result = await env.step(GridAction(direction="up"))
+        state = await env.state()
+    assert (result.observation.position, result.reward, result.done) == ([0, 1], 1.0, True)
+    assert state.position == [0, 1]
+    assert [message["type"] for message in sent] == ["step", "state"]
+    assert sent[0]["data"] == {"metadata": {}, "direction": "up", "steps": 1}
