@@ -17,7 +17,8 @@ Per environment:
 
 - one server per venv as its Dockerfile starts it: ``python -m uvicorn`` with the Dockerfile's
   app (``server.app:app``, or ``<package>.server.app:app``) and its plain ``ENV`` settings, in
-  the package's folder, with ``MAX_CONCURRENT_ENVS=4``;
+  the package's folder, with ``MAX_CONCURRENT_ENVS=4`` (and ``PYTHONHASHSEED=0``, so that a
+  set's order is no difference between the two servers);
 - ``/health``, ``/schema`` and ``/metadata`` of both servers compared;
 - one scripted session of ``GenericEnvClient`` (reset with ``seed=0``, steps of a minimal action
   built from the action's JSON Schema, an action with an unknown field, the state), run by both
@@ -97,7 +98,7 @@ DESELECTED = {
     ),
 }
 """Upstream's tests left out (``--deselect``), each with why."""
-ACTIONS = {"dm_control_env": {"actions": [0.0]}}
+ACTIONS = {"dm_control_env": {"values": [0.0]}}
 """Actions given instead of the schema's minimal one: dm_control's default (no actions) fits none of its tasks
 (cartpole, the default task, takes one)."""
 SYSTEM_PACKAGES = {"dm_control_env": "OSMesa (Debian's libosmesa6, as its Dockerfile installs; MUJOCO_GL=osmesa)"}
@@ -549,7 +550,7 @@ def serving(python: str, project: Project, log: Path) -> Iterator[str]:
     """A server of the package, started as its Dockerfile starts it; its URL. Stopped on the way out."""
     port = free_port()
     settings = {**project.docker_env, **project.settings, "PYTHONPATH": str(project.path), "MAX_CONCURRENT_ENVS": "4"}
-    env = clean_env(settings)
+    env = clean_env({**settings, "PYTHONHASHSEED": "0"})  # a set's order the same in both servers (repl's names)
     command = [python, "-m", "uvicorn", project.app, "--host", "127.0.0.1", "--port", str(port)]
     with log.open("w") as output:
         process = subprocess.Popen(
