@@ -341,22 +341,32 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
 def run(
     cmd: list[str], timeout: float, cwd: Path, log: Path | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, str]:
-    """Run a command to its end (or its timeout: exit code -1); its exit code and combined output."""
+    """Run a command to its end (or its timeout: exit code -1); its exit code and combined output.
+
+    The command runs in a process group of its own, ended whole after it: what it started and
+    left behind goes too (upstream's server tests kill gunicorn's master, not its worker).
+    """
+    process = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or clean_env(),
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            cmd,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            env=env or clean_env(),
-        )
-        code, output = done.returncode, done.stdout
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else exc.output or ""
-        code, output = -1, f"{out}\n[timed out after {timeout:.0f} s]"
+        output, _ = process.communicate(timeout=timeout)
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output = f"{process.communicate()[0]}\n[timed out after {timeout:.0f} s]"
+        code = -1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
     if log is not None:
         with log.open("a") as file:
             file.write(f"$ {' '.join(cmd)}\n{output}\n[exit {code}]\n")
