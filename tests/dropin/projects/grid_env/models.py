@@ -8,9 +8,9 @@ from openenv.core.env_server.types import Action, Observation, State
 
 
 class GridAction(Action):
-    """Move on the grid; ``"raise"`` makes the environment fail, ``"wait"`` sleeps a moment first."""
+    """Move on the grid; ``"raise"`` makes the environment fail."""
 
-    direction: Literal["up", "down", "left", "right", "raise", "wait"]
+    direction: Literal["up", "down", "left", "right", "raise"]
     steps: int = Field(default=1, ge=1, le=5)
 
 

@@ -1,14 +1,11 @@
 """The grid world's environments, as upstream's ``envs/`` write them: a plain one and an async one."""
 
-import time
 import uuid
-
-import anyio
 
 from grid_env.models import GridAction, GridObservation, GridState
 from openenv.core.env_server.interfaces import Environment
 
-MOVES = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0), "wait": (0, 0)}
+MOVES = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0)}
 
 
 class GridEnvironment(Environment):
@@ -25,8 +22,6 @@ class GridEnvironment(Environment):
         return GridObservation(position=[0, 0], message=f"find {goal}", reward=0, metadata={"seed": seed})
 
     def step(self, action: GridAction) -> GridObservation:  # no timeout_s
-        if action.direction == "wait":
-            time.sleep(0.01)
         return self._move(action)
 
     def _move(self, action: GridAction) -> GridObservation:
@@ -74,6 +69,4 @@ class AsyncGridEnvironment(GridEnvironment):
         return self.reset(seed=seed, episode_id=episode_id)
 
     async def step_async(self, action, timeout_s=None, **kwargs):
-        if action.direction == "wait":
-            await anyio.sleep(0.01)
         return self._move(action)
