@@ -30,6 +30,7 @@ if not os.path.realpath(openenv.__file__).startswith(os.path.realpath(sys.prefix
     sys.exit(f"refusing to run: 'openenv' resolves to {openenv.__file__}, not the reference venv ({sys.prefix})")
 
 from _fleet_record import FleetRecord  # noqa: E402 - this folder is on the path: the script's own
+
 from openenv.core import GenericEnvClient  # noqa: E402
 
 ACTION = {"message": "hello"}

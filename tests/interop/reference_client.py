@@ -120,8 +120,9 @@ def action_of(op: dict[str, Any], client: Any = None) -> Any:
         return action_type.model_construct(**op["action"])  # unvalidated: the server judges it, as for a dict
     if not op.get("model"):
         return op["action"]
-    from openenv.core.env_server.types import Action
     from pydantic import create_model
+
+    from openenv.core.env_server.types import Action
 
     fields: dict[str, Any] = {name: (type(value), ...) for name, value in op["action"].items()}
     return create_model("ScriptAction", __base__=Action, **fields)(**op["action"])

@@ -132,6 +132,7 @@ def blob_environment(size: int) -> type[Environment]:
 def mcp_echo_environment() -> type[Environment]:
     """An MCP tool environment built as OpenEnv's echo_env is: FastMCP tools behind ``MCPEnvironment``."""
     from fastmcp import FastMCP
+
     from openenv.core.env_server.mcp_environment import MCPEnvironment
 
     class MCPEchoEnvironment(MCPEnvironment):
