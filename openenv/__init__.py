@@ -122,3 +122,14 @@ __all__ = [
     "serve",
     "tool",
 ]
+
+_UPSTREAM_FACTORIES = {"AutoEnv", "AutoAction"}
+"""Upstream's ``openenv.AutoEnv`` and ``openenv.AutoAction``: imported on first use (`openenv.auto`)."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _UPSTREAM_FACTORIES:
+        from openenv import auto
+
+        return getattr(auto, name)
+    raise AttributeError(f"module 'openenv' has no attribute {name!r}")

@@ -290,7 +290,11 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
     async def _connect_async(self) -> Self:
         if self._native is None:
             native = self._native_client()
-            await native.connect()
+            try:
+                await native.connect()
+            except openenv.ConnectError as exc:
+                # Upstream's client raises the builtin ConnectionError; code written for it catches that.
+                raise ConnectionError(f"Failed to connect to {self._base_url}: {exc}") from exc
             self._native = native
         return self
 

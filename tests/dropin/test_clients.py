@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -148,3 +149,22 @@ async def test_a_test_may_fake_the_server_by_patching_send_and_receive(monkeypat
     assert state.position == [0, 1]
     assert [message["type"] for message in sent] == ["step", "state"]
     assert sent[0]["data"] == {"metadata": {}, "direction": "up", "steps": 1}
+
+
+async def test_a_server_that_is_not_there_is_upstreams_connection_error() -> None:
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused at once
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+
+        def plain() -> BaseException:
+            with pytest.raises(ConnectionError) as raised:
+                GenericEnvClient(base_url=url, connect_timeout_s=5).reset()
+            return raised.value
+
+        with anyio.fail_after(LIMIT):
+            with pytest.raises(ConnectionError, match=f"Failed to connect to {url}") as raised:
+                async with GenericEnvClient(base_url=url, connect_timeout_s=5):
+                    pass
+            from_plain_code = await anyio.to_thread.run_sync(plain)
+    for error in (raised.value, from_plain_code):
+        assert isinstance(error.__cause__, openenv.ConnectError)
