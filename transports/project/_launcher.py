@@ -14,8 +14,14 @@ ASGI app) and ``openenv.yaml`` (its ``app:``, ``server.app:app`` by default).
    on a loopback socket bound here and handed to the server (no port race),
    until ``GET /health`` answers.
 
+With ``server="openenv-anyio"`` the project is served by openenv-anyio instead:
+the environment gets this openenv-anyio (the same checkout or version, with its
+``mcp`` extra, which brings ``openenv.core``), then the project through ``openenv
+install``, which leaves upstream's ``openenv`` out; the same ``create_app`` call in
+the project's ``server/app.py`` then builds openenv's app.
+
 Launches are shared within the process: every `Launcher.acquire` of one project
-gets the same server, which stops (terminated, killed after a grace) at the
+(and one server) gets the same server, which stops (terminated, killed after a grace) at the
 last `Launcher.release`. The server also stops on its own when this process
 dies: it watches its standard input, a pipe from here, and exits at its end.
 Nothing of OpenEnv's (ours or upstream's) is imported here: the project's
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
+import json
 import logging
 import os
 import re
@@ -34,6 +42,8 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,9 +57,11 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT",
     "LaunchError",
     "Launcher",
+    "SERVERS",
     "ProjectLayoutError",
     "check_project",
     "launcher",
+    "openenv_anyio_requirement",
 ]
 
 logger = logging.getLogger("openenv.launcher")
@@ -61,6 +73,11 @@ DEFAULT_INSTALL_TIMEOUT = 1800.0
 """Seconds a project's environment may take to be made and installed, by default (once per change)."""
 DEFAULT_STARTUP_TIMEOUT = 120.0
 """Seconds a project's server may take to answer ``GET /health``, by default."""
+
+SERVERS = ("upstream", "openenv-anyio")
+"""What may serve a project: its own dependencies (upstream OpenEnv's server), or openenv-anyio's."""
+OPENENV_ANYIO_EXTRA = "mcp"
+"""The extra of openenv-anyio a project's environment gets: ``openenv.core``, FastMCP, the server and the CLI."""
 
 _MARKER = ".openenv-project-ok"
 _STOP_GRACE = 5.0
@@ -131,7 +148,48 @@ def check_project(path: str | os.PathLike[str]) -> Path:
     return project
 
 
-def environment_key(project: Path, python: str) -> str:
+def check_server(server: str) -> str:
+    """The server asked for, once it is one of `SERVERS`.
+
+    Args:
+        server: ``"upstream"`` or ``"openenv-anyio"``.
+
+    Raises:
+        ValueError: Another value.
+    """
+    if server not in SERVERS:
+        raise ValueError(f"server={server!r}: a project is served by {' or '.join(map(repr, SERVERS))}")
+    return server
+
+
+def openenv_anyio_requirement() -> list[str]:
+    """What pip installs to put this openenv-anyio into a project's environment.
+
+    The checkout it was installed from (editable or not), as pip recorded it; else its
+    version from the index.
+
+    Raises:
+        LaunchError: openenv-anyio is not installed as a distribution (run from a bare source tree).
+    """
+    try:
+        distribution = importlib.metadata.distribution("openenv-anyio")
+    except importlib.metadata.PackageNotFoundError:
+        raise LaunchError(
+            "server='openenv-anyio' installs this openenv-anyio into the project's environment, and it is not "
+            "installed: pip install -e '.[core]' in its checkout first"
+        ) from None
+    recorded = distribution.read_text("direct_url.json")
+    if recorded:
+        origin = json.loads(recorded)
+        url = str(origin.get("url", ""))
+        if url.startswith("file://"):
+            folder = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+            target = f"{folder}[{OPENENV_ANYIO_EXTRA}]"
+            return ["-e", target] if origin.get("dir_info", {}).get("editable") else [target]
+    return [f"openenv-anyio[{OPENENV_ANYIO_EXTRA}]=={distribution.version}"]
+
+
+def environment_key(project: Path, python: str, server: str = "upstream") -> str:
     """The name of a project's environment: a hash of what its installation depends on."""
     digest = hashlib.sha256()
     digest.update(str(project).encode())
@@ -139,6 +197,8 @@ def environment_key(project: Path, python: str) -> str:
         file = project / name
         digest.update(name.encode() + (file.read_bytes() if file.is_file() else b"-"))
     digest.update(python.encode())
+    if server != "upstream":  # upstream's keys stay as they were: environments made before are reused
+        digest.update(server.encode() + " ".join(openenv_anyio_requirement()).encode())
     return f"{project.name}-{digest.hexdigest()[:16]}"
 
 
@@ -147,6 +207,7 @@ class _Launch:
     """One project's server, shared by every acquirer."""
 
     project: Path
+    server: str = "upstream"
     users: int = 0
     url: str | None = None
     process: anyio.abc.Process | None = None
@@ -173,7 +234,7 @@ class Launcher:
     def __init__(self, *, cache_dir: Path = DEFAULT_CACHE_DIR, python: str | None = None) -> None:
         self.cache_dir = Path(cache_dir)
         self.python = python or sys.executable
-        self._launches: dict[Path, _Launch] = {}
+        self._launches: dict[tuple[Path, str], _Launch] = {}
         self._lock = threading.Lock()
 
     async def acquire(
@@ -182,6 +243,7 @@ class Launcher:
         *,
         install_timeout: float = DEFAULT_INSTALL_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        server: str = "upstream",
     ) -> str:
         """Start the project's server, or share the one running; return its base URL.
 
@@ -189,6 +251,7 @@ class Launcher:
             path: The project's directory.
             install_timeout: Seconds its environment may take to be made and installed.
             startup_timeout: Seconds its server may take to answer ``GET /health``.
+            server: What serves it: ``"upstream"`` (its own dependencies) or ``"openenv-anyio"``.
 
         Returns:
             The server's base URL, ``http://127.0.0.1:<port>``.
@@ -198,11 +261,12 @@ class Launcher:
             LaunchError: Installing or starting it failed (with the tail of its output).
         """
         project = check_project(path)
+        key = (project, check_server(server))
         with self._lock:
-            launch = self._launches.get(project)
+            launch = self._launches.get(key)
             first = launch is None
             if launch is None:
-                launch = self._launches[project] = _Launch(project)
+                launch = self._launches[key] = _Launch(project, server)
             launch.users += 1
         try:
             if first:
@@ -218,35 +282,37 @@ class Launcher:
                 if launch.failure is not None:
                     raise LaunchError(f"{project} failed to start: {launch.failure}")
         except BaseException:
-            await self.release(project)
+            await self.release(project, server=server)
             raise
         assert launch.url is not None
         return launch.url
 
-    async def release(self, path: str | os.PathLike[str]) -> None:
+    async def release(self, path: str | os.PathLike[str], *, server: str = "upstream") -> None:
         """Let go of a project's server; the last to let go stops it.
 
         Args:
             path: The project's directory, as given to `acquire`.
+            server: The server, as given to `acquire`.
         """
-        project = _resolved(path)
+        key = (_resolved(path), server)
         with self._lock:
-            launch = self._launches.get(project)
+            launch = self._launches.get(key)
             if launch is None:
                 return
             launch.users -= 1
             if launch.users > 0:
                 return
-            del self._launches[project]
+            del self._launches[key]
         await _stop(launch)
 
     # -- installing -------------------------------------------------------------------
 
-    async def environment(self, project: Path) -> Path:
+    async def environment(self, project: Path, server: str = "upstream") -> Path:
         """The Python of the project's environment, made and installed first if need be.
 
         Args:
             project: The project's directory (see `check_project`).
+            server: What will serve it (see `SERVERS`): what the environment gets.
 
         Returns:
             The path of the environment's ``python``.
@@ -254,7 +320,7 @@ class Launcher:
         Raises:
             LaunchError: Making or installing the environment failed.
         """
-        venv = self.cache_dir / environment_key(project, self.python)
+        venv = self.cache_dir / environment_key(project, self.python, server)
         python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
         if (venv / _MARKER).is_file() and python.exists():
             return python
@@ -266,14 +332,21 @@ class Launcher:
                 shutil.rmtree(venv)  # half made: start over
             uv = shutil.which("uv")
             logger.info("installing %s into %s (%s)", project, venv, "uv" if uv else "pip")
-            if uv:
+            if server == "openenv-anyio":
+                # pip, not uv: `openenv install` runs pip in the environment, and uv's have none.
+                await _run([self.python, "-m", "venv", str(venv)], "python -m venv")
+                quiet = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+                await _run([*quiet, *openenv_anyio_requirement()], "installing openenv-anyio")
+                command = venv / ("Scripts/openenv.exe" if os.name == "nt" else "bin/openenv")
+                await _run([str(command), "install", str(project), "--quiet"], f"openenv install {project.name}")
+            elif uv:
                 await _run([uv, "venv", "--quiet", "--python", self.python, str(venv)], "uv venv")
                 install = [uv, "pip", "install", "--quiet", "--python", str(python), str(project), "uvicorn"]
+                await _run(install, f"installing {project.name}")
             else:
                 await _run([self.python, "-m", "venv", str(venv)], "python -m venv")
                 install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-                install += [str(project), "uvicorn"]
-            await _run(install, f"installing {project.name}")
+                await _run([*install, str(project), "uvicorn"], f"installing {project.name}")
             (venv / _MARKER).write_text(f"{project}\n")
         return python
 
@@ -281,7 +354,7 @@ class Launcher:
 
     async def _start(self, launch: _Launch, install_timeout: float, startup_timeout: float) -> None:
         with anyio.fail_after(install_timeout):
-            python = await self.environment(launch.project)
+            python = await self.environment(launch.project, launch.server)
         # The server writes to a file (a pipe nobody reads would fill, and stall it).
         launch.log = python.parent.parent / "server.log"
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

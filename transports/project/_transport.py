@@ -12,7 +12,9 @@ the process on one project shares one server; the last to close stops it. See
 This is how an environment built on upstream OpenEnv's packages (which cannot
 be installed beside openenv: both are imported as ``openenv``) runs beside
 openenv's client: two environments, no clash. It is openenv's counterpart of
-OpenEnv's ``from_env(..., use_docker=False)``.
+OpenEnv's ``from_env(..., use_docker=False)``. With ``server="openenv-anyio"`` the
+same unchanged project is served by openenv-anyio's ``openenv.core`` instead, in its
+own environment all the same (see `transports.project._launcher`).
 
 ```python
 from openenv import EnvClient, EnvPool
@@ -22,6 +24,9 @@ async with EnvClient("project:///home/me/echo_env") as env:  # installs (once), 
 
 async with EnvPool("project:///home/me/echo_env", size=8) as pool:  # one server for the eight
     await pool.reset()
+
+async with EnvClient("project:///home/me/echo_env", server="openenv-anyio") as env:  # served by openenv
+    await env.reset()
 ```
 """
 
@@ -38,6 +43,7 @@ from transports.project._launcher import (
     DEFAULT_STARTUP_TIMEOUT,
     LaunchError,
     check_project,
+    check_server,
     launcher,
 )
 from transports.shared._wrapping import WrappingTransport
@@ -75,16 +81,22 @@ class ProjectTransport(WrappingTransport):
             and installed (only when it must be: the first time, or after its
             ``pyproject.toml`` or lock file changed).
         startup_timeout: Seconds its server may take to answer ``GET /health``.
+        server: What serves the project: ``"upstream"`` (the server its own dependencies
+            bring, upstream OpenEnv's), or ``"openenv-anyio"``: this openenv-anyio, installed
+            into the project's environment in place of upstream's ``openenv``, serves the
+            same ``server/app.py`` through ``openenv.core``, with openenv's limits and speed.
         **options: Passed on to the WebSocket transport (``connect_timeout``,
             ``ping_interval``, ...; see `transports.websocket.WebSocketTransport`).
 
     Attributes:
         project: The project's directory, resolved.
+        server: What serves it: ``"upstream"`` or ``"openenv-anyio"``.
         server_url: The base URL of the project's server once connected, else ``None``.
 
     Raises:
         ValueError: Not a ``project://`` URL, or the directory is not an OpenEnv
-            environment project (no ``pyproject.toml`` or ``server/app.py``).
+            environment project (no ``pyproject.toml`` or ``server/app.py``), or
+            ``server`` is neither of the two.
     """
 
     def __init__(
@@ -95,10 +107,12 @@ class ProjectTransport(WrappingTransport):
         python: str | None = None,
         install_timeout: float = DEFAULT_INSTALL_TIMEOUT,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
+        server: str = "upstream",
         **options: Any,
     ) -> None:
         self.url = url
         self.project = check_project(project_path(url))
+        self.server = check_server(server)
         self._launcher = launcher(Path(cache_dir), python)
         self._install_timeout = install_timeout
         self._startup_timeout = startup_timeout
@@ -119,7 +133,10 @@ class ProjectTransport(WrappingTransport):
         """
         try:
             self.server_url = await self._launcher.acquire(
-                self.project, install_timeout=self._install_timeout, startup_timeout=self._startup_timeout
+                self.project,
+                install_timeout=self._install_timeout,
+                startup_timeout=self._startup_timeout,
+                server=self.server,
             )
         except LaunchError as exc:
             raise ConnectError(str(exc)) from exc
@@ -158,4 +175,4 @@ class ProjectTransport(WrappingTransport):
     async def _release(self) -> None:
         if self._acquired:
             self._acquired = False
-            await self._launcher.release(self.project)
+            await self._launcher.release(self.project, server=self.server)

@@ -157,3 +157,52 @@ def test_the_sync_client_stops_the_server_when_it_closes(echo_project: Path) -> 
         assert env.step(MessageAction(message="sync")).observation.echoed_message == "sync"
     assert server is not None
     assert refused(server)
+
+
+WHO_SERVES = """
+import importlib.metadata as metadata
+import openenv
+try:
+    metadata.version("openenv")
+    print("upstream's openenv is installed")
+except metadata.PackageNotFoundError:
+    print("openenv-anyio", metadata.version("openenv-anyio"), openenv.__file__)
+"""
+
+
+def test_a_project_is_served_by_upstream_or_by_openenv_anyio(echo_project: Path) -> None:
+    with pytest.raises(ValueError, match="server='docker': a project is served by 'upstream' or 'openenv-anyio'"):
+        ProjectTransport(url_of(echo_project), server="docker")
+    assert ProjectTransport(url_of(echo_project)).server == "upstream"
+    # Each server has an environment of its own.
+    assert _launcher.environment_key(echo_project, "python3", "openenv-anyio") != _launcher.environment_key(
+        echo_project, "python3"
+    )
+
+
+@pytest.mark.interop
+@pytest.mark.anyio
+async def test_the_unchanged_project_served_by_openenv_anyio_beside_upstreams(echo_project: Path) -> None:
+    url = url_of(echo_project)
+    with anyio.fail_after(2 * INSTALL_LIMIT + LIMIT):
+        async with ProjectEcho(url, server="openenv-anyio", **options()) as env:
+            transport = env.transport
+            assert isinstance(transport, ProjectTransport)
+            assert transport.server == "openenv-anyio"
+            reset = await env.reset(episode_id="ours")
+            result = await env.step(MessageAction(message="hello"))
+            assert (result.observation.echoed_message, result.reward) == ("hello", 5.0)
+            assert result.metadata == {"length": 5, "pid": reset.metadata["pid"]}
+            assert await env.state() == State(episode_id="ours", step_count=1)
+            # Upstream's server of the same project runs beside it, in its own environment and process.
+            async with ProjectEcho(url, **options()) as theirs:
+                assert isinstance(theirs.transport, ProjectTransport)
+                assert theirs.transport.server_url != transport.server_url
+                assert (await theirs.reset()).metadata["pid"] != reset.metadata["pid"]
+            server = transport.server_url
+            assert server is not None
+        assert refused(server)
+        python = await _launcher.launcher(CACHE / "projects").environment(echo_project, "openenv-anyio")
+        served_by = await anyio.run_process([str(python), "-c", WHO_SERVES], cwd=echo_project)
+    assert served_by.stdout.decode().split()[:2] == ["openenv-anyio", openenv.__version__]
+    assert served_by.stdout.decode().split()[2] == openenv.__file__
