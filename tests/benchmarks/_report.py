@@ -235,6 +235,25 @@ def dropin_section(results: dict[str, Any] | None) -> list[str]:
             lines.append(f"| {which}, {label} | {theirs:,.0f} | {ours:,.0f} | **{ours / theirs:.2f}x** |")
     plain = results["envs"]["plain"]["one/ours server cpu us"]
     cost = pydantic["validate_us"] + pydantic["dump_us"]
+    bounds = results.get("bounds")
+    if bounds:
+        envs = results["envs"].values()
+        one = min(figures["one/upstream"] for figures in envs)
+        many = min(figures["256/upstream"] for figures in envs)
+        fleet = results["envs"]["plain"]["1024/upstream"]
+        ceiling_one, ceiling_many = bounds["one/client ceiling"], bounds["256/client ceiling"]
+        floor = bounds["1024/thread floor"]
+        lines += [
+            "",
+            "What bounds these ratios on this machine, measured in the same run: upstream's client against the",
+            "fastest server this project has (the native async echo: no pydantic, no thread) makes",
+            f"{ceiling_one:,.0f} steps/s at one session and {ceiling_many:,.0f} at 256",
+            "(client and server share the machine's cores): with that client, even that server reaches only",
+            f"{ceiling_one / one:.2f}x upstream's at one session and {ceiling_many / many:.2f}x at 256.",
+            "The plain environment's 1,024 sessions, each",
+            "on a thread of its own as upstream's are, cannot pass the floor of bare threads handed a call that does",
+            f"nothing: {floor:,.0f} calls/s, {floor / fleet:.2f}x upstream's.",
+        ]
     lines += [
         "",
         f"Pydantic's share: validating the action takes {pydantic['validate_us']:.1f} µs and dumping the observation",

@@ -15,7 +15,11 @@ Per environment (the plain one, its calls on a thread per session, and the async
 - 1,024 sessions: upstream's 1,024 clients against upstream's server, and an
   `openenv.EnvPool` of 1,024 sessions sharing one connection against ours;
 - what pydantic's validation and serialization cost per step, measured in this
-  process, beside our server's CPU per step at one session.
+  process, beside our server's CPU per step at one session;
+- what bounds the ratios: upstream's client against the fastest server this project
+  has (the native async echo, ``tests.envs:AsyncMessageEchoEnv``: no pydantic, no
+  thread), at one session and at 256, and the floor of 1,024 sessions with thread
+  affinity (`tests.benchmarks.fleet_floor.threads`: bare threads, no server at all).
 
 Writes its JSON (``--json``) and, from it, the section "Unchanged upstream environments"
 of ``docs/benchmarks.md`` (`tests.benchmarks._report` reads it when it renders the page).
@@ -37,14 +41,24 @@ from typing import Any
 
 import anyio
 
-from tests.benchmarks import _report
-from tests.benchmarks._servers import REFERENCE_CLIENT, Server, cpu_seconds, free_port, run_client, server_process
+from tests.benchmarks import _report, fleet_floor
+from tests.benchmarks._servers import (
+    REFERENCE_CLIENT,
+    Server,
+    cpu_seconds,
+    free_port,
+    our_server,
+    run_client,
+    server_process,
+)
 from tests.dropin.conftest import PROJECTS
 from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_reference_python
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 ACTION = {"direction": "up"}
+ECHO_ACTION = {"message": "hello"}  # the native echo's action, for the client's ceiling
+FASTEST_SERVER = "tests.envs:AsyncMessageEchoEnv"
 APPS = {"plain": "app", "async": "async_app"}
 MAX_SESSIONS = "1100"  # the package's MAX_CONCURRENT_ENVS: room for 1,024 sessions on both servers
 
@@ -63,7 +77,7 @@ def upstream_server(python: Path, app: str) -> Iterator[Server]:
 
 
 @contextmanager
-def our_server(app: str) -> Iterator[Server]:
+def our_app_server(app: str) -> Iterator[Server]:
     """``openenv serve package.server.app:app`` (uvicorn, asyncio), from this checkout."""
     port = free_port()
     command = [sys.executable, "-m", "transports.cli", "serve", f"grid_env.server.app:{app}", "--port", str(port)]
@@ -71,9 +85,11 @@ def our_server(app: str) -> Iterator[Server]:
         yield server
 
 
-def upstream_client(python: Path, url: str, seconds: float, sessions: int = 0) -> dict[str, Any]:
+def upstream_client(
+    python: Path, url: str, seconds: float, sessions: int = 0, action: dict[str, Any] = ACTION
+) -> dict[str, Any]:
     """Upstream's ``GenericEnvClient`` (``reference_bench_client.py``): one session's rate, or C sessions'."""
-    command = [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(seconds), "--action", json.dumps(ACTION)]
+    command = [str(python), str(REFERENCE_CLIENT), url, "--seconds", str(seconds), "--action", json.dumps(action)]
     if sessions:
         command += ["--sessions", str(sessions)]
     return run_client(command, timeout=600, reference=True)
@@ -132,10 +148,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure, per environment, interleaved run by run."""
     python = ensure_reference_python(reference=OPENENV_0_10)
     results: dict[str, Any] = {"runs": args.runs, "seconds": args.seconds, "pydantic": validation_cost(), "envs": {}}
+    bounds = _Figures("bounds")
+    for _ in range(args.runs):
+        with our_server(FASTEST_SERVER, "asyncio") as fastest:
+            one = upstream_client(python, fastest.url, args.seconds, 0, ECHO_ACTION)
+            bounds.keep("one/client ceiling", one["rate"])
+            many = upstream_client(python, fastest.url, args.seconds, 256, ECHO_ACTION)["results"][0]
+            bounds.keep("256/client ceiling", many["steps_per_second"])
+        bounds.keep("1024/thread floor", fleet_floor.threads(1024, args.seconds))
+    results["bounds"] = bounds.medians()
     for which, app in APPS.items():
         figures = _Figures(which)
         for _ in range(args.runs):
-            with upstream_server(python, app) as upstream, our_server(app) as ours:
+            with upstream_server(python, app) as upstream, our_app_server(app) as ours:
                 figures.keep("one/upstream", upstream_client(python, upstream.url, args.seconds)["rate"])
                 cpu = cpu_seconds(ours.pid)
                 one = upstream_client(python, ours.url, args.seconds)
