@@ -24,7 +24,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
     Returns:
         The object, which must be callable with no arguments (usually an
-        `Environment` subclass, or a function that builds one).
+        `Environment` subclass, or a function that builds one). An ASGI app that
+        openenv built (``openenv.core``'s ``create_app`` builds one in an upstream
+        package's ``server/app.py``) stands for the factory it serves, which it
+        keeps as ``app.state.factory``: ``inproc://my_env.server.app:app`` runs
+        that package's environment as its server would.
 
     Raises:
         ValueError: ``spec`` is not of the ``module:attribute`` form.
@@ -50,11 +54,21 @@ def load_factory(spec: str) -> Callable[[], Any]:
         except AttributeError:
             defines = _defines(module, module_name, " (it defines {})")
             raise ImportError(f"module {module_name!r} has no attribute {attribute!r}{defines}") from None
+    target = _served_factory(target)
     try:
         check_factory(target, name=spec)
     except TypeError as exc:
         raise TypeError(f"{exc}{_defines(module, module_name, ', such as {}')}") from None
     return target  # type: ignore[no-any-return]
+
+
+def _served_factory(target: Any) -> Any:
+    """The factory an app built by openenv serves (``app.state.factory``), or the target itself."""
+    if isinstance(target, type):
+        return target
+    state = getattr(target, "state", None)
+    factory = getattr(state, "factory", None) if state is not None else None
+    return factory if callable(factory) else target
 
 
 def check_factory(factory: Any, *, name: str | None = None) -> None:
@@ -98,8 +112,23 @@ def check_factory(factory: Any, *, name: str | None = None) -> None:
             f"{what} is a message class (an Action, Observation or State), not an environment: "
             "serve the environment that uses it"
         )
+    if _written_for_upstream(factory):
+        raise TypeError(
+            f"{what} is written against upstream OpenEnv's API (openenv.core): it is served with its action and "
+            "observation classes, as create_app(...) in its package's server/app.py gives them: serve that app "
+            "(my_env.server.app:app)"
+        )
     if not all(callable(getattr(factory, method, None)) for method in ("reset", "step")):
         raise TypeError(f"{what} is not an environment (it has no reset and step): serve an Environment subclass")
+
+
+UPSTREAM_ENVIRONMENT = ("openenv.core.env_server.interfaces", "Environment")
+"""Where openenv.core's ``Environment`` (upstream's API) is defined: named, so that this module need not import it."""
+
+
+def _written_for_upstream(factory: type) -> bool:
+    """Whether a class subclasses openenv.core's ``Environment`` (which needs pydantic: not imported here)."""
+    return any((base.__module__, base.__qualname__) == UPSTREAM_ENVIRONMENT for base in factory.__mro__)
 
 
 def _defines(module: ModuleType, module_name: str, template: str) -> str:

@@ -143,6 +143,27 @@ async def test_an_environment_pool_steps_unchanged_upstream_environments_over_on
             assert [result.observation["position"] for result in results] == [[index % 3 + 1, 0] for index in range(8)]
 
 
+@pytest.mark.parametrize("which", ["app", "async_app"])
+async def test_in_process_the_packages_app_names_the_environment(which: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with openenv.EnvClient(f"inproc://grid_env.server.app:{which}") as env:
+            first = await env.reset(seed=5, episode_id="e-1")
+            assert first.observation == {"metadata": {"seed": 5}, "position": [0, 0], "message": "find [1, 1]"}
+            with pytest.raises(openenv.ValidationError) as caught:
+                await env.step({"direction": "north"})
+            assert caught.value.code == "VALIDATION_ERROR"
+            moved = await env.step({"direction": "up"})
+            assert (moved.observation["position"], moved.reward) == ([0, 1], -0.1)
+            assert await env.state() == {"episode_id": "e-1", "step_count": 1, "goal": [1, 1], "position": [0, 1]}
+
+
+async def test_an_upstream_environment_class_alone_is_refused_with_what_to_serve() -> None:
+    with anyio.fail_after(LIMIT):
+        with pytest.raises(openenv.ConnectError, match=r"written against upstream OpenEnv's API .*server\.app:app"):
+            async with openenv.EnvClient("inproc://grid_env.server.environment:GridEnvironment"):
+                pass
+
+
 def test_more_sessions_of_an_environment_that_does_not_support_them_are_refused() -> None:
     class Lonely(GridEnvironment):
         SUPPORTS_CONCURRENT_SESSIONS = False

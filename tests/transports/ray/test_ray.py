@@ -295,3 +295,19 @@ def test_sessions_land_on_several_nodes_and_a_lost_node_fails_only_its_own() -> 
         assert outcome["nodes"] == 3, outcome
         assert outcome["lost_failed"] == outcome["on_lost_node"] > 0, outcome
         assert outcome["others_stepped"] == 6 - outcome["on_lost_node"], outcome
+
+
+@pytest.mark.anyio
+async def test_an_unchanged_upstream_package_is_hosted_by_its_app() -> None:
+    # The package's server/app.py (openenv.core's create_app) names the environment, as for inproc://.
+    projects = str(ROOT / "tests" / "dropin" / "projects")
+    url = "ray://grid_env.server.app:app?num_cpus=0&idle_timeout=0"
+    with anyio.fail_after(LIMIT):
+        async with EnvClient(url, runtime_env={"env_vars": {"PYTHONPATH": projects}}) as env:
+            first = await env.reset(seed=5, episode_id="e-1")
+            assert first.observation == {"metadata": {"seed": 5}, "position": [0, 0], "message": "find [1, 1]"}
+            with pytest.raises(openenv.ValidationError) as caught:
+                await env.step({"direction": "north"})
+            assert caught.value.code == "VALIDATION_ERROR"
+            moved = await env.step({"direction": "up"})
+            assert (moved.observation["position"], moved.reward) == ([0, 1], -0.1)
