@@ -136,7 +136,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._websocket_ping_timeout_s = websocket_ping_timeout_s
         self._headers = headers
         self._execution_mode: str | None = None
-        self._native: openenv.EnvClient[Any, Any, Any] | None = None
+        self._connection = _Connection()
         self._holder: Holder | None = None  # the session's loop thread, in plain code
         self._sync_client: SyncEnvClient[ActT, ObsT, StateT] | None = None
         self._child_clients: list[EnvClient[Any, Any, Any]] = []
@@ -182,7 +182,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._claim_execution_mode("sync")
         if self._holder is None:
             self._holder = Holder(type(self).__name__, "connected")
-            self._holder.open(self, _Opened(self), _BACKEND)
+            self._holder.open(self, self._connection, _BACKEND)
         return call(self._holder.portal("call"), work)
 
     def _dispatch(self, work: Callable[[], Awaitable[T]]) -> Any:
@@ -288,21 +288,21 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         return openenv.EnvClient(self._base_url, **options)
 
     async def _connect_async(self) -> Self:
-        if self._native is None:
+        if self._connection.native is None:
             native = self._native_client()
             try:
                 await native.connect()
             except openenv.ConnectError as exc:
                 # Upstream's client raises the builtin ConnectionError; code written for it catches that.
                 raise ConnectionError(f"Failed to connect to {self._base_url}: {exc}") from exc
-            self._native = native
+            self._connection.native = native
         return self
 
     async def _connected(self) -> openenv.EnvClient[Any, Any, Any]:
-        if self._native is None:
+        if self._connection.native is None:
             await self._connect_async()
-        assert self._native is not None
-        return self._native
+        assert self._connection.native is not None
+        return self._connection.native
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
         """One request and its reply, as upstream's client exchanges them (its tests patch this to fake a server).
@@ -346,9 +346,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         children, self._child_clients = self._child_clients, []
         for child in children:
             await child._close_async()
-        native, self._native = self._native, None
-        if native is not None:
-            await native.close()
+        await self._connection.close()
 
     # -- context managers ---------------------------------------------------------------
 
@@ -374,17 +372,28 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self.close()
 
 
-class _Opened:
-    """The native client of a client used from plain code, opened and closed on the session's loop thread."""
+class _Connection:
+    """A client's native connection, kept apart from the client.
 
-    def __init__(self, client: EnvClient[Any, Any, Any]) -> None:
-        self._client = client
+    From plain code the connection is opened on the session's loop thread, and closed
+    there should the client be dropped unclosed: the finalizer that does so holds this,
+    and holding the client would keep the client alive until the interpreter exits.
+    """
+
+    def __init__(self) -> None:
+        self.native: openenv.EnvClient[Any, Any, Any] | None = None
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._client._close_async()
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the native client, if one was opened; idempotent."""
+        native, self.native = self.native, None
+        if native is not None:
+            await native.close()
 
 
 class SyncEnvClient(Generic[ActT, ObsT, StateT]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import socket
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -168,3 +169,18 @@ async def test_a_server_that_is_not_there_is_upstreams_connection_error() -> Non
             from_plain_code = await anyio.to_thread.run_sync(plain)
     for error in (raised.value, from_plain_code):
         assert isinstance(error.__cause__, openenv.ConnectError)
+
+
+async def test_a_client_dropped_unclosed_in_plain_code_is_closed_and_freed() -> None:
+    def drop(url: str) -> weakref.ref[GridEnv]:
+        env = GridEnv(base_url=url)
+        env.reset()
+        gone = weakref.ref(env)
+        with pytest.warns(ResourceWarning, match="unclosed"):
+            del env  # its connection is closed as an unclosed file's is, and nothing keeps it alive
+        return gone
+
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            gone = await anyio.to_thread.run_sync(drop, server.url)
+    assert gone() is None
