@@ -12,7 +12,7 @@ import msgspec
 from ._client import EnvClient, SyncEnvClient
 from ._environment import Environment
 
-__all__ = ["check_factory", "load_factory"]
+__all__ = ["check_factory", "load_factory", "served_factory"]
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -24,11 +24,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
     Returns:
         The object, which must be callable with no arguments (usually an
-        `Environment` subclass, or a function that builds one). An ASGI app that
-        openenv built (``openenv.core``'s ``create_app`` builds one in an upstream
-        package's ``server/app.py``) stands for the factory it serves, which it
-        keeps as ``app.state.factory``: ``inproc://my_env.server.app:app`` runs
-        that package's environment as its server would.
+        `Environment` subclass, or a function that builds one), or an ASGI app
+        to serve as it is (see `served_factory`).
 
     Raises:
         ValueError: ``spec`` is not of the ``module:attribute`` form.
@@ -54,7 +51,6 @@ def load_factory(spec: str) -> Callable[[], Any]:
         except AttributeError:
             defines = _defines(module, module_name, " (it defines {})")
             raise ImportError(f"module {module_name!r} has no attribute {attribute!r}{defines}") from None
-    target = _served_factory(target)
     try:
         check_factory(target, name=spec)
     except TypeError as exc:
@@ -62,8 +58,20 @@ def load_factory(spec: str) -> Callable[[], Any]:
     return target  # type: ignore[no-any-return]
 
 
-def _served_factory(target: Any) -> Any:
-    """The factory an app built by openenv serves (``app.state.factory``), or the target itself."""
+def served_factory(target: Any) -> Any:
+    """The environment factory an ASGI app built by openenv serves; anything else as it is.
+
+    The app keeps its factory as ``app.state.factory``. So an upstream package's
+    ``server/app.py``, whose ``create_app(...)`` (``openenv.core``'s) builds such an app,
+    names its environment wherever a factory is taken: ``inproc://my_env.server.app:app``,
+    ``ray://my_env.server.app:app``.
+
+    Args:
+        target: What `load_factory` gave: a factory, or an app.
+
+    Returns:
+        The app's factory, or ``target`` itself.
+    """
     if isinstance(target, type):
         return target
     state = getattr(target, "state", None)

@@ -8,7 +8,7 @@ happens in `ServerSession`.
 from ._codec import RequestError
 from ._config import SERVER_DEFAULTS, LogLevel, ServerConfig, ServerName, ServerOptions, server_config
 from ._environment import Environment, EnvironmentMetadata
-from ._loading import check_factory, load_factory
+from ._loading import check_factory, load_factory, served_factory
 from ._schemas import environment_metadata, environment_schemas
 from ._serve import SERVER_ENTRY_POINT_GROUP, AppFunction, RunningServer, ServeFunction, build_app
 from ._session import (
@@ -56,6 +56,7 @@ __all__ = [
     "load_factory",
     "mcp_unsupported",
     "serve_frames",
+    "served_factory",
     "server_config",
     "struct_union_members",
     "tool",

@@ -47,7 +47,7 @@ from openenv._limits import DEFAULT_CLIENT_CLOSE_TIMEOUT
 from openenv._messages import StepBatchReply
 from openenv._session import StepsAtOnce
 from openenv.channel import FrameQueue, QueueClosed
-from openenv.server import ServerSession, factory_failed_frame, load_factory
+from openenv.server import ServerSession, factory_failed_frame, load_factory, served_factory
 from transports.shared._deprecated import renamed_option
 
 __all__ = ["InProcessTransport"]
@@ -238,7 +238,7 @@ class InProcessTransport(Transport):
         if not self.url.lower().startswith(SCHEME):
             raise ConnectError(f"{self.url!r} is not an {SCHEME} URL")
         try:
-            return load_factory(self.url[len(SCHEME) :])
+            return served_factory(load_factory(self.url[len(SCHEME) :]))  # type: ignore[no-any-return]
         except (ImportError, ValueError, TypeError) as exc:
             raise ConnectError(f"cannot load the environment factory of {self.url!r}: {exc}") from exc
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import socket
 import weakref
@@ -90,8 +91,8 @@ async def test_new_session_in_async_code_is_closed_with_its_parent() -> None:
                 assert isinstance(other, GridEnv)
                 await other.reset()
                 assert (await other.step(GridAction(direction="left"))).observation.position == [-1, 0]
-            assert other._native is None  # closed with its parent
-            assert env._native is None
+            assert other._connection.native is None  # closed with its parent
+            assert env._connection.native is None
 
 
 async def test_errors_are_upstreams_runtime_errors_and_the_session_goes_on() -> None:
@@ -158,8 +159,12 @@ async def test_a_server_that_is_not_there_is_upstreams_connection_error() -> Non
         url = f"http://127.0.0.1:{bound.getsockname()[1]}"
 
         def plain() -> BaseException:
-            with pytest.raises(ConnectionError) as raised:
-                GenericEnvClient(base_url=url, connect_timeout_s=5).reset()
+            client = GenericEnvClient(base_url=url, connect_timeout_s=5)
+            try:
+                with pytest.raises(ConnectionError) as raised:
+                    client.reset()
+            finally:
+                client.close()
             return raised.value
 
         with anyio.fail_after(LIMIT):
@@ -172,12 +177,16 @@ async def test_a_server_that_is_not_there_is_upstreams_connection_error() -> Non
 
 
 async def test_a_client_dropped_unclosed_in_plain_code_is_closed_and_freed() -> None:
+    def forget(held: list[GridEnv]) -> None:
+        held.clear()
+        gc.collect()
+
     def drop(url: str) -> weakref.ref[GridEnv]:
-        env = GridEnv(base_url=url)
-        env.reset()
-        gone = weakref.ref(env)
-        with pytest.warns(ResourceWarning, match="unclosed"):
-            del env  # its connection is closed as an unclosed file's is, and nothing keeps it alive
+        held = [GridEnv(base_url=url)]
+        held[0].reset()
+        gone = weakref.ref(held[0])
+        with pytest.warns(ResourceWarning, match="unclosed"):  # closed as an unclosed file is
+            forget(held)
         return gone
 
     with anyio.fail_after(LIMIT):

@@ -53,6 +53,7 @@ from openenv.server import (
     environment_schemas,
     factory_name,
     load_factory,
+    served_factory,
     server_config,
 )
 from transports.admission._guard import RequestGuard, auth_tokens_from, normalized_origins
@@ -213,7 +214,7 @@ def create_app(
         )
     config = server_config(config, options)
     tokens = auth_tokens_from(config.auth_token)
-    env_factory = load_factory(factory) if isinstance(factory, str) else factory
+    env_factory = served_factory(load_factory(factory)) if isinstance(factory, str) else factory
     check_factory(env_factory)
     registry = SessionRegistry(
         max_sessions=config.max_sessions,
