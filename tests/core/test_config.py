@@ -129,7 +129,7 @@ def test_old_option_names_still_work_and_warn() -> None:
         endpoint = HTTPPollingEndpoint(AsyncCounterEnv, registry=app.state.sessions, max_body_size=10)
     assert endpoint.max_message_size == 10
     with pytest.warns(DeprecationWarning, match=r"openenv_http_routes\(max_body_size=\)"):
-        openenv_http_routes(AsyncCounterEnv, schemas=app.state.schemas, metadata=app.state.metadata, max_body_size=10)
+        openenv_http_routes(AsyncCounterEnv, schemas=app.state.schemas, metadata=app.state.describe, max_body_size=10)
 
 
 def test_the_command_lines_defaults_are_the_configs() -> None:

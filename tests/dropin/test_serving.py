@@ -202,11 +202,18 @@ async def test_an_environments_own_metadata_is_read_once() -> None:
         def get_metadata(self) -> EnvironmentMetadata:
             return EnvironmentMetadata(name="grid", description="A grid world.", author="openenv")
 
-    app = create_app(Described, GridAction, GridObservation)
-    assert len(built) == 1  # for its metadata, once; the plain grid above built none
-    with anyio.fail_after(LIMIT):
-        async with openenv.serve(app) as server, httpx.AsyncClient(base_url=server.url) as http:
-            for _ in range(2):
-                answer = (await http.get("/metadata")).json()
-                assert (answer["name"], answer["description"], answer["author"]) == ("grid", "A grid world.", "openenv")
-    assert len(built) == 1
+    def make() -> Described:  # a factory function, as packages write them: only building one tells its metadata
+        return Described()
+
+    for factory in (Described, make):
+        built.clear()
+        app = create_app(factory, GridAction, GridObservation)
+        assert built == []  # none at import: a package's set-up (a dataset to load, say) waits until it is served
+        with anyio.fail_after(LIMIT):
+            async with openenv.serve(app) as server, httpx.AsyncClient(base_url=server.url) as http:
+                assert (await http.get("/openapi.json")).json()["info"]["title"] == "grid: OpenEnv Environment HTTP API"
+                for _ in range(2):
+                    answer = (await http.get("/metadata")).json()
+                    assert (answer["name"], answer["description"]) == ("grid", "A grid world.")
+                    assert answer["author"] == "openenv"
+        assert len(built) == 1  # for its metadata, once

@@ -17,7 +17,8 @@ Its lifespan runs the idle-session reaper and the host tasks of the HTTP session
 Everything a further transport's routes need is kept on ``app.state``:
 ``app.state.sessions`` (the one `SessionRegistry`, shared by every transport, so
 ``max_sessions`` counts all sessions), ``app.state.factory``,
-``app.state.schemas`` and ``app.state.metadata``. A transport that adds routes
+``app.state.schemas`` and ``app.state.describe`` (a `Description`: call it for the
+metadata, which is read at first use). A transport that adds routes
 appends them with `mount_routes`, before the app serves its first request, with
 any task they need running for the app's lifetime:
 
@@ -71,6 +72,7 @@ from transports.http._protocol import (
 )
 from transports.http._server import HTTPPollingEndpoint
 from transports.server._body_deadline import BodyDeadline
+from transports.server._description import Description
 from transports.server._json_response import JSONResponse
 from transports.server.routes._mcp_sessions import MCPSessions
 from transports.server.routes.openenv_http import openenv_http_routes
@@ -246,7 +248,7 @@ def create_app(
         metrics=counted,
     )
     schemas = environment_schemas(env_factory)
-    meta = metadata if metadata is not None else environment_metadata(env_factory)
+    describe = Description(env_factory, metadata)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "healthy"})
@@ -254,11 +256,9 @@ def create_app(
     async def schema(request: Request) -> Response:
         return JSONResponse(schemas)
 
-    # Every field, null when unknown, as the reference server sends it.
-    metadata_fields = msgspec.structs.asdict(meta)
-
     async def metadata_endpoint(request: Request) -> Response:
-        return JSONResponse(metadata_fields)
+        # Every field, null when unknown, as the reference server sends it.
+        return JSONResponse(msgspec.structs.asdict(await describe.read()))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -292,7 +292,7 @@ def create_app(
         *openenv_http_routes(
             env_factory,
             schemas=schemas,
-            metadata=meta,
+            metadata=describe,
             registry=registry,
             max_message_size=config.max_message_size,
             error_details=config.error_details,
@@ -303,7 +303,7 @@ def create_app(
         *task_api_routes(
             env_factory,
             # An environment class may name itself there (openenv.core's: upstream's create_app(env_name=)).
-            name=getattr(env_factory, "task_api_name", None) or meta.name,
+            name=getattr(env_factory, "task_api_name", None) or describe().name,
             registry=registry,
             error_details=config.error_details,
         ),
@@ -346,7 +346,7 @@ def create_app(
     app.state.mcp_sessions = mcp_sessions
     app.state.factory = env_factory
     app.state.schemas = schemas
-    app.state.metadata = meta
+    app.state.describe = describe
     app.state.metrics = counted
     return app
 

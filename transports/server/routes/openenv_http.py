@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -338,7 +339,7 @@ def openenv_http_routes(
     factory: Callable[[], Any],
     *,
     schemas: dict[str, dict[str, Any]],
-    metadata: openenv.EnvironmentMetadata,
+    metadata: openenv.EnvironmentMetadata | Callable[[], openenv.EnvironmentMetadata],
     registry: SessionRegistry | None = None,
     max_message_size: int = SERVER_DEFAULTS.max_message_size,
     error_details: bool = True,
@@ -351,7 +352,8 @@ def openenv_http_routes(
     Args:
         factory: Builds one environment per request.
         schemas: What ``GET /schema`` answers, for ``/openapi.json``.
-        metadata: What ``GET /metadata`` answers, for ``/openapi.json``.
+        metadata: What ``GET /metadata`` answers, for ``/openapi.json``; or a function that
+            reads it (called on a worker thread at the first request: it may build an environment).
         registry: The app's session registry: each request's environment holds
             a slot while it lives (``503`` at capacity); ``None`` for no limit.
         max_message_size: The largest request body, in bytes (``413`` beyond).
@@ -369,7 +371,12 @@ def openenv_http_routes(
     """
     if max_body_size is not None:
         max_message_size = renamed_option("openenv_http_routes", "max_body_size", "max_message_size", max_body_size)
-    document = msgspec.json.encode(openapi_document(schemas, metadata))
+    documents: list[bytes] = []  # /openapi.json, made at its first request
+
+    def document() -> bytes:
+        described = metadata() if callable(metadata) else metadata
+        return msgspec.json.encode(openapi_document(schemas, described))
+
     limits = _Limits(registry, max_message_size, error_details, metrics, factory_name(factory))
 
     async def reset(request: Request) -> Response:
@@ -428,7 +435,9 @@ def openenv_http_routes(
         return JSONResponse(reply["data"])
 
     async def openapi(request: Request) -> Response:
-        return Response(document, media_type="application/json")
+        if not documents:
+            documents.append(await anyio.to_thread.run_sync(document))
+        return Response(documents[0], media_type="application/json")
 
     return [
         Route("/reset", reset, methods=["POST"], name="reset"),
