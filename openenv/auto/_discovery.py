@@ -36,7 +36,7 @@ NOT_ENVIRONMENTS = frozenset({"openenv-core", "openenv-anyio"})
 """Distributions that match the prefix but hold the framework, not an environment."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnvironmentInfo:
     """One installed environment package, and where its classes are.
 
@@ -272,24 +272,24 @@ def unknown_environment(name: str, discovery: EnvironmentDiscovery) -> ValueErro
     available = sorted(discovery.discover())
     if not available:
         return ValueError(
-            f"no environment package is installed, so none is named {name!r}: "
+            f"No OpenEnv environments found, so none is named {name!r}: "
             "install one with: openenv install openenv-<name>"
         )
     near = difflib.get_close_matches(normalize_env_name(name).removesuffix("_env"), available, n=3, cutoff=0.6)
     hint = f" Did you mean: {', '.join(near)}?" if near else ""
-    return ValueError(f"unknown environment {name!r}.{hint} Installed: {', '.join(available)}")
+    return ValueError(f"Unknown environment {name!r}.{hint} Available environments: {', '.join(available)}")
 
 
-def installed_environment(name: str) -> EnvironmentInfo:
+def installed_environment(name: str, discovery: EnvironmentDiscovery) -> EnvironmentInfo:
     """The installed package of a name, or of a Hub repository's name.
 
     Args:
         name: The name as a user types it, or ``org/name``.
+        discovery: Where the installed packages are found.
 
     Raises:
         ValueError: No installed package has that name.
     """
-    discovery = get_discovery()
     local_name = name.rstrip("/").rsplit("/", 1)[-1] if is_hub_reference(name) else name
     info = discovery.get_environment_by_name(local_name)
     if info is not None:
@@ -303,3 +303,8 @@ def installed_environment(name: str) -> EnvironmentInfo:
             "or pass skip_install=True to drive its Space with GenericEnvClient"
         )
     raise unknown_environment(name, discovery)
+
+
+# Upstream's names for two of these: its own tests import them.
+_normalize_env_name = normalize_env_name
+_is_hub_url = is_hub_reference

@@ -20,7 +20,7 @@ class AutoAction:
     """
 
     def __init__(self) -> None:
-        raise TypeError("AutoAction is a factory: call AutoAction.from_env(name) instead")
+        raise TypeError("AutoAction is a factory class: call AutoAction.from_env(name) instead")
 
     @classmethod
     def from_env(cls, name: str, skip_install: bool = False) -> type[Any]:
@@ -39,7 +39,7 @@ class AutoAction:
             from openenv.core.generic_client import GenericAction
 
             return GenericAction
-        return installed_environment(name).get_action_class()
+        return installed_environment(name, get_discovery()).get_action_class()
 
     @classmethod
     def from_hub(cls, env_name: str, skip_install: bool = False) -> type[Any]:
@@ -61,7 +61,7 @@ class AutoAction:
         Raises:
             ValueError: No package has that name.
         """
-        info = installed_environment(name)
+        info = installed_environment(name, get_discovery())
         return {
             "env_key": info.env_key,
             "env_name": info.name,

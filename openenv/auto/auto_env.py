@@ -35,7 +35,7 @@ class AutoEnv:
     """
 
     def __init__(self) -> None:
-        raise TypeError("AutoEnv is a factory: call AutoEnv.from_env(name, base_url=...) instead")
+        raise TypeError("AutoEnv is a factory class: call AutoEnv.from_env(name, base_url=...) instead")
 
     @classmethod
     def from_env(
@@ -87,7 +87,7 @@ class AutoEnv:
                     "start containers yet"
                 )
             return GenericEnvClient(base_url=base_url, **kwargs)
-        info = installed_environment(name)
+        info = installed_environment(name, get_discovery())
         client_class = info.get_client_class()
         if base_url is None and is_hub_reference(name):
             base_url = space_url(name)
@@ -148,7 +148,7 @@ class AutoEnv:
         Raises:
             ValueError: No package has that name.
         """
-        return installed_environment(name).get_client_class()
+        return installed_environment(name, get_discovery()).get_client_class()
 
     @classmethod
     def get_env_info(cls, name: str) -> dict[str, Any]:
@@ -160,7 +160,7 @@ class AutoEnv:
         Raises:
             ValueError: No package has that name.
         """
-        info = installed_environment(name)
+        info = installed_environment(name, get_discovery())
         return {
             "env_key": info.env_key,
             "name": info.name,

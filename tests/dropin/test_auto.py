@@ -86,7 +86,8 @@ def test_the_framework_and_upstreams_core_are_no_environments(tmp_path: Path, mo
 
 @pytest.mark.usefixtures("installed")
 def test_mistakes_get_one_line_saying_what_to_do() -> None:
-    with pytest.raises(ValueError, match=r"unknown environment 'gird'\. Did you mean: grid\? Installed: .*grid"):
+    unknown = r"Unknown environment 'gird'\. Did you mean: grid\? Available environments: .*grid"
+    with pytest.raises(ValueError, match=unknown):
         AutoEnv.from_env("gird", base_url="http://127.0.0.1:9")
     with pytest.raises(ValueError, match=re.escape("openenv serve grid_env.server.app:app")):
         AutoEnv.from_env("grid")
