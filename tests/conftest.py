@@ -65,7 +65,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return
-    for reference in REFERENCES:
+    from tests.dropin.test_dipg_safety import OURS_VENV, UPSTREAM_VENV  # two more, for a package from PyPI
+
+    for reference in (*REFERENCES, UPSTREAM_VENV, OURS_VENV):
         path = venv_dir(reference=reference)
         if (path / MARKER_NAME).is_file():
             continue  # built on an earlier run

@@ -21,20 +21,21 @@ Per environment:
   set's order is no difference between the two servers);
 - ``/health``, ``/schema`` and ``/metadata`` of both servers compared;
 - one scripted session of ``GenericEnvClient`` (reset with ``seed=0``, steps of a minimal action
-  built from the action's JSON Schema, an action with an unknown field, the state), run by both
-  venvs' clients against both servers, each reply compared with upstream's client against
-  upstream's server, which runs it twice: what differs between its own two runs is the
-  environment's randomness;
-- the package's own client (reset and one step of its action class), in both venvs, against
-  both servers;
+  built from the action's JSON Schema or of `ACTIONS`'s in turn, an action with an unknown field,
+  the state), run by both venvs' clients against both servers, each reply compared with
+  upstream's client against upstream's server, which runs it twice: what differs between its
+  own two runs is the environment's randomness;
+- the package's own client (reset and one step of its action class; an ``MCPToolClient``'s
+  ``list_tools`` and ``call_tool`` instead), in both venvs, against both servers;
 - steps per second of one session of upstream's client against either server;
 - upstream's own tests of that environment, run by either venv's python from a view of the
   checkout without its ``src/`` (upstream's own ``openenv``, which would hide the venv's).
 
 The report is a Markdown table and a list of every difference, with the raw results as JSON
 beside it. What a package needs that pip does not bring, or that this machine cannot fetch,
-is set in `EXTRA_REQUIREMENTS`, `SERVER_SETTINGS`, `ACTIONS`, `DESELECTED` and
-`SYSTEM_PACKAGES`, each with why.
+is set in `OUR_EXTRAS`, `EXTRA_REQUIREMENTS`, `SERVER_SETTINGS`, `ACTIONS`, `DESELECTED`,
+`MORE_TEST_FILES` and `SYSTEM_PACKAGES`, each with why; the MCP environments left out are in
+`MCP_LEFT_OUT`.
 
 The same file, run by a venv's python with ``--worker MODE`` (a JSON spec on stdin, a JSON
 answer on stdout), drives the clients: it imports only the standard library and that venv's
@@ -65,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 CANDIDATES = (
+    "echo_env",
     "connect4_env",
     "maze_env",
     "grid_world_env",
@@ -80,12 +82,23 @@ CANDIDATES = (
     "repl_env",
 )
 """The environments tried, in order: those that need no account, GPU or browser."""
+MCP_LEFT_OUT = {
+    "coding_tools_env": "each episode runs in an E2B cloud sandbox: reset without E2B_API_KEY ends it at once",
+    "jupyter_env": "each episode runs in an E2B cloud sandbox (E2B_API_KEY, the network)",
+    "terminus_env": "each episode runs in an E2B cloud sandbox (E2B_API_KEY, the network)",
+    "opencode_env": "each episode runs opencode in an E2B sandbox against an LLM endpoint (E2B and model API keys)",
+    "finqa_env": "its data (SEC filings and questions) is downloaded from Hugging Face; without it, reset fails",
+}
+"""MCP environments (an `MCPEnvironment` over FastMCP, an `MCPToolClient`) not tried, each with why."""
 
 UPSTREAM_RELEASE = "openenv==0.10.0"
 OURS = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve()
 DROPPED_REQUIREMENTS = {"openenv", "openenv-core"}
 """Upstream's distributions: never installed into ``ours`` (they would put their ``openenv`` over ours)."""
+OUR_EXTRAS = {"echo_env": ("mcp",)}
+"""Extras of ours installed beside ``core``: upstream's openenv requires FastMCP outright, ours with ``[mcp]`` only,
+and an MCP package does not declare it (echo's asks for ``openenv[core]``, FastMCP coming with it upstream)."""
 EXTRA_REQUIREMENTS = {"openspiel_env": ("open_spiel",)}
 """What a package needs but does not declare (its Docker base image builds it): installed into both venvs."""
 SERVER_SETTINGS = {"textarena_env": {"TEXTARENA_ENV_ID": "GuessTheNumber-v0", "TEXTARENA_DOWNLOAD_NLTK": "0"}}
@@ -96,11 +109,35 @@ DESELECTED = {
         # it tests neither venv, and it stops the file under -x where uv is missing.
         "tests/envs/test_repl_env.py::TestPythonExecutor::test_server_app_imports_from_env_root_without_path_rewrite",
     ),
+    "test_websockets.py": (
+        # connect4's tests (the file serves echo and connect4; it runs in echo's venvs): they need connect4's numpy,
+        # which echo's `ours` lacks (upstream's openenv brings it, through gradio).
+        "tests/envs/test_websockets.py::TestSmokeFactoryPattern::test_smoke_connect4_env_factory_pattern",
+        "tests/envs/test_websockets.py::TestConnect4Environment",
+        # They fail on upstream's own release too (step_count 0): an MCPToolClient is in production mode by
+        # default, whose tool calls go by POST /mcp, past the environment's step, so none is counted.
+        "tests/envs/test_websockets.py::TestProtocolWebSocketClient::test_protocol_client_state",
+        "tests/envs/test_websockets.py::TestProtocolWebSocketClient::test_protocol_client_multiple_episodes",
+    ),
 }
 """Upstream's tests left out (``--deselect``), each with why."""
-ACTIONS = {"dm_control_env": {"values": [0.0]}}
-"""Actions given instead of the schema's minimal one: dm_control's default (no actions) fits none of its tasks
-(cartpole, the default task, takes one)."""
+MORE_TEST_FILES = {"echo_env": ("test_websockets.py",)}
+"""Upstream's test files given to an environment beside those `upstream_test_files` finds, each with why:
+``test_websockets.py`` serves echo (most of its tests) and connect4, so it belongs to neither by the imports;
+connect4's own file is skipped in its favour."""
+ACTIONS: dict[str, tuple[dict[str, Any], ...]] = {
+    "dm_control_env": ({"values": [0.0]},),
+    "echo_env": (
+        {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "Hello!"}},
+        {"type": "list_tools"},
+        {"type": "call_tool", "tool_name": "echo_with_length", "arguments": {"message": "Hello!"}},
+        {"type": "call_tool", "tool_name": "no_such_tool", "arguments": {}},
+    ),
+}
+"""Actions given instead of the schema's minimal one, stepped in turn (the speed and the own client take the first):
+dm_control's default (no actions) fits none of its tasks (cartpole, the default task, takes one); an MCP
+environment's schema is `CallToolAction`'s, whose minimal action names no tool, so its session lists the tools,
+calls each and one it lacks (an error observation)."""
 SYSTEM_PACKAGES = {"dm_control_env": "OSMesa (Debian's libosmesa6, as its Dockerfile installs; MUJOCO_GL=osmesa)"}
 """What a package needs from the system, not from pip: said in the report's notes (install it by hand first)."""
 TEST_TOOLS = ("pytest", "pytest-asyncio", "requests", "gunicorn")
@@ -121,7 +158,10 @@ TAIL_LINES = 15
 
 
 def _describe(value: Any) -> Any:
-    """A client's result as JSON: a pydantic model dumped, a `StepResult`'s fields, anything else as it is."""
+    """A client's result as JSON: a pydantic model dumped, a `StepResult`'s fields, a list item by item, anything
+    else as it is."""
+    if isinstance(value, list):
+        return [_describe(item) for item in value]
     if hasattr(value, "model_dump"):
         return {"class": type(value).__name__, **value.model_dump(mode="json")}
     if hasattr(value, "observation"):
@@ -203,15 +243,30 @@ def _own_action(package: str, class_name: str | None, data: dict[str, Any]) -> A
 
 
 def worker_own_client(spec: dict[str, Any]) -> dict[str, Any]:
-    """The package's own client: reset (``seed=0``) and one step of its action class, against ``url``."""
+    """The package's own client: reset (``seed=0``) and one step of its action class, against ``url``.
+
+    An `MCPToolClient` (an MCP environment's) is driven by its own calls instead: `list_tools` and `call_tool` of
+    the action's tool. Its package has no action class of its own (its actions are openenv's `ListToolsAction`
+    and `CallToolAction`), and these two are what it offers: `call_tool` steps a `CallToolAction` and returns
+    the tool's result, `list_tools` steps a `ListToolsAction` and returns its tools.
+    """
+    from openenv.core.mcp_client import MCPToolClient
+
     answer: dict[str, Any] = {"openenv": _openenv_file()}
     try:
         cls = _own_client_class(spec["package"])
         answer["client"] = f"{cls.__module__}.{cls.__qualname__}"
-        action = _own_action(spec["package"], spec.get("action_class"), spec["action"])
+        mcp = issubclass(cls, MCPToolClient)
+        action = None if mcp else _own_action(spec["package"], spec.get("action_class"), spec["action"])
         with cls(base_url=spec["url"]).sync() as env:
             answer["reset"] = _describe(env.reset(seed=0))
-            answer["step"] = _describe(env.step(action))
+            if mcp:
+                answer["list_tools"] = _describe(env.list_tools())
+                answer["call_tool"] = _describe(
+                    env.call_tool(spec["action"]["tool_name"], **spec["action"]["arguments"])
+                )
+            else:
+                answer["step"] = _describe(env.step(action))
         answer["ok"] = True
     except Exception as exc:
         answer.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], traceback=traceback.format_exc()[-3000:])
@@ -498,6 +553,12 @@ def _up_steps(project: Project) -> list[Step]:
 
 def _our_steps(project: Project) -> list[Step]:
     extra = list(EXTRA_REQUIREMENTS.get(project.name, ()))
+    extras = ",".join(("core", *OUR_EXTRAS.get(project.name, ())))
+
+    def ours_installed(python: Path, log: Path, timeout: float, notes: list[str]) -> tuple[bool, str | None]:
+        if extras != "core":
+            notes.append(f"ours installed with [{extras}]")
+        return _pip_step(["-e", f"{OURS}[{extras}]"])(python, log, timeout, notes)
 
     def ours_kept(python: Path, log: Path, timeout: float, notes: list[str]) -> tuple[bool, str | None]:
         code, output = run([str(python), "-c", "import openenv; print(openenv.__file__)"], 60, log.parent)
@@ -507,7 +568,7 @@ def _our_steps(project: Project) -> list[Step]:
         return True, None
 
     return [
-        _pip_step(["-e", f"{OURS}[core]"]),
+        ours_installed,
         _pip_step(["--no-deps", str(project.path)]),
         _requirements_step(project, extra),
         ours_kept,
@@ -691,13 +752,17 @@ def compare_sessions(calls: list[dict[str, Any]], runs: dict[str, Any]) -> dict[
 
 
 def compare_own_clients(runs: dict[str, Any]) -> dict[str, Any]:
-    """Each run of the package's own client against upstream's client on upstream's server: reset, then step."""
+    """Each run of the package's own client against upstream's client on upstream's server: reset, then step
+    (an `MCPToolClient`'s: reset, `list_tools`, `call_tool`)."""
     reference = runs.get("up client -> up server", {})
+    calls = [call for call in ("reset", "step", "list_tools", "call_tool") if call in reference]
     found: dict[str, Any] = {}
     for label, run_ in runs.items():
         if label != "up client -> up server" and reference.get("ok") and run_.get("ok"):
-            kinds = {call: classify(reference[call], run_[call]) for call in ("reset", "step")}
-            where = {call: json_diff(reference[call], run_[call]) for call, kind in kinds.items() if kind != "exact"}
+            kinds = {call: classify(reference[call], run_.get(call)) for call in calls}
+            where = {
+                call: json_diff(reference[call], run_.get(call)) for call, kind in kinds.items() if kind != "exact"
+            }
             found[label] = {"kinds": kinds, "where": where}
     return found
 
@@ -705,12 +770,13 @@ def compare_own_clients(runs: dict[str, Any]) -> dict[str, Any]:
 # -- one environment ------------------------------------------------------------------------------------------
 
 
-def session_calls(action: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The scripted session: reset, a few steps of the minimal action, one with an unknown field, the state."""
+def session_calls(actions: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    """The scripted session: reset, a few steps of the actions in turn (the minimal one, or `ACTIONS`), the first
+    with an unknown field, the state."""
     calls: list[dict[str, Any]] = [{"type": "reset", "data": {"seed": 0}}]
-    if action is not None:
-        calls += [{"type": "step", "data": action}] * STEPS
-        calls.append({"type": "step", "data": {**action, UNKNOWN_FIELD: 1}})
+    if actions:
+        calls += [{"type": "step", "data": actions[index % len(actions)]} for index in range(max(STEPS, len(actions)))]
+        calls.append({"type": "step", "data": {**actions[0], UNKNOWN_FIELD: 1}})
     calls.append({"type": "state"})
     return calls
 
@@ -754,9 +820,10 @@ def drive_servers(project: Project, installs: dict[str, Install], work: Path) ->
             return result
         result["routes"] = compare_routes(urls)
         action, action_class, why = minimal_action_of(result["routes"]["/schema"]["up"]["body"])
-        action = ACTIONS.get(project.name, action)
-        result.update(action=action, action_class=action_class, action_note=why)
-        calls = session_calls(action)
+        actions = ACTIONS.get(project.name) or ((action,) if action is not None else ())
+        action = actions[0] if actions else None
+        result.update(action=action, action_class=action_class, action_note=None if project.name in ACTIONS else why)
+        calls = session_calls(actions)
         result["calls"] = calls
         result["sessions"] = {
             f"{client} client -> {server} server": run_worker(
@@ -799,7 +866,8 @@ def upstream_test_files(checkout: Path, name: str, names: list[str]) -> list[Pat
             text = path.read_text()
             owners = [n for n in names if re.search(rf"^\s*(from|import) (envs\.)?{n}\b", text, flags=re.M)]
             owners = owners if len(owners) == 1 else []
-        if owners and max(owners, key=lambda n: len(stems[n])) == name:
+        mine = bool(owners) and max(owners, key=lambda n: len(stems[n])) == name
+        if mine or path.name in MORE_TEST_FILES.get(name, ()):
             found.append(path)
     return found
 
@@ -979,6 +1047,8 @@ def _tests_cell(result: dict[str, Any]) -> str:
 
 def _notes_cell(result: dict[str, Any]) -> str:
     notes = [f"needs {SYSTEM_PACKAGES[result['name']]}"] if result["name"] in SYSTEM_PACKAGES else []
+    if result["name"] in OUR_EXTRAS:
+        notes.append(f"ours installed with [{','.join(('core', *OUR_EXTRAS[result['name']]))}] (see OUR_EXTRAS)")
     if "skipped" in result:
         notes.append(result["skipped"])
     for kind, install in result.get("installs", {}).items():
@@ -1023,7 +1093,8 @@ def render_report(results: list[dict[str, Any]], args: argparse.Namespace, secon
         " against upstream's client on upstream's server (up→ours: upstream 0.10.0's GenericEnvClient against"
         " our server; ours→ours: ours against ours; up→up again: upstream's own session run a second time,"
         " the environment's own randomness). Shape: the same keys and types, or the same error code."
-        " Own client: the package's client (reset + one step) against our server, run on upstream / on ours"
+        " Own client: the package's client (reset + one step; an MCP client's reset, list_tools and call_tool)"
+        " against our server, run on upstream / on ours"
         " (in brackets: how its results compare with upstream's client on upstream's server)."
         " Tests: `ours vs up`, passed/failed/skipped/errors (pytest -x, so a failure stops a file).",
         "",

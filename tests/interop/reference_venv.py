@@ -7,6 +7,10 @@ each lives in a venv of its own and is only ever run as a subprocess
 (``reference_server.py``, ``reference_client.py``, ``probe_reference.py`` and the
 other scripts in this folder run under both).
 
+A `PackageVenv` is made, cached and reused the same way from a list of commands: an
+environment package from PyPI beside upstream's ``openenv`` or beside ours
+(``tests/dropin/test_dipg_safety.py``).
+
 Stdlib only, so the test side can import it without pulling anything in.
 
     python tests/interop/reference_venv.py                  # build both ahead (the suite builds them on first use)
@@ -24,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -60,6 +65,66 @@ class Reference:
     @property
     def label(self) -> str:
         return f"{self.distribution} {self.version}"
+
+    @property
+    def identity(self) -> dict[str, object]:
+        """What the venv's marker must record for the venv to be reused."""
+        return {"requirements": list(self.requirements)}
+
+    def install_commands(self, python: Path) -> list[list[str]]:
+        """The commands that fill a fresh venv whose interpreter is ``python``."""
+        return [[str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *self.requirements]]
+
+    @property
+    def check_code(self) -> str:
+        """Python run in the venv once it is filled: it fails if the venv is unusable, else prints versions (JSON)."""
+        return _CHECK_CODE.replace("{distribution}", self.distribution)
+
+
+@dataclass(frozen=True)
+class PackageVenv:
+    """A throwaway venv made by a list of commands: an environment package beside one ``openenv`` or another.
+
+    Built, checked, marked and reused as a `Reference`'s venv is (`ensure_reference_python` takes either).
+    Each step is a command whose first word is a program of the venv's ``bin/`` (``python``, ``openenv``,
+    ...); ``check`` is Python run in it last, which fails if the venv is unusable and prints a JSON
+    object (versions) as its last line. ``distribution`` at ``version`` is installed in it: the cheap
+    check made before each reuse. The venv is rebuilt when its steps change, or the contents of a file
+    named in ``inputs`` (an editable install's ``pyproject.toml``, whose requirements it installed).
+    """
+
+    name: str
+    """Its folder under ``~/.cache/openenv-tests``."""
+    distribution: str
+    version: str
+    steps: tuple[tuple[str, ...], ...]
+    check: str
+    inputs: tuple[Path, ...] = ()
+    env_var: str | None = None
+    """An environment variable that, when set, says where the venv lives instead."""
+    size: str = "unmeasured"
+
+    @property
+    def default_dir(self) -> Path:
+        return Path.home() / ".cache" / "openenv-tests" / self.name
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    @property
+    def identity(self) -> dict[str, object]:
+        identity: dict[str, object] = {"steps": [list(step) for step in self.steps]}
+        if self.inputs:
+            identity["inputs"] = {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in self.inputs}
+        return identity
+
+    def install_commands(self, python: Path) -> list[list[str]]:
+        return [[str(python.parent / step[0]), *step[1:]] for step in self.steps]
+
+    @property
+    def check_code(self) -> str:
+        return self.check
 
 
 OPENENV_CORE_0_3 = Reference("openenv-core", "0.3.0", "OPENENV_REFERENCE_VENV", "~474 MB")
@@ -101,11 +166,11 @@ class ReferenceVenvError(RuntimeError):
     """The reference venv could not be built or is unusable."""
 
 
-def venv_dir(cache_dir: Path | None = None, *, reference: Reference) -> Path:
+def venv_dir(cache_dir: Path | None = None, *, reference: Reference | PackageVenv) -> Path:
     """Where a reference venv lives: argument, then its environment variable, then its default."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    env = os.environ.get(reference.env_var)
+    env = os.environ.get(reference.env_var) if reference.env_var else None
     if env:
         return Path(env).expanduser()
     return reference.default_dir
@@ -164,15 +229,15 @@ def _run(cmd: Sequence[str], timeout: float, what: str) -> subprocess.CompletedP
     return proc
 
 
-def _expected_marker(reference: Reference) -> dict[str, object]:
+def _expected_marker(reference: Reference | PackageVenv) -> dict[str, object]:
     return {
         "format": MARKER_FORMAT,
-        "requirements": list(reference.requirements),
+        **reference.identity,
         "base_python": ".".join(map(str, sys.version_info[:2])),
     }
 
 
-def _is_valid(path: Path, reference: Reference) -> bool:
+def _is_valid(path: Path, reference: Reference | PackageVenv) -> bool:
     marker = path / MARKER_NAME
     python = _venv_python(path)
     if not marker.is_file() or not python.exists():
@@ -241,7 +306,7 @@ def _build_lock(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _build(path: Path, reference: Reference, log=None) -> None:
+def _build(path: Path, reference: Reference | PackageVenv, log=None) -> None:
     def say(msg: str) -> None:
         if log is not None:
             log(msg)
@@ -250,14 +315,13 @@ def _build(path: Path, reference: Reference, log=None) -> None:
     say(f"creating venv at {path}")
     _run([sys.executable, "-m", "venv", str(path)], VENV_TIMEOUT_S, "python -m venv")
     python = _venv_python(path)
-    say(f"pip install {' '.join(reference.requirements)} (may take a few minutes)")
-    _run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *reference.requirements],
-        PIP_TIMEOUT_S,
-        "pip install",
-    )
-    check = _CHECK_CODE.replace("{distribution}", reference.distribution)
-    proc = _run([str(python), "-c", check], CHECK_TIMEOUT_S, "import check")
+    for command in reference.install_commands(python):
+        # A word's first line only: a ``python -c`` step's code shows as its opening line.
+        words = [Path(command[0]).name, *command[1:]]
+        shown = " ".join(word.strip().splitlines()[0] if word.strip() else word for word in words)
+        say(f"{shown} (may take a few minutes)")
+        _run(command, PIP_TIMEOUT_S, shown)
+    proc = _run([str(python), "-c", reference.check_code], CHECK_TIMEOUT_S, "import check")
     versions = json.loads(proc.stdout.strip().splitlines()[-1])
     marker = dict(_expected_marker(reference), versions=versions, built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     tmp = path / (MARKER_NAME + ".tmp")
@@ -267,9 +331,9 @@ def _build(path: Path, reference: Reference, log=None) -> None:
 
 
 def ensure_reference_python(
-    cache_dir: Path | None = None, *, reference: Reference, force: bool = False, log=None
+    cache_dir: Path | None = None, *, reference: Reference | PackageVenv, force: bool = False, log=None
 ) -> Path:
-    """Return the python of a venv with the ``reference`` release, building it if needed.
+    """Return the python of a venv with the ``reference`` release (or a `PackageVenv`), building it if needed.
 
     Reused when its marker file matches; otherwise (missing, half-built, other
     requirements) it is deleted and rebuilt. Raises ReferenceVenvError on
@@ -278,13 +342,14 @@ def ensure_reference_python(
     path = venv_dir(cache_dir, reference=reference).resolve()
     if not force and _is_valid(path, reference):
         return _venv_python(path)
-    with _build_lock(path):
+    commands = len(reference.install_commands(_venv_python(path)))
+    with _build_lock(path, LOCK_TIMEOUT_S + (commands - 1) * PIP_TIMEOUT_S):
         if force or not _is_valid(path, reference):  # another process may have built it meanwhile
             _build(path, reference, log=log)
     return _venv_python(path)
 
 
-def reference_versions(cache_dir: Path | None = None, *, reference: Reference) -> dict[str, str]:
+def reference_versions(cache_dir: Path | None = None, *, reference: Reference | PackageVenv) -> dict[str, str]:
     """Versions recorded in the marker (the reference's distribution, uvicorn, websockets, ...)."""
     data = json.loads((venv_dir(cache_dir, reference=reference).resolve() / MARKER_NAME).read_text())
     return dict(data.get("versions", {}))
