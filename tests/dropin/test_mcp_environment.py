@@ -102,3 +102,18 @@ def test_a_tool_with_a_reserved_name_is_refused() -> None:
 
     with pytest.raises(ValueError, match="reserved names"):
         Bad(server)
+
+
+async def test_fastmcp_session_state_lasts_as_long_as_the_session(anyio_backend: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with (
+            openenv.serve(importlib.reload(tools_apps).notes_app) as server,
+            MCPToolClient(base_url=server.url) as env,
+        ):
+            assert await env.call_tool("remember", note="kept") == "kept"
+            recalled = await env.call_tool("recall")
+            async with MCPToolClient(base_url=server.url) as other:
+                assert await other.call_tool("recall") == ""  # each session's state is its own
+    # On asyncio one MCP session lasts the whole session, as upstream's server holds one. FastMCP's
+    # client runs on asyncio only: on trio each call has a session of its own, and the note is gone.
+    assert recalled == ("kept" if anyio_backend == "asyncio" else "")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import anyio.to_thread
 from pydantic import BaseModel, ValidationError
 
 from openenv import Environment as NativeEnvironment
@@ -113,8 +114,12 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
             if callable(method):
                 setattr(self, name, method)
         if hasattr(env, "list_tools_observation") and hasattr(env, "call_tool_observation"):  # an MCPEnvironment
-            self._tools: Any = env
+            tools: Any = env
+            self._tools = tools
             self.handle_mcp = self._handle_mcp
+            if hasattr(env, "release_mcp_session"):  # one MCP session for the whole session, as upstream's
+                tools.keep_mcp_session = True
+                self.close = self._close_with_tools  # type: ignore[method-assign, assignment]
 
     @classmethod
     def json_schemas(cls) -> dict[str, dict[str, Any]]:
@@ -202,6 +207,13 @@ class HostedEnvironment(NativeEnvironment[dict[str, Any], dict[str, Any], dict[s
     def close(self) -> None:
         """Close the environment."""
         self.env.close()
+
+    async def _close_with_tools(self) -> None:
+        """Close an MCP environment: its MCP session on the event loop, then its own ``close`` on a worker thread."""
+        try:
+            await self._tools.release_mcp_session()
+        finally:
+            await anyio.to_thread.run_sync(self.env.close)
 
 
 def hosted_class(hosting: Hosting) -> type[HostedEnvironment]:

@@ -5,10 +5,13 @@ a step with a `ListToolsAction` or `CallToolAction` is answered through an in-me
 FastMCP client, any other action by the subclass's ``_step_impl``. Needs FastMCP (the
 ``core`` extra does not bring it: every MCP environment package requires it).
 
-The server keeps no MCP session open between calls: each call opens an in-memory
-client of its own and closes it (upstream's server holds one open per WebSocket
-session, so FastMCP's per-session state does not last across calls here). FastMCP's
-client runs on asyncio only: served on trio, an environment's tool calls run on an
+Served by openenv on asyncio, the environment's in-memory client connects at its
+first tool call and stays connected until the session ends
+(`MCPEnvironment.keep_mcp_session`, `MCPEnvironment.release_mcp_session`), as
+upstream's server holds one MCP session open per WebSocket session: FastMCP's
+per-session state lasts from one call to the next. Otherwise each tool call opens a
+client of its own and closes it: in plain code (each call runs on an event loop of its
+own), and on trio, where FastMCP's client, which runs on asyncio only, runs on an
 asyncio loop in a worker thread.
 """
 
@@ -123,6 +126,10 @@ class MCPEnvironment(Environment[Any, Any, Any]):
         ValueError: A tool named ``reset``, ``step``, ``state`` or ``close``.
     """
 
+    keep_mcp_session: bool = False
+    """Hold the client's MCP session open from the first tool call to `release_mcp_session`, on asyncio
+    (openenv's: its server sets it for the environments it serves, and releases the session at the end)."""
+
     def __init__(self, mcp_server: Any, transform: Any = None) -> None:
         super().__init__(transform=transform)
         conflicts = set(get_server_tools(mcp_server)) & RESERVED_TOOL_NAMES
@@ -133,6 +140,7 @@ class MCPEnvironment(Environment[Any, Any, Any]):
             )
         self.mcp_server: Any = mcp_server
         self.mcp_client: Any = Client(mcp_server)
+        self._connected = False  # whether `_with_client` holds the client's MCP session open now
         self._mode_tools: dict[str, dict[str | None, Callable[..., Any]]] = defaultdict(dict)
         self._mode_tool_schemas: dict[str, dict[str | None, dict[str, Any]]] = defaultdict(dict)
 
@@ -260,7 +268,7 @@ class MCPEnvironment(Environment[Any, Any, Any]):
         would say trio runs there).
         """
         server = self.mcp_server
-        if server is None:
+        if server is None or self.mcp_client is None:
             raise RuntimeError("MCP server is not available; environment is closed")
 
         async def connected() -> T:
@@ -268,9 +276,25 @@ class MCPEnvironment(Environment[Any, Any, Any]):
                 return await use(client)
 
         # anyio runs on asyncio or trio: trio's native token is trio's own, asyncio's is its loop.
-        if not type(anyio.lowlevel.current_token().native_token).__module__.startswith("trio"):
+        if type(anyio.lowlevel.current_token().native_token).__module__.startswith("trio"):
+            return await anyio.to_thread.run_sync(lambda: contextvars.Context().run(anyio.run, connected))
+        if not self.keep_mcp_session:
             return await connected()
-        return await anyio.to_thread.run_sync(lambda: contextvars.Context().run(anyio.run, connected))
+        if not self._connected:
+            # FastMCP's client runs its session in a task of its own: it may be left open here and
+            # closed from another task (`release_mcp_session`).
+            await self.mcp_client.__aenter__()
+            self._connected = True
+        return await use(self.mcp_client)
+
+    async def release_mcp_session(self) -> None:
+        """Close the MCP session the tool calls held open, if they did (openenv's: its server calls it at the end).
+
+        Idempotent; the environment may call its tools again afterwards (a new session opens).
+        """
+        if self._connected:
+            self._connected = False
+            await self.mcp_client.__aexit__(None, None, None)
 
     async def _list_server_tools(self) -> list[Any]:
         async def listed(client: Any) -> list[Any]:
