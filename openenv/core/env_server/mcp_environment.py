@@ -262,10 +262,11 @@ class MCPEnvironment(Environment[Any, Any, Any]):
     async def _with_client(self, use: Callable[[Any], Awaitable[T]]) -> T:
         """``use(client)`` with an in-memory FastMCP client of the server, connected, on asyncio.
 
-        A client of its own each time: FastMCP's binds its locks to the event loop it
-        was first used on, and runs on asyncio only, so on trio the call runs on an
-        asyncio loop in a worker thread, in a context of its own (a copy of this one
-        would say trio runs there).
+        With `keep_mcp_session`, the environment's own client, connected once and kept so.
+        Otherwise a client of its own each time: FastMCP's binds its locks to the event
+        loop it was first used on (plain code runs each call on a loop of its own), and
+        runs on asyncio only, so on trio the call runs on an asyncio loop in a worker
+        thread, in a context of its own (a copy of this one would say trio runs there).
         """
         server = self.mcp_server
         if server is None or self.mcp_client is None:
