@@ -20,7 +20,10 @@ class AutoAction:
     """
 
     def __init__(self) -> None:
-        raise TypeError("AutoAction is a factory class: call AutoAction.from_env(name) instead")
+        raise TypeError(
+            "AutoAction is a factory class, not instantiated: use AutoAction.from_env(name) "
+            "or AutoAction.from_hub() instead"
+        )
 
     @classmethod
     def from_env(cls, name: str, skip_install: bool = False) -> type[Any]:

@@ -35,7 +35,10 @@ class AutoEnv:
     """
 
     def __init__(self) -> None:
-        raise TypeError("AutoEnv is a factory class: call AutoEnv.from_env(name, base_url=...) instead")
+        raise TypeError(
+            "AutoEnv is a factory class, not instantiated: use AutoEnv.from_env(name, base_url=...) "
+            "or AutoEnv.from_hub() instead"
+        )
 
     @classmethod
     def from_env(
