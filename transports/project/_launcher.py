@@ -57,9 +57,10 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT",
     "LaunchError",
     "Launcher",
-    "SERVERS",
     "ProjectLayoutError",
+    "SERVERS",
     "check_project",
+    "check_server",
     "launcher",
     "openenv_anyio_requirement",
 ]
