@@ -13,6 +13,7 @@ import importlib
 import importlib.metadata
 import importlib.resources
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,18 +228,28 @@ class EnvironmentDiscovery:
 
     def list_environments(self) -> None:
         """Print the installed environment packages, one line each."""
+        self.print_listing("OpenEnv Environments", "environments", lambda info: f"{info.description} (v{info.version})")
+
+    def print_listing(self, title: str, noun: str, describe: Callable[[EnvironmentInfo], str]) -> None:
+        """Print the installed environment packages as upstream's listings do, each described by ``describe``.
+
+        Args:
+            title: What is listed (``"OpenEnv Environments"``).
+            noun: What the total counts (``"environments"``).
+            describe: One package's line.
+        """
         environments = self.discover()
-        print("Available OpenEnv Environments:")
+        print(f"Available {title}:")
         print("-" * 70)
         if not environments:
             print("  No OpenEnv environments found.")
             print("  Install one with: openenv install openenv-<name>")
         for key in sorted(environments):
             info = environments[key]
-            print(f"  {key:<15}: {info.description} (v{info.version})")
+            print(f"  {key:<15}: {describe(info)}")
             print(f"                   Package: {info.package_name}")
         print("-" * 70)
-        print(f"Total: {len(environments)} environments")
+        print(f"Total: {len(environments)} {noun}")
 
     def clear_cache(self) -> None:
         """Forget what was found: the next call looks again."""

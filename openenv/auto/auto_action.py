@@ -77,15 +77,4 @@ class AutoAction:
     @classmethod
     def list_actions(cls) -> None:
         """Print the action class of each installed environment package."""
-        environments = get_discovery().discover()
-        print("Available Action Classes:")
-        print("-" * 70)
-        if not environments:
-            print("  No OpenEnv environments found.")
-            print("  Install one with: openenv install openenv-<name>")
-        for key in sorted(environments):
-            info = environments[key]
-            print(f"  {key:<15}: {info.action_class_name}")
-            print(f"                   Package: {info.package_name}")
-        print("-" * 70)
-        print(f"Total: {len(environments)} action classes")
+        get_discovery().print_listing("Action Classes", "action classes", lambda info: info.action_class_name)

@@ -103,43 +103,7 @@ class AutoEnv:
             )
         return client_class(base_url=base_url, provider=None, **kwargs)
 
-    @classmethod
-    def from_hub(
-        cls,
-        name: str,
-        base_url: str | None = None,
-        docker_image: str | None = None,
-        container_provider: Any = None,
-        wait_timeout: float = 30.0,
-        env_vars: dict[str, str] | None = None,
-        trust_remote_code: bool = False,
-        skip_install: bool = False,
-        **kwargs: Any,
-    ) -> Any:
-        """`from_env` under its older name, as upstream keeps it.
-
-        Args:
-            name: As `from_env`'s.
-            base_url: As `from_env`'s.
-            docker_image: As `from_env`'s.
-            container_provider: As `from_env`'s.
-            wait_timeout: As `from_env`'s.
-            env_vars: As `from_env`'s.
-            trust_remote_code: As `from_env`'s.
-            skip_install: As `from_env`'s.
-            **kwargs: As `from_env`'s.
-        """
-        return cls.from_env(
-            name,
-            base_url=base_url,
-            docker_image=docker_image,
-            container_provider=container_provider,
-            wait_timeout=wait_timeout,
-            env_vars=env_vars,
-            trust_remote_code=trust_remote_code,
-            skip_install=skip_install,
-            **kwargs,
-        )
+    from_hub = from_env  # upstream keeps the older name beside it, with the same parameters
 
     @classmethod
     def get_env_class(cls, name: str) -> type[Any]:
