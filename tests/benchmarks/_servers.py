@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.benchmarks._procfs import cpu_seconds as cpu_seconds  # re-exported: the benchmarks take it from here
-from tests.interop.reference_venv import ReferenceServer, reference_env
+from tests.interop.reference_venv import ReferenceServer, reference_env, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_CLIENT = ROOT / "tests" / "interop" / "reference_bench_client.py"
@@ -100,12 +100,7 @@ def server_process(
             _wait_for_port(port, process)
         yield Server(f"http://127.0.0.1:{port}", process.pid)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop_process(process)
         if process.stdout is not None:
             process.stdout.close()
 

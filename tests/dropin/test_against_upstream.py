@@ -23,8 +23,8 @@ from grid_env.server import app as grid_apps
 import openenv
 from openenv.core import MCPToolClient
 from tests.dropin.conftest import PROJECTS
+from tests.dropin.sessions import plain_session_replies
 from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_reference_python, reference_env
-from transports.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.interop]
 
@@ -76,15 +76,8 @@ def upstream_async() -> Iterator[ReferenceServer]:
 
 
 async def _session_replies(url: str) -> list[dict[str, Any]]:
-    """Each reply of `SESSION` on one plain WebSocket session (no subprotocol, no link), decoded."""
-    replies = []
-    async with WebSocketTransport(url, subprotocols=[], share=False) as transport:
-        for request in SESSION:
-            await transport.send(json.dumps(request).encode())
-            replies.append(json.loads(await transport.receive()))
-        await transport.send(b"not json")
-        replies.append(json.loads(await transport.receive()))
-    return replies
+    """Each reply of `SESSION`, then of a frame that is not JSON, on one plain WebSocket session, decoded."""
+    return await plain_session_replies(url, [*SESSION, b"not json"])
 
 
 def _without_known_differences(reply: dict[str, Any]) -> dict[str, Any]:
@@ -239,15 +232,6 @@ def upstream_tools() -> Iterator[ReferenceServer]:
         yield server
 
 
-async def _replies(url: str, session: list[dict[str, Any]]) -> list[Any]:
-    replies = []
-    async with WebSocketTransport(url, subprotocols=[], share=False) as transport:
-        for request in session:
-            await transport.send(json.dumps(request).encode())
-            replies.append(json.loads(await transport.receive()))
-    return replies
-
-
 async def test_an_mcp_environment_answers_as_upstreams(upstream_tools: ReferenceServer) -> None:
     from tools_env.server import app as tools_apps
 
@@ -256,10 +240,10 @@ async def test_an_mcp_environment_answers_as_upstreams(upstream_tools: Reference
             return [(await http.get(path)).json() for path in ("/schema", "/metadata")]
 
     with anyio.fail_after(LIMIT):
-        theirs = await _replies(upstream_tools.base_url, TOOLS_SESSION)
+        theirs = await plain_session_replies(upstream_tools.base_url, TOOLS_SESSION)
         their_schemas = await described(upstream_tools.base_url)
         async with openenv.serve(importlib.reload(tools_apps).app) as server:
-            ours = await _replies(server.url, TOOLS_SESSION)
+            ours = await plain_session_replies(server.url, TOOLS_SESSION)
             our_schemas = await described(server.url)
     for request, mine, reference in zip(TOOLS_SESSION, ours, theirs, strict=True):
         assert mine == reference, request

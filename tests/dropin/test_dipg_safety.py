@@ -33,6 +33,7 @@ import pytest
 
 import openenv
 from openenv.core import GenericEnvClient
+from tests.dropin.sessions import plain_session_replies
 from tests.interop.reference_venv import (
     OPENENV_0_10,
     PackageVenv,
@@ -40,8 +41,8 @@ from tests.interop.reference_venv import (
     ensure_reference_python,
     free_port,
     reference_env,
+    stop_process,
 )
-from transports.websocket import WebSocketTransport
 
 pytestmark = [pytest.mark.anyio, pytest.mark.interop]
 
@@ -199,12 +200,7 @@ def _served(python: Path, dataset: Path, folder: Path) -> Iterator[str]:
         _wait_healthy(server, url, log)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop_process(server)
 
 
 def _wait_healthy(server: subprocess.Popen[bytes], url: str, log: Path) -> None:
@@ -245,12 +241,7 @@ def servers(dataset: Path) -> Iterator[dict[str, str]]:
 
 async def _session_replies(url: str) -> list[dict[str, Any]]:
     """Each reply of `SESSION` on one plain WebSocket session (no subprotocol, no shared link), decoded."""
-    replies = []
-    async with WebSocketTransport(url, subprotocols=[], share=False) as transport:
-        for request in SESSION:
-            await transport.send(json.dumps(request).encode())
-            replies.append(json.loads(await transport.receive()))
-    return replies
+    return await plain_session_replies(url, SESSION)
 
 
 async def test_every_websocket_reply_is_upstreams(servers: dict[str, str]) -> None:

@@ -20,6 +20,7 @@ from grid_env.server.environment import GridEnvironment
 
 import openenv
 from openenv.core.env_server import ConcurrencyConfigurationError, EnvironmentMetadata, State, create_app
+from tests.dropin.sessions import walk_the_grid
 
 pytestmark = pytest.mark.anyio
 
@@ -147,13 +148,7 @@ async def test_an_environment_pool_steps_unchanged_upstream_environments_over_on
 async def test_in_process_the_packages_app_names_the_environment(which: str) -> None:
     with anyio.fail_after(LIMIT):
         async with openenv.EnvClient(f"inproc://grid_env.server.app:{which}") as env:
-            first = await env.reset(seed=5, episode_id="e-1")
-            assert first.observation == {"metadata": {"seed": 5}, "position": [0, 0], "message": "find [1, 1]"}
-            with pytest.raises(openenv.ValidationError) as caught:
-                await env.step({"direction": "north"})
-            assert caught.value.code == "VALIDATION_ERROR"
-            moved = await env.step({"direction": "up"})
-            assert (moved.observation["position"], moved.reward) == ([0, 1], -0.1)
+            await walk_the_grid(env)
             assert await env.state() == {"episode_id": "e-1", "step_count": 1, "goal": [1, 1], "position": [0, 1]}
 
 

@@ -362,6 +362,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def stop_process(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Terminate a server process and wait for it; kill it if it outlives ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+
+
 class ReferenceServer:
     """A running ``reference_server.py`` subprocess; use as a context manager.
 
@@ -443,12 +453,7 @@ class ReferenceServer:
         if proc.poll() is None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()  # type: ignore[union-attr]
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+            stop_process(proc, timeout)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             with contextlib.suppress(Exception):
                 stream.close()  # type: ignore[union-attr]

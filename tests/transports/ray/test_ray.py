@@ -17,6 +17,7 @@ import pytest
 
 import openenv
 from openenv import EnvClient, EnvPool
+from tests.dropin.sessions import walk_the_grid
 from tests.envs import AsyncCounterEnv, CountAction
 from tests.helpers import CounterClient, wait_until
 from tests.serving import ROOT, factory_path, start_local_ray
@@ -304,10 +305,4 @@ async def test_an_unchanged_upstream_package_is_hosted_by_its_app() -> None:
     url = "ray://grid_env.server.app:app?num_cpus=0&idle_timeout=0"
     with anyio.fail_after(LIMIT):
         async with EnvClient(url, runtime_env={"env_vars": {"PYTHONPATH": projects}}) as env:
-            first = await env.reset(seed=5, episode_id="e-1")
-            assert first.observation == {"metadata": {"seed": 5}, "position": [0, 0], "message": "find [1, 1]"}
-            with pytest.raises(openenv.ValidationError) as caught:
-                await env.step({"direction": "north"})
-            assert caught.value.code == "VALIDATION_ERROR"
-            moved = await env.step({"direction": "up"})
-            assert (moved.observation["position"], moved.reward) == ([0, 1], -0.1)
+            await walk_the_grid(env)
