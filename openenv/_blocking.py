@@ -25,6 +25,7 @@ import anyio.lowlevel
 from anyio.from_thread import BlockingPortal
 
 from ._exceptions import ClientStateError
+from ._lane import BLOCKING_CALLERS
 
 __all__ = ["BlockingFacade", "Holder", "call", "in_event_loop"]
 
@@ -139,13 +140,24 @@ class _HeldOpen:
     Kept apart from the facade, so that a finalizer can still close it once the
     facade is gone.
 
+    Args:
+        client: The async client (or pool) to hold open.
+        loop: The loop thread to hold it on.
+        on_open: Called in the holding task once the client is open (on the event loop).
+
     Raises:
         BaseException: Whatever connecting raised, or the interrupt (Ctrl-C) that
             cut it short; the connect is then cancelled and unwound.
     """
 
-    def __init__(self, client: AbstractAsyncContextManager[Any], loop: _LoopThread) -> None:
+    def __init__(
+        self,
+        client: AbstractAsyncContextManager[Any],
+        loop: _LoopThread,
+        on_open: Callable[[], object] | None = None,
+    ) -> None:
         self.client = client
+        self._on_open = on_open
         self._loop = loop
         self.portal = loop.acquire()
         self._connected: Future[None] = Future()
@@ -167,7 +179,11 @@ class _HeldOpen:
         # Entered and left in this one task, as the client's task group (it owns its transport's idle work) needs.
         try:
             stop = anyio.Event()
+            if self._on_open is not None:
+                BLOCKING_CALLERS.set(True)  # this task's own context: its transports may lend to the caller's thread
             async with self.client:
+                if self._on_open is not None:
+                    self._on_open()
                 self._stop = stop
                 self._connected.set_result(None)
                 await stop.wait()
@@ -241,12 +257,23 @@ class Holder:
         self._open: _HeldOpen | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
 
-    def open(self, facade: object, target: AbstractAsyncContextManager[Any], backend: str) -> None:
-        """Open ``target`` (an async client or pool) on ``backend``'s loop thread, for ``facade``."""
+    def open(
+        self,
+        facade: object,
+        target: AbstractAsyncContextManager[Any],
+        backend: str,
+        on_open: Callable[[], object] | None = None,
+    ) -> None:
+        """Open ``target`` (an async client or pool) on ``backend``'s loop thread, for ``facade``.
+
+        With ``on_open``, called on the event loop once ``target`` is open, the
+        target's transports learn that blocking callers use them
+        (`openenv._lane.BLOCKING_CALLERS`).
+        """
         _refuse_inside_event_loop("connect")
         if self._open is not None:
             raise ClientStateError(f"this {self._name} is already {self._state}")
-        opened = _HeldOpen(target, _loop_thread(backend))
+        opened = _HeldOpen(target, _loop_thread(backend), on_open)
         self._open = opened
         self._finalizer = weakref.finalize(facade, _close_abandoned, opened, repr(facade))
 

@@ -12,9 +12,9 @@ import enum
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Generic, Literal, NoReturn, Self
+from typing import Any, Generic, Literal, NoReturn, Self, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -33,16 +33,19 @@ from ._exceptions import (
     ValidationError,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
+from ._lane import LaneCalls, Unfinished
 from ._limits import DEFAULT_REPLY_TIMEOUT, USE_CLIENT_DEFAULT, UseClientDefault
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
 from ._messages import MCPMessage, ObservationReply, StateReply
 from ._registry import check_transport_options, create_transport, takes_option
-from ._requests import RequestChannel, encode_mcp, encode_reset, encode_state, encode_step
+from ._requests import Encoder, RequestChannel, encode_mcp, encode_reset, encode_state, encode_step
 from ._transport import Transport
 from ._types import ActT, ObsT, StateT, StepResult
 from ._watchdog import Watchdog
 
 __all__ = ["EnvClient", "SyncEnvClient", "requests_of"]
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger("openenv.client")
 
@@ -774,7 +777,13 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
     background thread (anyio's blocking portal, shared by all sync clients of a
     backend, started with the first and stopped with the last), so it behaves
     exactly as the async client does, under asyncio or trio, and raises the same
-    exceptions.
+    exceptions. Over a transport that can lend its connection to the caller's
+    thread (``ws://`` and ``http://`` without TLS), `reset`, `step` and `state`
+    write their request and read their reply in the calling thread itself, with
+    no hand-off to the event loop (`openenv._lane`); whatever else the
+    connection needs (a ping answered, a drop resumed) goes through the event
+    loop as before. One call at a time goes through a facade; calls of
+    different facades, from different threads, go on together.
 
     Every method raises `ClientStateError` when called from inside a running
     event loop, where blocking would stall it: there, await the `EnvClient`
@@ -816,6 +825,7 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
         self.client = client
         self.backend = backend
         self._holder = Holder("SyncEnvClient", "connected")
+        self._calls = LaneCalls()
 
     def __repr__(self) -> str:
         return f"<SyncEnvClient of {self.client!r}>"
@@ -838,7 +848,8 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             ValueError: The transport rejected the URL or an option.
             TypeError: msgspec cannot decode into the client's types.
         """
-        self._holder.open(self, self.client, self.backend)
+        calls, client = self._calls, self.client
+        self._holder.open(self, client, self.backend, on_open=lambda: calls.attach(client.transport))
         return self
 
     def close(self) -> None:
@@ -873,8 +884,10 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             EncodingError: A keyword argument cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("reset")
-        return call(portal, lambda: self.client.reset(timeout=timeout, **kwargs))
+        if type(self.client).reset is not EnvClient.reset:  # the subclass's own reset: on the event loop
+            return self._through_the_loop("reset", lambda: self.client.reset(timeout=timeout, **kwargs))
+        requests, reply = self._request("reset", encode_reset, kwargs, timeout)
+        return requests.results.of_reply(reply)
 
     def step(self, action: ActT, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> StepResult[ObsT]:
         """Take one step, blocking; see `EnvClient.step`.
@@ -898,8 +911,10 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             EncodingError: The action cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("step")
-        return call(portal, lambda: self.client.step(action, timeout=timeout))
+        if type(self.client).step is not EnvClient.step:  # the subclass's own step: on the event loop
+            return self._through_the_loop("step", lambda: self.client.step(action, timeout=timeout))
+        requests, reply = self._request("step", encode_step, action, timeout)
+        return requests.results.of_reply(reply)
 
     def state(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> StateT:
         """Ask for the environment's state, blocking; see `EnvClient.state`.
@@ -919,8 +934,12 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             ReplyValidationError: The reply does not fit the client's state type.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("state")
-        return call(portal, lambda: self.client.state(timeout=timeout))
+        if type(self.client).state is not EnvClient.state:  # the subclass's own state: on the event loop
+            return self._through_the_loop("state", lambda: self.client.state(timeout=timeout))
+        _, reply = self._request("state", encode_state, None, timeout)
+        if not isinstance(reply, StateReply):
+            raise ProtocolError(f"expected a state reply, got {type(reply).__name__}")
+        return reply.data  # type: ignore[no-any-return]
 
     def list_tools(self, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT) -> list[Tool]:
         """List the tools of an MCP tool environment, blocking; see `EnvClient.list_tools`.
@@ -940,8 +959,7 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             ReplyValidationError: The reply is not a list of tools.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("list_tools")
-        return call(portal, lambda: self.client.list_tools(timeout=timeout))
+        return self._through_the_loop("list_tools", lambda: self.client.list_tools(timeout=timeout))
 
     def call_tool(
         self, name: str, *, timeout: float | UseClientDefault | None = USE_CLIENT_DEFAULT, **arguments: Any
@@ -965,8 +983,7 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             EncodingError: An argument cannot be encoded.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("call_tool")
-        return call(portal, lambda: self.client.call_tool(name, timeout=timeout, **arguments))
+        return self._through_the_loop("call_tool", lambda: self.client.call_tool(name, timeout=timeout, **arguments))
 
     def mcp(
         self,
@@ -993,8 +1010,7 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
             TransportError: The connection closed or broke.
             ClientStateError: Not connected, closed, or called inside an event loop.
         """
-        portal = self._holder.portal("mcp")
-        return call(portal, lambda: self.client.mcp(method, params, timeout=timeout))
+        return self._through_the_loop("mcp", lambda: self.client.mcp(method, params, timeout=timeout))
 
     def __getattr__(self, name: str) -> Any:
         """The client's own attribute of that name; a coroutine method of a subclass comes as a blocking one.
@@ -1024,10 +1040,30 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
 
         @functools.wraps(attribute)
         def blocking(*args: Any, **kwargs: Any) -> Any:
-            portal = self._holder.portal(name)
-            return call(portal, lambda: getattr(client, name)(*args, **kwargs))
+            return self._through_the_loop(name, lambda: getattr(client, name)(*args, **kwargs))
 
         return blocking
 
+    def _request(
+        self, name: str, encode: Encoder, payload: Any, timeout: float | UseClientDefault | None
+    ) -> tuple[RequestChannel[ActT, ObsT, StateT], Any]:
+        """Make a request on the lane, finishing on the event loop what it cannot; the channel and the reply."""
+        portal = self._holder.portal(name)
+        calls, client = self._calls, self.client
+        with calls.lock:
+            requests = client._requests_or_raise()
+            reply = calls.request(requests, encode, payload, timeout, client.timeout)
+            if type(reply) is Unfinished:
+                unfinished = reply
+                reply = call(portal, lambda: calls.finish(requests, unfinished, encode, payload, client.timeout))
+            return requests, reply
 
-_OWN_ATTRIBUTES = frozenset({"client", "backend", "_holder"})
+    def _through_the_loop(self, name: str, method: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one of the client's coroutine methods on the event loop, as the facade's one call at a time."""
+        portal = self._holder.portal(name)
+        calls = self._calls
+        with calls.lock:
+            return call(portal, lambda: calls.through_the_loop(method))
+
+
+_OWN_ATTRIBUTES = frozenset({"client", "backend", "_holder", "_calls"})

@@ -15,11 +15,13 @@ import ssl
 from collections.abc import Hashable, Sequence
 from typing import Literal
 
+import anyio
 from websockets.exceptions import InvalidURI
 from websockets.uri import parse_uri
 
 from openenv import EVENT_LOOP_CLOCK, Clock, ConnectError, ConnectionClosed, Dialect, Transport
 from openenv._batch import LinkStepBatcher
+from openenv._lane import BLOCKING_CALLERS
 from openenv._limits import (
     DEFAULT_CLIENT_CLOSE_TIMEOUT,
     DEFAULT_CLIENT_MAX_MESSAGE_SIZE,
@@ -33,6 +35,7 @@ from transports.shared._network_client import HeaderPairs, client_headers, conne
 from transports.shared._public_io import public_io_only
 from transports.websocket._handshake import Handshaken, Upgrade, close_quietly, handshake
 from transports.websocket._link import Link, LinkChannel
+from transports.websocket._link_lane import SessionLane
 from transports.websocket._subprotocols import (
     LINK_SUBPROTOCOLS,
     MAX_MESSAGE_HEADER,
@@ -239,6 +242,7 @@ class WebSocketTransport(Transport):
         self._entered = False
         self._link: Link | None = None
         self.link_channel: LinkChannel | None = None
+        self._lanes = False  # opened for a blocking client: on a link only blocking clients ride, lent to them
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
@@ -268,6 +272,7 @@ class WebSocketTransport(Transport):
             self.resume,
             self.resume_timeout,
             self._clock,
+            self._lanes,
         )
 
     async def __aenter__(self) -> WebSocketTransport:
@@ -286,6 +291,8 @@ class WebSocketTransport(Transport):
         """
         connect_once(self._entered, self)
         self._entered = True
+        # A blocking client's threads may borrow the connection: not one async sessions ride as well.
+        self._lanes = BLOCKING_CALLERS.get() and self._clock is EVENT_LOOP_CLOCK and not public_io_only()
         try:
             upgrade = Upgrade(
                 self.url,
@@ -315,6 +322,7 @@ class WebSocketTransport(Transport):
         else:
             link = await self._open(upgrade, None)
         self._link = link
+        await link.reclaim()  # threads of other sessions may have it
         try:
             self.link_channel = link.open()
         except ConnectionClosed as exc:  # the link ended between its opening and now: say so as a connect error
@@ -390,6 +398,7 @@ class WebSocketTransport(Transport):
             quick_read=not public_io_only(),
             max_message_size=upgrade.max_message_size,
             on_idle=(lambda link: forget(key, link)) if key is not None else lambda link: None,
+            lend_to_threads=self._lanes,
         )
 
     async def send(self, frame: bytes) -> None:
@@ -409,6 +418,7 @@ class WebSocketTransport(Transport):
         link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        await link.reclaim()
         await link.send(channel, frame)
 
     async def receive(self) -> bytes:
@@ -430,6 +440,7 @@ class WebSocketTransport(Transport):
         link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        await link.reclaim()
         return await link.receive(channel)
 
     def send_nowait(self, frame: bytes) -> None:
@@ -443,6 +454,8 @@ class WebSocketTransport(Transport):
         link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        if link.lane is not None and link.lane.held:
+            raise anyio.WouldBlock  # threads have the link: `send` takes it back
         link.send_nowait(channel, frame)
 
     def receive_nowait(self) -> bytes:
@@ -456,14 +469,31 @@ class WebSocketTransport(Transport):
         link, channel = self._link, self.link_channel
         if link is None or channel is None:
             raise ConnectionClosed(f"the WebSocket transport to {self.url} is not connected")
+        if link.lane is not None and link.lane.held:
+            raise anyio.WouldBlock  # threads have the link: `receive` takes it back
         return link.receive_nowait(channel)
 
     def step_batcher(self) -> LinkStepBatcher | None:
         """Steps this session with the others of its link as one entry, when the server takes batches."""
         link, channel = self._link, self.link_channel
-        if link is None or channel is None or channel.ended is not None:
+        if link is None or channel is None or channel.ended is not None or link.lane is not None:
             return None
         return link.step_batcher()
+
+    def blocking_lane(self) -> SessionLane | None:
+        """The session's lane for a blocking client's threads, lent if it can be (see `openenv._lane`).
+
+        ``None`` unless the transport was opened for a blocking client
+        (`openenv._lane.BLOCKING_CALLERS`) over a plain TCP connection.
+        """
+        link, channel = self._link, self.link_channel
+        if link is None or channel is None:
+            return None
+        lane = link.lane
+        if lane is None:
+            return None
+        link.lend()
+        return SessionLane(lane, channel, link.lend)
 
     async def keep(self) -> None:
         """Keep the connection while nobody calls: answer pings, ping a quiet server, resume a drop.
@@ -483,4 +513,5 @@ class WebSocketTransport(Transport):
         """
         link, channel = self._link, self.link_channel
         if link is not None and channel is not None:
+            await link.reclaim()
             await link.leave(channel)

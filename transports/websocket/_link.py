@@ -56,6 +56,7 @@ from transports.link._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, R
 from transports.link._state import ClientLinkState, LinkProtocolError
 from transports.shared._network_client import STREAM_ERRORS, describe
 from transports.websocket._handshake import READ_SIZE, Handshaken, close_quietly
+from transports.websocket._link_lane import LinkLane
 from transports.websocket._link_write import LinkWriter
 from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
 from transports.websocket._socket_reader import SocketReader, socket_reader
@@ -114,6 +115,8 @@ class Link(LinkWriter):
             protocol's own limit, which the quick read keeps too).
         on_idle: Called once when the link ends, or its last session leaves
             (a registry of shared links forgets it there).
+        lend_to_threads: Only blocking clients ride it: lend it to their threads
+            (`transports.websocket._link_lane`) while it is a plain TCP socket read quickly.
     """
 
     _session_name = "WebSocket session"
@@ -135,6 +138,7 @@ class Link(LinkWriter):
         quick_read: bool = False,
         max_message_size: int | None = None,
         on_idle: Callable[[Link], object] = lambda link: None,
+        lend_to_threads: bool = False,
     ) -> None:
         super().__init__(url=url, codec=envelope, clock=clock, close_timeout=close_timeout, on_idle=on_idle)
         self.subprotocol = subprotocol
@@ -159,6 +163,8 @@ class Link(LinkWriter):
         self._broken: ConnectionClosed | ProtocolError | None = None  # the connection dropped; not yet replaced
         self._gone = anyio.Event()  # set once the socket in use has ended (EOF, a failure, a shutdown)
         self.resumes = 0
+        self._lane = LinkLane(self) if lend_to_threads else None
+        self._deferred_end: tuple[ConnectionClosed | ProtocolError, BaseException | None] | None = None
         self._take_over(handshaken)
 
     def __repr__(self) -> str:
@@ -420,6 +426,14 @@ class Link(LinkWriter):
         clock = self._clock
         interval = self._ping_interval
         while self._ended is None and not self._closing:
+            lane = self._lane
+            if lane is not None and lane.held:
+                idle = lane.idle_for()  # lent to threads: taken back once they leave it unused
+                if idle < IDLE_READ:
+                    await clock.sleep(IDLE_READ - idle)
+                else:
+                    await self.reclaim()
+                continue
             now = clock.now()
             if self._broken is not None and not self._reading:
                 self._reading = True
@@ -482,6 +496,111 @@ class Link(LinkWriter):
             self._pong = None
             self._last_received = self._clock.now()
 
+    # -- lent to blocking callers' threads (`transports.websocket._link_lane`) --------------
+
+    @property
+    def channels(self) -> dict[int, LinkChannel]:
+        """The sessions on the link, by channel number."""
+        return self._channels
+
+    @property
+    def max_message_size(self) -> int | None:
+        """The largest message taken from the server."""
+        return self._max_message_size
+
+    @property
+    def lane(self) -> LinkLane | None:
+        """What lends the link to blocking callers' threads; ``None`` for a link never lent (TLS: no plain socket)."""
+        return self._lane if self._socket is not None else None
+
+    def lend(self) -> bool:
+        """Lend the link to its blocking callers' threads, if nothing else uses it now; whether it is lent."""
+        lane, reader = self._lane, self._reader
+        if lane is None or reader is None or self._socket is None:
+            return False
+        if lane.held:
+            return lane.lent
+        if (
+            self._reading
+            or self._waiting
+            or self._coalescing
+            or self._early
+            or self._unsent
+            or self._pong is not None
+            or self._write_lock.locked()
+            or self._has_output()
+            or self._broken is not None
+            or self._ended is not None
+            or self._closing
+            or self._protocol.state is not State.OPEN
+            or not self._quick
+            or self._fragmented
+            or not self._boundaries.at_boundary
+            or not reader.pause()
+        ):
+            return False
+        self._reading = True  # the threads read it now
+        lane.lend()
+        return True
+
+    async def reclaim(self) -> None:
+        """Take the link back from the threads, if lent, and act on what they left: bytes, a failure, an end."""
+        lane = self._lane
+        if lane is None or not lane.held:
+            return
+        leftover, failure, received = await lane.take_back()
+        try:
+            if received:
+                self._last_received = self._clock.now()
+            deferred, self._deferred_end = self._deferred_end, None
+            if deferred is not None:
+                self._end_all(*deferred)
+            if failure is not None:
+                self._gone.set()
+                self._break(failure, failure.__cause__)
+            for data in leftover:
+                await self._took(data)
+        finally:
+            self._release_reading()
+
+    def lane_socket(self) -> int:
+        """The descriptor a borrowing thread reads and writes."""
+        assert self._socket is not None
+        return self._socket.fileno()
+
+    def failure(self, text: str, cause: BaseException | None = None) -> ConnectionClosed:
+        """The error a borrowing thread leaves for the event loop when the connection fails."""
+        error = ConnectionClosed(f"{text} ({self.url})")
+        error.__cause__ = cause
+        return error
+
+    def post_on_lane(self, channel: LinkChannel, frame: bytes) -> bool:
+        """Queue a session's frame on the protocol, from a borrowing thread; ``False``: the event loop must send it."""
+        state = self._state
+        if state is None:
+            self._send_data(frame)
+            return True
+        channel_state = state.channels.get(channel.number)
+        if channel_state is None or self._refusal(frame) is not None:
+            return False
+        state.post(channel_state, msgspec.Raw(frame))
+        self._queue(state.outgoing())
+        return True
+
+    def take_output(self) -> bytes:
+        """What the protocol queued, for a borrowing thread to write."""
+        data = self._protocol.data_to_send()
+        return data[0] if len(data) == 1 else b"".join(data)
+
+    def take_on_lane(self, message: bytes) -> bool:
+        """Hand a message to its sessions, from a borrowing thread; ``False``: it ended the link (the loop's to do)."""
+        self._on_lane = True
+        try:
+            self._message(message)
+        finally:
+            self._on_lane = False
+        return self._deferred_end is None
+
     # -- reading -------------------------------------------------------------------------
 
     async def _read_for(self, channel: LinkChannel) -> None:
@@ -510,17 +629,23 @@ class Link(LinkWriter):
         try:
             data = await self._receive()
         except anyio.EndOfStream:
-            self._gone.set()
-            self._protocol.receive_eof()
-            self._after_events(self._protocol.events_received())
-            self._break(self._closed_error("the connection was lost without a WebSocket closing handshake"))
-            return
+            data = b""
         except (*STREAM_ERRORS, anyio.BrokenResourceError) as exc:
             self._gone.set()
             self._break(ConnectionClosed(f"the connection to {self.url} broke: {describe(exc)}"), exc)
             return
-        self._last_received = self._clock.now()
+        await self._took(data)
+
+    async def _took(self, data: bytes) -> None:
+        """Act on bytes read from the socket (``b""``: the server ended the TCP connection)."""
         protocol = self._protocol
+        if not data:
+            self._gone.set()
+            protocol.receive_eof()
+            self._after_events(protocol.events_received())
+            self._break(self._closed_error("the connection was lost without a WebSocket closing handshake"))
+            return
+        self._last_received = self._clock.now()
         if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
             messages = whole_data_frames(data, self._max_message_size, masked=False)
             if messages is not None:  # nothing but whole data frames: the protocol has nothing to do
@@ -728,10 +853,15 @@ class Link(LinkWriter):
 
     def _end_all(self, error: ConnectionClosed | ProtocolError, cause: BaseException | None = None) -> None:
         """The link is over: every session's channel ends with ``error`` (a session's own end stays)."""
+        if self._on_lane:  # in a borrowing thread: the event loop ends it when it takes the link back
+            if self._deferred_end is None:
+                self._deferred_end = (error, cause)
+            return
         if self._broken is None:
             self._broken = error
         super()._end_all(error, cause)
 
+    _on_lane = False  # a borrowing thread hands out a message: ending the link waits for the event loop
     _resumed = False  # the server's Resumed came on the connection that takes the link over
     _resuming = False  # a connection is taking the link over: its close is a refusal, not the link's end
 

@@ -71,6 +71,14 @@ class SocketReader:
             raise anyio.EndOfStream
         return data
 
+    def pause(self) -> bool:
+        """Stop reading until the next `receive`, so that another may read the socket.
+
+        Call it when nobody waits in `receive`. ``False``: it cannot, as it
+        holds bytes read already (or the socket's end).
+        """
+        return True
+
     def close(self) -> None:
         """Stop reading, before the socket is closed: a waiter wakes up (`anyio.notify_closing`)."""
         anyio.notify_closing(self._socket)
@@ -119,6 +127,12 @@ class _LoopReader(SocketReader):
         if end is not None:
             raise end
         return b""
+
+    def pause(self) -> bool:
+        if self._chunks or self._end is not None or self._waiter is not None:
+            return False
+        self._unregister()
+        return True
 
     def close(self) -> None:
         if self._end is None:

@@ -1,0 +1,301 @@
+"""A link lent to blocking callers: each thread writes its request and reads its reply itself, no event loop between.
+
+A blocking client (`openenv.SyncEnvClient`) drives an async client on an event
+loop in a background thread. Each call made that way crosses from the caller's
+thread to the loop's and back, and the loop thread sleeps between calls: two
+thread wake-ups that cost more than the rest of a small step. So a link that
+only blocking clients ride (`openenv.BLOCKING_CALLERS`) is lent to their
+threads while it has nothing else to do, as a server lends a connection to a
+session's thread (`transports.websocket._socket_loan`): a caller's thread posts
+its frame and writes it, then waits on the socket and reads whole data frames,
+handing every session of the link its own. While one thread reads, the others
+wait for their frames, and the one whose frame has not come takes the reading
+over when the reader is done (as async sessions share a link's reading).
+
+The loan is the link's business (`transports.websocket._link.Link.lend`,
+`Link.reclaim`); this module is the threads' side. A thread gives the link back
+at the first thing it should not handle itself: a frame that is not a whole data
+frame (a ping, a close, a fragment), the connection failing, a message that ends
+a channel or the link, a frame the link would refuse. It keeps the bytes, or
+the failure, for the event loop (`LinkLane.take_back`), and its call goes on
+through the event loop, where the async client deals with all of it as always.
+The event loop takes the link back itself before it does anything with it
+(a session's call through the event loop, a session opening or leaving), and its
+keeper takes it back once no thread used it for `IDLE_READ` seconds, so that the
+server's pings are answered, and the server pinged, while the callers think.
+
+One lock (`LinkLane.mutex`) covers the link's state and its socket's writes
+while the link is lent. A reading thread waits on the socket without it. The
+event loop never blocks on it: it tries it, and sleeps a millisecond between tries.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+from openenv import ConnectionClosed, ProtocolError
+from openenv._lane import BlockingLane, Sent
+from transports.websocket._quick_frames import whole_data_frames
+
+if TYPE_CHECKING:
+    from transports.websocket._link import Link, LinkChannel
+
+__all__ = ["LinkLane", "SessionLane"]
+
+_READ_SIZE = 64 * 1024
+_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
+_WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
+_TAKE_BACK_RETRY = 0.001  # seconds the event loop sleeps between tries of the lane's lock
+
+
+def _acquire(lock: threading.Lock) -> None:
+    """Take ``lock``, even across an interrupt (Ctrl-C): raised once the lock is held."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            lock.acquire()
+            break
+        except BaseException as exc:
+            interrupted = exc
+    if interrupted is not None:
+        lock.release()
+        raise interrupted
+
+
+def _poll(fd: int, events: int, deadline: float | None) -> bool:
+    """Wait until ``fd`` is ready for ``events``, or the deadline (``time.monotonic``); whether it is ready."""
+    poller = select.poll()
+    poller.register(fd, events)
+    timeout = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+    return bool(poller.poll(timeout))
+
+
+class LinkLane:
+    """The threads' side of a link's loan; see the module's docstring.
+
+    Args:
+        link: The link it lends.
+
+    Attributes:
+        mutex: Guards the link, its socket's writes and what follows, while it is lent.
+        lent: Whether threads may use the link now.
+        held: Whether the event loop has lent the link and not yet taken it back
+            (a thread that gave it back leaves ``lent`` false, ``held`` true).
+        last_used: When a thread last used the link (``time.monotonic()``).
+    """
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+        self.mutex = threading.Lock()
+        self.lent = False
+        self.held = False
+        self.last_used = 0.0
+        self._received = False  # bytes came while lent: the keeper's silence counts from the take back
+        self._reading = False  # a thread waits on the socket for every session
+        self._waiters: dict[int, threading.Condition] = {}  # threads waiting for another's reading
+        self._leftover: list[bytes] = []  # bytes read that the event loop must act on
+        self._failure: ConnectionClosed | ProtocolError | None = None  # the connection failed while lent
+        self._pid = os.getpid()
+
+    # -- the event loop's side ---------------------------------------------------------
+
+    def lend(self) -> None:
+        """Lend the link to threads (the event loop, with nothing else to do on it)."""
+        with self.mutex:
+            self.lent = self.held = True
+            self.last_used = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since a thread last used the link; ``inf`` once a thread gave it back."""
+        return time.monotonic() - self.last_used if self.lent else float("inf")
+
+    async def take_back(self) -> tuple[list[bytes], ConnectionClosed | ProtocolError | None, bool]:
+        """Take the link back (the event loop): ``(bytes to act on, failure, whether bytes came)``.
+
+        Threads waiting on it wake up and go on through the event loop.
+        """
+        while not self.mutex.acquire(blocking=False):  # noqa: ASYNC110 - a thread's lock: no event to wait on
+            await anyio.sleep(_TAKE_BACK_RETRY)  # a thread writes, or hands out frames: briefly
+        try:
+            self.lent = self.held = False
+            leftover, self._leftover = self._leftover, []
+            failure, self._failure = self._failure, None
+            received, self._received = self._received, False
+            for waiter in self._waiters.values():
+                waiter.notify()
+        finally:
+            self.mutex.release()
+        return leftover, failure, received
+
+    # -- the threads' side (with the mutex held) ---------------------------------------
+
+    def _usable(self) -> bool:
+        return self.lent and os.getpid() == self._pid  # a forked child never touches its parent's socket
+
+    def _give_back(
+        self, *, leftover: bytes | None = None, failure: ConnectionClosed | ProtocolError | None = None
+    ) -> None:
+        """Stop lending: what the event loop must act on (bytes read, ``b""`` for the end) waits for `take_back`."""
+        self.lent = False
+        if leftover is not None:
+            self._leftover.append(leftover)
+        if failure is not None and self._failure is None:
+            self._failure = failure
+        for waiter in self._waiters.values():
+            waiter.notify()
+
+    def send(self, channel: LinkChannel, frame: bytes) -> Sent:
+        """Send a session's frame from the calling thread."""
+        link = self._link
+        _acquire(self.mutex)
+        try:
+            if not self._usable() or channel.ended is not None:
+                return Sent.NOT_SENT
+            if not link.post_on_lane(channel, frame):
+                return Sent.NOT_SENT
+            self.last_used = time.monotonic()
+            return self._write(link.take_output())
+        finally:
+            self.mutex.release()
+
+    def _write(self, data: bytes) -> Sent:
+        """Write ``data`` whole; a failure, or an interrupt part-way, gives the link back broken."""
+        link = self._link
+        view = memoryview(data)
+        fd = link.lane_socket()
+        try:
+            while view:
+                try:
+                    written = os.write(fd, view)
+                except (BlockingIOError, InterruptedError):
+                    written = 0
+                view = view[written:]
+                if view:
+                    _poll(fd, _WRITABLE, None)
+        except OSError as exc:
+            self._give_back(failure=link.failure(f"the connection broke while sending: {exc}", exc))
+            return Sent.HANDED_BACK
+        except BaseException:
+            if len(view) != len(data):  # part of a message went out: the connection's framing is lost
+                self._give_back(failure=link.failure("a write was interrupted; the connection was abandoned"))
+            raise
+        return Sent.SENT
+
+    def receive(self, channel: LinkChannel, deadline: float | None) -> bytes | None:
+        """The session's next frame, read by this thread or another; ``None``: go through the event loop.
+
+        Raises:
+            TimeoutError: The deadline (``time.monotonic``) passed first.
+        """
+        _acquire(self.mutex)
+        try:
+            frames = channel.frames
+            while True:
+                while frames:
+                    frame = frames.popleft()
+                    if type(frame) is bytes:
+                        return frame
+                if not self._usable() or channel.ended is not None:
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError
+                if self._reading:
+                    self._wait_for_reader(channel, deadline)
+                else:
+                    self._read_once(deadline)
+        finally:
+            self.mutex.release()
+
+    def _wait_for_reader(self, channel: LinkChannel, deadline: float | None) -> None:
+        waiter = threading.Condition(self.mutex)
+        self._waiters[channel.number] = waiter
+        try:
+            waiter.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        finally:
+            self._waiters.pop(channel.number, None)
+
+    def _read_once(self, deadline: float | None) -> None:
+        """Wait on the socket (without the lock) and hand out what came; then wake whoever must go on."""
+        link = self._link
+        fd = link.lane_socket()
+        self._reading = True
+        try:
+            self.mutex.release()
+            try:
+                ready = _poll(fd, _READABLE, deadline)
+            finally:
+                _acquire(self.mutex)
+            if not ready or not self._usable():
+                return
+            try:
+                data = os.read(fd, _READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._give_back(failure=link.failure(f"the connection broke: {exc}", exc))
+                return
+            self.last_used = time.monotonic()
+            self._received = True
+            messages = whole_data_frames(data, link.max_message_size, masked=False) if data else None
+            if messages is None:  # a control frame, a fragment, the end (b""): the event loop's to act on
+                self._give_back(leftover=data)
+                return
+            for _, message in messages:
+                if not link.take_on_lane(message):
+                    self._give_back()
+                    return
+        finally:
+            self._reading = False
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """Wake the threads whose frames came (or whose channel ended), and one to read for the rest."""
+        channels = self._link.channels
+        reader_needed = True
+        for number, waiter in self._waiters.items():
+            channel = channels.get(number)
+            if channel is None or channel.frames or channel.ended is not None or not self.lent:
+                waiter.notify()
+            elif reader_needed:
+                waiter.notify()
+                reader_needed = False
+
+
+class SessionLane(BlockingLane):
+    """One session's use of a lent link: what `openenv.BlockingLane` asks of a transport.
+
+    Args:
+        lane: The link's lane.
+        channel: The session's channel on the link.
+        relend: Lends the link again (on the event loop), after a call that went through it.
+    """
+
+    __slots__ = ("_channel", "_lane", "_relend")
+
+    def __init__(self, lane: LinkLane, channel: LinkChannel, relend: Callable[[], bool]) -> None:
+        self._lane = lane
+        self._channel = channel
+        self._relend = relend
+
+    def relend(self) -> bool:
+        """Lend the link again, if it can be (call on the event loop); whether it is lent."""
+        return self._relend()
+
+    def send(self, frame: bytes) -> Sent:
+        """Send one frame from the calling thread (see `Sent`)."""
+        return self._lane.send(self._channel, frame)
+
+    def receive(self, deadline: float | None) -> bytes | None:
+        """The next frame, read from the calling thread; ``None``: wait for it through the event loop.
+
+        Raises:
+            TimeoutError: ``deadline`` (``time.monotonic``) passed first.
+        """
+        return self._lane.receive(self._channel, deadline)
