@@ -78,6 +78,14 @@ class BlockingLane(ABC):
         """
 
     @abstractmethod
+    def posted(self, frame: bytes) -> bool:
+        """Whether ``frame`` is the last frame the lane took: it goes out even if its `send` was interrupted.
+
+        Args:
+            frame: A frame given to `send`.
+        """
+
+    @abstractmethod
     def receive(self, deadline: float | None) -> bytes | None:
         """The session's next frame, read in the calling thread.
 
@@ -170,10 +178,17 @@ class LaneCalls:
         if lane is None or (timeout is not None and timeout <= 0):
             return Unfinished(codec, request_id, None, timeout, sent=False)
         deadline = None if timeout is None else time.monotonic() + timeout
-        sent = lane.send(frame)
+        unanswered = requests.unanswered
+        unanswered.append(request_id)  # first: a send cut short (Ctrl-C) may still go out, and get its reply
+        try:
+            sent = lane.send(frame)
+        except BaseException:
+            if not lane.posted(frame):
+                unanswered.pop()
+            raise
         if sent is Sent.NOT_SENT:
+            unanswered.pop()
             return Unfinished(codec, request_id, deadline, timeout, sent=False)
-        requests.unanswered.append(request_id)
         if sent is Sent.HANDED_BACK:
             return Unfinished(codec, request_id, deadline, timeout, sent=True)
         while True:

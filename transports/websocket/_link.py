@@ -528,7 +528,6 @@ class Link(LinkWriter):
             or self._unsent
             or self._pong is not None
             or self._write_lock.locked()
-            or self._has_output()
             or self._broken is not None
             or self._ended is not None
             or self._closing
@@ -548,7 +547,9 @@ class Link(LinkWriter):
         lane = self._lane
         if lane is None or not lane.held:
             return
-        leftover, failure, received = await lane.take_back()
+        unwritten, leftover, failure, received = await lane.take_back()
+        if unwritten:
+            self._unsent.insert(0, unwritten)  # the rest of a write a thread began: before anything else
         try:
             if received:
                 self._last_received = self._clock.now()

@@ -54,6 +54,17 @@ _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
 _WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
 _TAKE_BACK_RETRY = 0.001  # seconds the event loop sleeps between tries of the lane's lock
 
+_forks = 0  # processes forked from this one, as seen by the child: a lane of the parent's is not the child's
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
 
 def _acquire(lock: threading.Lock) -> None:
     """Take ``lock``, even across an interrupt (Ctrl-C): raised once the lock is held."""
@@ -102,7 +113,10 @@ class LinkLane:
         self._waiters: dict[int, threading.Condition] = {}  # threads waiting for another's reading
         self._leftover: list[bytes] = []  # bytes read that the event loop must act on
         self._failure: ConnectionClosed | ProtocolError | None = None  # the connection failed while lent
-        self._pid = os.getpid()
+        self._writing = False  # a thread writes (without the mutex)
+        self._unwritten = memoryview(b"")  # bytes taken from the protocol and not written yet
+        self._generation = _forks
+        self.posted: bytes | None = None  # the last frame posted: whether an interrupted send went out
 
     # -- the event loop's side ---------------------------------------------------------
 
@@ -116,15 +130,24 @@ class LinkLane:
         """Seconds since a thread last used the link; ``inf`` once a thread gave it back."""
         return time.monotonic() - self.last_used if self.lent else float("inf")
 
-    async def take_back(self) -> tuple[list[bytes], ConnectionClosed | ProtocolError | None, bool]:
-        """Take the link back (the event loop): ``(bytes to act on, failure, whether bytes came)``.
+    async def take_back(self) -> tuple[bytes, list[bytes], ConnectionClosed | ProtocolError | None, bool]:
+        """Take the link back (the event loop); threads waiting on it wake up and go on through the event loop.
 
-        Threads waiting on it wake up and go on through the event loop.
+        Returns:
+            The bytes of a write a thread began (to write before anything
+            else), the bytes read to act on (``b""``: the end), the
+            connection's failure, and whether bytes came while it was lent.
         """
-        while not self.mutex.acquire(blocking=False):  # noqa: ASYNC110 - a thread's lock: no event to wait on
-            await anyio.sleep(_TAKE_BACK_RETRY)  # a thread writes, or hands out frames: briefly
+        while True:
+            # A thread's lock, held briefly (a frame posted, frames handed out), or a write under way: try again.
+            if self.mutex.acquire(blocking=False):
+                if not self._writing:
+                    break
+                self.mutex.release()
+            await anyio.sleep(_TAKE_BACK_RETRY)
         try:
             self.lent = self.held = False
+            unwritten, self._unwritten = bytes(self._unwritten), memoryview(b"")
             leftover, self._leftover = self._leftover, []
             failure, self._failure = self._failure, None
             received, self._received = self._received, False
@@ -132,12 +155,12 @@ class LinkLane:
                 waiter.notify()
         finally:
             self.mutex.release()
-        return leftover, failure, received
+        return unwritten, leftover, failure, received
 
     # -- the threads' side (with the mutex held) ---------------------------------------
 
     def _usable(self) -> bool:
-        return self.lent and os.getpid() == self._pid  # a forked child never touches its parent's socket
+        return self.lent and self._generation == _forks  # a forked child never touches its parent's socket
 
     def _give_back(
         self, *, leftover: bytes | None = None, failure: ConnectionClosed | ProtocolError | None = None
@@ -152,41 +175,64 @@ class LinkLane:
             waiter.notify()
 
     def send(self, channel: LinkChannel, frame: bytes) -> Sent:
-        """Send a session's frame from the calling thread."""
+        """Send a session's frame from the calling thread (see `Sent`).
+
+        Frames that other threads post while one writes leave with its next
+        write: threads that send at once share messages, as the sessions of one
+        turn of an event loop do. A write cut short (Ctrl-C) leaves the rest
+        for the next writer, a thread's or the event loop's: the connection's
+        framing holds.
+        """
         link = self._link
         _acquire(self.mutex)
         try:
-            if not self._usable() or channel.ended is not None:
+            if not self._usable() or channel.ended is not None or not link.post_on_lane(channel, frame):
                 return Sent.NOT_SENT
-            if not link.post_on_lane(channel, frame):
-                return Sent.NOT_SENT
+            self.posted = frame
             self.last_used = time.monotonic()
-            return self._write(link.take_output())
+            if self._writing:
+                return Sent.SENT  # the thread writing now sends it with its next write
+            return self._write_all()
         finally:
             self.mutex.release()
 
-    def _write(self, data: bytes) -> Sent:
-        """Write ``data`` whole; a failure, or an interrupt part-way, gives the link back broken."""
+    def _write_all(self) -> Sent:
+        """Write what the protocol holds, and what others post meanwhile; with the mutex (released while writing)."""
         link = self._link
-        view = memoryview(data)
         fd = link.lane_socket()
+        self._writing = True
         try:
-            while view:
+            while True:
+                if not self._unwritten:
+                    data = link.take_output()
+                    if not data:
+                        return Sent.SENT
+                    self._unwritten = memoryview(data)
+                self.mutex.release()
                 try:
-                    written = os.write(fd, view)
-                except (BlockingIOError, InterruptedError):
-                    written = 0
-                view = view[written:]
-                if view:
-                    _poll(fd, _WRITABLE, None)
-        except OSError as exc:
-            self._give_back(failure=link.failure(f"the connection broke while sending: {exc}", exc))
-            return Sent.HANDED_BACK
-        except BaseException:
-            if len(view) != len(data):  # part of a message went out: the connection's framing is lost
-                self._give_back(failure=link.failure("a write was interrupted; the connection was abandoned"))
-            raise
-        return Sent.SENT
+                    error = self._write_out(fd)
+                finally:
+                    _acquire(self.mutex)
+                if error is not None:
+                    self._unwritten = memoryview(b"")
+                    self._give_back(failure=link.failure(f"the connection broke while sending: {error}", error))
+                    return Sent.HANDED_BACK
+        finally:
+            self._writing = False
+
+    def _write_out(self, fd: int) -> OSError | None:
+        """Write `_unwritten` whole (the writer alone touches it, without the mutex); the socket's error, if any."""
+        while self._unwritten:
+            try:
+                written = os.write(fd, self._unwritten)
+            except (BlockingIOError, InterruptedError):
+                written = 0
+            except OSError as exc:
+                return exc
+            self._unwritten = self._unwritten[written:]
+            if self._unwritten:
+                _poll(fd, _WRITABLE, None)  # full: wait for room (Ctrl-C leaves the rest for the next writer)
+        return None
 
     def receive(self, channel: LinkChannel, deadline: float | None) -> bytes | None:
         """The session's next frame, read by this thread or another; ``None``: go through the event loop.
@@ -291,6 +337,10 @@ class SessionLane(BlockingLane):
     def send(self, frame: bytes) -> Sent:
         """Send one frame from the calling thread (see `Sent`)."""
         return self._lane.send(self._channel, frame)
+
+    def posted(self, frame: bytes) -> bool:
+        """Whether ``frame`` was the last frame posted (it goes out, even if its send was interrupted)."""
+        return self._lane.posted is frame
 
     def receive(self, deadline: float | None) -> bytes | None:
         """The next frame, read from the calling thread; ``None``: wait for it through the event loop.
