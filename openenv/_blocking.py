@@ -11,6 +11,7 @@ collected or at exit, as an unclosed file is).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 import weakref
@@ -34,6 +35,18 @@ _T = TypeVar("_T")
 # How long an interrupted connect, or a close at exit, may take to unwind before
 # the caller gets control back regardless (the work is already cancelled).
 _UNWIND_TIMEOUT = 5.0
+
+
+_forks = 0  # processes forked from this one, as seen by the child
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def in_event_loop() -> bool:
@@ -159,6 +172,7 @@ class _HeldOpen:
         self.client = client
         self._on_open = on_open
         self._loop = loop
+        self.generation = _forks  # a forked child has no loop thread, and must not touch the parent's connections
         self.portal = loop.acquire()
         self._connected: Future[None] = Future()
         self._finished = threading.Event()
@@ -195,10 +209,16 @@ class _HeldOpen:
             self._finished.set()
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Close the client and release the loop; Ctrl-C (or ``timeout``) cancels the close."""
+        """Close the client and release the loop; Ctrl-C (or ``timeout``) cancels the close.
+
+        In a forked child it only forgets the client: its loop thread and its
+        connections are the parent's.
+        """
         if self._closed:
             return
         self._closed = True
+        if self.generation != _forks:
+            return
         assert self._task is not None
         assert self._stop is not None
         try:
@@ -223,6 +243,8 @@ class _HeldOpen:
 
 def _close_abandoned(opened: _HeldOpen, description: str) -> None:
     """Close a client whose facade was collected, or left open at exit; warn as an unclosed file does."""
+    if opened.generation != _forks:
+        return  # a forked child's copy: the parent's to close
     try:
         if in_event_loop():
             # Collected inside some event loop: close elsewhere rather than block it.
@@ -290,9 +312,15 @@ class Holder:
     def portal(self, name: str) -> BlockingPortal:
         """The portal to call the open object through, for the facade's method ``name``."""
         _refuse_inside_event_loop(name)
-        if self._open is None:
+        opened = self._open
+        if opened is None:
             raise ClientStateError(f"the {self._name} is not {self._state}: use `with` or call connect()")
-        return self._open.portal
+        if opened.generation != _forks:
+            raise ClientStateError(
+                f"this {self._name} was {self._state} in the parent process, before the fork; "
+                "make a new one in this process"
+            )
+        return opened.portal
 
 
 class BlockingFacade:

@@ -61,6 +61,41 @@ with EnvClient(url).sync(backend=backend) as env:
 print("closed", flush=True)
 """
 
+# The step by 0 waits on the server until the test releases it; Ctrl-C lands meanwhile.
+_STEP_INTERRUPTED_THEN_ANOTHER = """
+import sys
+from openenv import EnvClient
+url, backend = sys.argv[1:3]
+with EnvClient(url).sync(backend=backend) as env:
+    env.reset()
+    print("stepping", flush=True)
+    try:
+        env.step({"by": 0}, timeout=None)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print(env.step({"by": 2}).observation["count"], flush=True)
+print("closed", flush=True)
+"""
+
+_FORK_WITH_A_CLIENT = """
+import os, sys
+from openenv import ClientStateError, EnvClient
+url, backend = sys.argv[1:3]
+with EnvClient(url).sync(backend=backend) as env:
+    env.step({"by": 1})
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's client is not its own
+        try:
+            env.step({"by": 1})
+        except ClientStateError as exc:
+            print("child:", exc, flush=True)
+            sys.exit(0)  # leaving the block closes nothing of the parent's
+        sys.exit(1)
+    _, status = os.waitpid(pid, 0)
+    print("child exited", os.waitstatus_to_exitcode(status), flush=True)
+    print("parent", env.step({"by": 1}).observation["count"], flush=True)
+"""
+
 _LEAVE_OPEN = """
 import sys
 from openenv import EnvClient
@@ -97,6 +132,19 @@ class _StepsUntilReleased(AsyncCounterEnv):
     async def step(self, action: CountAction) -> CountObservation:
         type(self).stepping.set()
         await type(self).released.wait()
+        return await super().step(action)
+
+
+class _WaitsOnStepByZero(AsyncCounterEnv):
+    """A step by 0 sets `stepping`, then waits for `released`; the others count at once."""
+
+    stepping: ClassVar[anyio.Event]
+    released: ClassVar[anyio.Event]
+
+    async def step(self, action: CountAction) -> CountObservation:
+        if action.by == 0:
+            type(self).stepping.set()
+            await type(self).released.wait()
         return await super().step(action)
 
 
@@ -215,3 +263,39 @@ async def test_ctrl_c_ends_a_process_holding_a_client_refused_for_capacity(schem
     assert "KeyboardInterrupt" in stderr
     assert "ResourceWarning: unclosed <SyncEnvClient" in stderr
     assert returncode != 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+async def test_ctrl_c_during_a_step_on_the_lane_leaves_the_client_usable(backend: str) -> None:
+    _WaitsOnStepByZero.stepping, _WaitsOnStepByZero.released = anyio.Event(), anyio.Event()
+    async with openenv.serve(_WaitsOnStepByZero) as server:
+        process = _start(_STEP_INTERRUPTED_THEN_ANOTHER, server.url, backend)
+        try:
+            assert await anyio.to_thread.run_sync(_read_line, process) == "stepping"
+            with anyio.fail_after(_PROCESS_WAIT):
+                await _WaitsOnStepByZero.stepping.wait()  # the client's thread now waits on the socket
+            process.send_signal(signal.SIGINT)
+            assert await anyio.to_thread.run_sync(_read_line, process) == "interrupted"
+            _WaitsOnStepByZero.released.set()  # a late reply: the next step must not take it for its own
+            returncode, stdout, stderr = await anyio.to_thread.run_sync(_finish, process)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert stdout.split() == ["2", "closed"], stderr
+    assert returncode == 0, stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", SYNC_BACKENDS)
+async def test_a_forked_child_is_refused_the_parent_s_client_and_the_parent_goes_on(backend: str) -> None:
+    async with openenv.serve(factory_path(AsyncCounterEnv)) as server:
+        process = _start(_FORK_WITH_A_CLIENT, server.url, backend)
+        returncode, stdout, stderr = await anyio.to_thread.run_sync(_finish, process)
+    assert returncode == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[0] == (
+        "child: this SyncEnvClient was connected in the parent process, before the fork; make a new one in this process"
+    )
+    assert lines[1:] == ["child exited 0", "parent 2"]
+    assert "unclosed" not in stderr

@@ -480,6 +480,13 @@ class WebSocketTransport(Transport):
             return None
         return link.step_batcher()
 
+    @property
+    def lent(self) -> bool:
+        """Whether the session's connection is lent to a blocking client's threads now (see `blocking_lane`)."""
+        link = self._link
+        lane = None if link is None else link.lane
+        return lane is not None and lane.lent
+
     def blocking_lane(self) -> SessionLane | None:
         """The session's lane for a blocking client's threads, lent if it can be (see `openenv._lane`).
 

@@ -54,17 +54,6 @@ _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
 _WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
 _TAKE_BACK_RETRY = 0.001  # seconds the event loop sleeps between tries of the lane's lock
 
-_forks = 0  # processes forked from this one, as seen by the child: a lane of the parent's is not the child's
-
-
-def _forked() -> None:
-    global _forks
-    _forks += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
-
 
 def _acquire(lock: threading.Lock) -> None:
     """Take ``lock``, even across an interrupt (Ctrl-C): raised once the lock is held."""
@@ -115,7 +104,6 @@ class LinkLane:
         self._failure: ConnectionClosed | ProtocolError | None = None  # the connection failed while lent
         self._writing = False  # a thread writes (without the mutex)
         self._unwritten = memoryview(b"")  # bytes taken from the protocol and not written yet
-        self._generation = _forks
         self.posted: bytes | None = None  # the last frame posted: whether an interrupted send went out
 
     # -- the event loop's side ---------------------------------------------------------
@@ -159,9 +147,6 @@ class LinkLane:
 
     # -- the threads' side (with the mutex held) ---------------------------------------
 
-    def _usable(self) -> bool:
-        return self.lent and self._generation == _forks  # a forked child never touches its parent's socket
-
     def _give_back(
         self, *, leftover: bytes | None = None, failure: ConnectionClosed | ProtocolError | None = None
     ) -> None:
@@ -186,7 +171,7 @@ class LinkLane:
         link = self._link
         _acquire(self.mutex)
         try:
-            if not self._usable() or channel.ended is not None or not link.post_on_lane(channel, frame):
+            if not self.lent or channel.ended is not None or not link.post_on_lane(channel, frame):
                 return Sent.NOT_SENT
             self.posted = frame
             self.last_used = time.monotonic()
@@ -248,7 +233,7 @@ class LinkLane:
                     frame = frames.popleft()
                     if type(frame) is bytes:
                         return frame
-                if not self._usable() or channel.ended is not None:
+                if not self.lent or channel.ended is not None:
                     return None
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError
@@ -278,7 +263,7 @@ class LinkLane:
                 ready = _poll(fd, _READABLE, deadline)
             finally:
                 _acquire(self.mutex)
-            if not ready or not self._usable():
+            if not ready or not self.lent:
                 return
             try:
                 data = os.read(fd, _READ_SIZE)
