@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from openenv import ConnectionClosed, Transport
+from openenv._lane import BlockingLane, BlockingLanes
 
 __all__ = ["WrappingTransport"]
 
@@ -73,6 +74,18 @@ class WrappingTransport(Transport):
             ConnectionClosed: The channel has ended and every frame was returned.
         """
         return self._channel().receive_nowait()
+
+    @property
+    def lent(self) -> bool:
+        """Whether the inner transport's connection is lent to a blocking client's threads now."""
+        return bool(getattr(self._inner, "lent", False))
+
+    def blocking_lane(self) -> BlockingLane | None:
+        """The inner transport's lane for a blocking client's threads, if it has one (see `openenv._lane`)."""
+        inner = self._inner
+        if not isinstance(inner, BlockingLanes) or not self._is_open():
+            return None
+        return inner.blocking_lane()
 
     async def keep(self) -> None:
         """The inner transport's idle work (answering pings, resuming), run by the client's owner."""

@@ -532,9 +532,6 @@ class Link(LinkWriter):
             or self._ended is not None
             or self._closing
             or self._protocol.state is not State.OPEN
-            or not self._quick
-            or self._fragmented
-            or not self._boundaries.at_boundary
             or not reader.pause()
         ):
             return False
@@ -593,14 +590,30 @@ class Link(LinkWriter):
         data = self._protocol.data_to_send()
         return data[0] if len(data) == 1 else b"".join(data)
 
-    def take_on_lane(self, message: bytes) -> bool:
-        """Hand a message to its sessions, from a borrowing thread; ``False``: it ended the link (the loop's to do)."""
+    def take_on_lane(self, data: bytes) -> bool:
+        """Act on bytes a borrowing thread read (not the end); ``False``: the link must go back to the event loop.
+
+        Whole data frames are handed out at once; anything else goes through the
+        protocol, as on the event loop: a ping's pong waits in the protocol for
+        the thread to write it. What changes the connection's state (a close, a
+        broken protocol) or ends the link is left for the event loop.
+        """
+        protocol = self._protocol
         self._on_lane = True
         try:
-            self._message(message)
+            if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
+                messages = whole_data_frames(data, self._max_message_size, masked=False)
+                if messages is not None:
+                    for _, message in messages:
+                        self._message(message)
+                    return self._deferred_end is None
+            if self._quick:
+                self._boundaries.feed(data)
+            protocol.receive_data(data)
+            self._after_events(protocol.events_received())
         finally:
             self._on_lane = False
-        return self._deferred_end is None
+        return self._deferred_end is None and protocol.state is State.OPEN
 
     # -- reading -------------------------------------------------------------------------
 

@@ -14,9 +14,10 @@ over when the reader is done (as async sessions share a link's reading).
 
 The loan is the link's business (`transports.websocket._link.Link.lend`,
 `Link.reclaim`); this module is the threads' side. A thread gives the link back
-at the first thing it should not handle itself: a frame that is not a whole data
-frame (a ping, a close, a fragment), the connection failing, a message that ends
-a channel or the link, a frame the link would refuse. It keeps the bytes, or
+at the first thing it should not handle itself: the connection closing or
+failing, a message that ends a channel or the link, a frame the link would
+refuse. (A ping it answers itself: whatever is not a whole data frame goes
+through websockets' protocol, as on the event loop.) It keeps the bytes, or
 the failure, for the event loop (`LinkLane.take_back`), and its call goes on
 through the event loop, where the async client deals with all of it as always.
 The event loop takes the link back itself before it does anything with it
@@ -42,7 +43,6 @@ import anyio
 
 from openenv import ConnectionClosed, ProtocolError
 from openenv._lane import BlockingLane, Sent
-from transports.websocket._quick_frames import whole_data_frames
 
 if TYPE_CHECKING:
     from transports.websocket._link import Link, LinkChannel
@@ -274,14 +274,14 @@ class LinkLane:
                 return
             self.last_used = time.monotonic()
             self._received = True
-            messages = whole_data_frames(data, link.max_message_size, masked=False) if data else None
-            if messages is None:  # a control frame, a fragment, the end (b""): the event loop's to act on
+            if not data:  # the server ended the connection: the event loop reads the rest of the story
                 self._give_back(leftover=data)
                 return
-            for _, message in messages:
-                if not link.take_on_lane(message):
-                    self._give_back()
-                    return
+            if not link.take_on_lane(data):
+                self._give_back()
+                return
+            if not self._writing:
+                self._write_all()  # what the protocol queued in answer (a pong), if anything
         finally:
             self._reading = False
             self._wake_waiters()

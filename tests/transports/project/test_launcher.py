@@ -155,6 +155,7 @@ def test_the_sync_client_stops_the_server_when_it_closes(echo_project: Path) -> 
         assert isinstance(transport, ProjectTransport)
         server = transport.server_url
         assert env.step(MessageAction(message="sync")).observation.echoed_message == "sync"
+        assert transport.lent  # its steps are made in this thread, on the project server's connection
     assert server is not None
     assert refused(server)
 
