@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
 import anyio.to_thread
@@ -23,9 +23,10 @@ from websockets.asyncio.server import ServerConnection, serve
 import openenv
 from openenv._lane import LaneCalls
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, MessageAction, MessageEchoEnv
-from tests.helpers import CounterClient, proxied, wait_until
+from tests.helpers import CounterClient, all_tasks_blocked, proxied, wait_until
 from tests.serving import factory_path
 from transports.websocket import WebSocketTransport
+from transports.websocket._link_lane import LinkLane
 
 pytestmark = pytest.mark.anyio
 
@@ -141,6 +142,34 @@ async def test_sync_clients_in_many_threads_share_a_connection_and_get_their_own
         await in_thread(run)
         assert errors == []
         assert proxy.connections == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_sync_clients_connecting_while_others_step_lose_no_reply(backend: str) -> None:
+    # Each connect takes the link back from the stepping threads, on the event loop, at once with the others.
+    async with openenv.serve(factory_path(MessageEchoEnv), max_sessions=64) as server:
+        errors: list[BaseException] = []
+
+        def worker(number: int) -> None:
+            try:
+                with openenv.EnvClient(server.url).sync(backend=backend) as env:
+                    for i in range(30):
+                        message = f"{number}-{i}"
+                        result = env.step(MessageAction(message=message), timeout=20)
+                        assert result.observation["echoed_message"] == message
+            except BaseException as exc:
+                errors.append(exc)
+
+        def run() -> None:
+            threads = [threading.Thread(target=worker, args=(n,)) for n in range(48)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert not any(thread.is_alive() for thread in threads)
+
+        await in_thread(run)
+        assert errors == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -269,3 +298,29 @@ async def test_a_subclass_s_own_step_runs_on_the_event_loop(backend: str) -> Non
                 return int(env.step(CountAction(by=3)).observation.count)
 
         assert await in_thread(run) == 6
+
+
+async def test_of_two_tasks_taking_a_lent_link_back_at_once_one_takes_it() -> None:
+    # The other leaves the link (and the reading it then holds) to the first: releasing it twice lost replies.
+    lane = LinkLane(cast(Any, None))
+    lane.lend()
+    taken: list[object] = []
+    lane.mutex.acquire()  # a thread hands out frames: both tasks must wait
+    try:
+        async with anyio.create_task_group() as task_group:
+            for _ in range(2):
+                task_group.start_soon(lambda: _take_back(lane, taken))
+            await all_tasks_blocked()  # both wait for the lock
+            assert taken == []
+            lane.mutex.release()
+    finally:
+        if lane.mutex.locked():
+            lane.mutex.release()
+    assert sorted(taken, key=lambda item: item is None) == [([], None, False), None]
+    assert not lane.held
+
+
+async def _take_back(lane: LinkLane, taken: list[object]) -> None:
+    with anyio.fail_after(10):
+        result = await lane.take_back()
+    taken.append(None if result is None else result[1:])

@@ -56,8 +56,7 @@ from transports.link._envelope import LINK_CHANNEL, End, EnvelopeCodec, Hello, R
 from transports.link._state import ClientLinkState, LinkProtocolError
 from transports.shared._network_client import STREAM_ERRORS, describe
 from transports.websocket._handshake import READ_SIZE, Handshaken, close_quietly
-from transports.websocket._link_lane import LinkLane
-from transports.websocket._link_write import LinkWriter
+from transports.websocket._link_lane import LendingLink, LinkLane
 from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
 from transports.websocket._socket_reader import SocketReader, socket_reader
 
@@ -88,10 +87,11 @@ def _refused(exc: BaseException) -> bool:
     return cause is not None
 
 
-class Link(LinkWriter):
+class Link(LendingLink):
     """One open WebSocket connection carrying its sessions' frames; see the module's docstring.
 
-    Its write path is `transports.websocket._link_write.LinkWriter`'s.
+    Its write path is `transports.websocket._link_write.LinkWriter`'s; its loan
+    to blocking clients' threads, `transports.websocket._link_lane.LendingLink`'s.
 
     Args:
         handshaken: The connection, past the upgrade.
@@ -495,125 +495,6 @@ class Link(LinkWriter):
         finally:
             self._pong = None
             self._last_received = self._clock.now()
-
-    # -- lent to blocking callers' threads (`transports.websocket._link_lane`) --------------
-
-    @property
-    def channels(self) -> dict[int, LinkChannel]:
-        """The sessions on the link, by channel number."""
-        return self._channels
-
-    @property
-    def max_message_size(self) -> int | None:
-        """The largest message taken from the server."""
-        return self._max_message_size
-
-    @property
-    def lane(self) -> LinkLane | None:
-        """What lends the link to blocking callers' threads; ``None`` for a link never lent (TLS: no plain socket)."""
-        return self._lane if self._socket is not None else None
-
-    def lend(self) -> bool:
-        """Lend the link to its blocking callers' threads, if nothing else uses it now; whether it is lent."""
-        lane, reader = self._lane, self._reader
-        if lane is None or reader is None or self._socket is None:
-            return False
-        if lane.held:
-            return lane.lent
-        if (
-            self._reading
-            or self._waiting
-            or self._coalescing
-            or self._early
-            or self._unsent
-            or self._pong is not None
-            or self._write_lock.locked()
-            or self._broken is not None
-            or self._ended is not None
-            or self._closing
-            or self._protocol.state is not State.OPEN
-            or not reader.pause()
-        ):
-            return False
-        self._reading = True  # the threads read it now
-        lane.lend()
-        return True
-
-    async def reclaim(self) -> None:
-        """Take the link back from the threads, if lent, and act on what they left: bytes, a failure, an end."""
-        lane = self._lane
-        if lane is None or not lane.held:
-            return
-        unwritten, leftover, failure, received = await lane.take_back()
-        if unwritten:
-            self._unsent.insert(0, unwritten)  # the rest of a write a thread began: before anything else
-        try:
-            if received:
-                self._last_received = self._clock.now()
-            deferred, self._deferred_end = self._deferred_end, None
-            if deferred is not None:
-                self._end_all(*deferred)
-            if failure is not None:
-                self._gone.set()
-                self._break(failure, failure.__cause__)
-            for data in leftover:
-                await self._took(data)
-        finally:
-            self._release_reading()
-
-    def lane_socket(self) -> int:
-        """The descriptor a borrowing thread reads and writes."""
-        assert self._socket is not None
-        return self._socket.fileno()
-
-    def failure(self, text: str, cause: BaseException | None = None) -> ConnectionClosed:
-        """The error a borrowing thread leaves for the event loop when the connection fails."""
-        error = ConnectionClosed(f"{text} ({self.url})")
-        error.__cause__ = cause
-        return error
-
-    def post_on_lane(self, channel: LinkChannel, frame: bytes) -> bool:
-        """Queue a session's frame on the protocol, from a borrowing thread; ``False``: the event loop must send it."""
-        state = self._state
-        if state is None:
-            self._send_data(frame)
-            return True
-        channel_state = state.channels.get(channel.number)
-        if channel_state is None or self._refusal(frame) is not None:
-            return False
-        state.post(channel_state, msgspec.Raw(frame))
-        self._queue(state.outgoing())
-        return True
-
-    def take_output(self) -> bytes:
-        """What the protocol queued, for a borrowing thread to write."""
-        data = self._protocol.data_to_send()
-        return data[0] if len(data) == 1 else b"".join(data)
-
-    def take_on_lane(self, data: bytes) -> bool:
-        """Act on bytes a borrowing thread read (not the end); ``False``: the link must go back to the event loop.
-
-        Whole data frames are handed out at once; anything else goes through the
-        protocol, as on the event loop: a ping's pong waits in the protocol for
-        the thread to write it. What changes the connection's state (a close, a
-        broken protocol) or ends the link is left for the event loop.
-        """
-        protocol = self._protocol
-        self._on_lane = True
-        try:
-            if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
-                messages = whole_data_frames(data, self._max_message_size, masked=False)
-                if messages is not None:
-                    for _, message in messages:
-                        self._message(message)
-                    return self._deferred_end is None
-            if self._quick:
-                self._boundaries.feed(data)
-            protocol.receive_data(data)
-            self._after_events(protocol.events_received())
-        finally:
-            self._on_lane = False
-        return self._deferred_end is None and protocol.state is State.OPEN
 
     # -- reading -------------------------------------------------------------------------
 

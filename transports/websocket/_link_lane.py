@@ -37,17 +37,19 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
+from websockets.protocol import Event, State
 
 from openenv import ConnectionClosed, ProtocolError
 from openenv._lane import BlockingLane, Sent
+from transports.link._client import LinkChannel
+from transports.websocket._link_write import LinkWriter
+from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
+from transports.websocket._socket_reader import SocketReader
 
-if TYPE_CHECKING:
-    from transports.websocket._link import Link, LinkChannel
-
-__all__ = ["LinkLane", "SessionLane"]
+__all__ = ["LendingLink", "LinkLane", "SessionLane"]
 
 _READ_SIZE = 64 * 1024
 _READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
@@ -77,6 +79,165 @@ def _poll(fd: int, events: int, deadline: float | None) -> bool:
     return bool(poller.poll(timeout))
 
 
+class LendingLink(LinkWriter):
+    """A WebSocket link's side of its loan to blocking clients' threads; see the module's docstring.
+
+    Its connection's attributes, and the read path it calls (`_took`,
+    `_message`, `_after_events`, `_release_reading`), are the link's
+    (`transports.websocket._link.Link`); so is ending every session, which a
+    borrowing thread defers to the event loop (``_on_lane``, ``_deferred_end``).
+    """
+
+    _lane: LinkLane | None
+    _reader: SocketReader | None
+    _early: list[Event]
+    _pong: tuple[bytes, anyio.Event] | None
+    _coalescing: bool
+    _quick: bool
+    _fragmented: bool
+    _boundaries: FrameBoundaries
+    _max_message_size: int | None
+    _last_received: float
+    _gone: anyio.Event
+    _on_lane: bool
+    _deferred_end: tuple[ConnectionClosed | ProtocolError, BaseException | None] | None
+
+    def _refusal(self, frame: bytes) -> str | None:
+        raise NotImplementedError
+
+    async def _took(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _message(self, message: bytes) -> None:
+        raise NotImplementedError
+
+    def _after_events(self, events: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _release_reading(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def channels(self) -> dict[int, LinkChannel]:
+        """The sessions on the link, by channel number."""
+        return self._channels
+
+    @property
+    def max_message_size(self) -> int | None:
+        """The largest message taken from the server."""
+        return self._max_message_size
+
+    @property
+    def lane(self) -> LinkLane | None:
+        """What lends the link to blocking callers' threads; ``None`` for a link never lent (TLS: no plain socket)."""
+        return self._lane if self._socket is not None else None
+
+    def lend(self) -> bool:
+        """Lend the link to its blocking callers' threads, if nothing else uses it now; whether it is lent."""
+        lane, reader = self._lane, self._reader
+        if lane is None or reader is None or self._socket is None:
+            return False
+        if lane.held:
+            return lane.lent
+        if (
+            self._reading
+            or self._waiting
+            or self._coalescing
+            or self._early
+            or self._unsent
+            or self._pong is not None
+            or self._write_lock.locked()
+            or self._broken is not None
+            or self._ended is not None
+            or self._closing
+            or self._protocol.state is not State.OPEN
+            or not reader.pause()
+        ):
+            return False
+        self._reading = True  # the threads read it now
+        lane.lend()
+        return True
+
+    async def reclaim(self) -> None:
+        """Take the link back from the threads, if lent, and act on what they left: bytes, a failure, an end."""
+        lane = self._lane
+        if lane is None or not lane.held:
+            return
+        taken = await lane.take_back()
+        if taken is None:
+            return  # another task took it back first (and has the reading)
+        unwritten, leftover, failure, received = taken
+        if unwritten:
+            self._unsent.insert(0, unwritten)  # the rest of a write a thread began: before anything else
+        try:
+            if received:
+                self._last_received = self._clock.now()
+            deferred, self._deferred_end = self._deferred_end, None
+            if deferred is not None:
+                self._end_all(*deferred)
+            if failure is not None:
+                self._gone.set()
+                self._break(failure, failure.__cause__)
+            for data in leftover:
+                await self._took(data)
+        finally:
+            self._release_reading()
+
+    def lane_socket(self) -> int:
+        """The descriptor a borrowing thread reads and writes."""
+        assert self._socket is not None
+        return self._socket.fileno()
+
+    def failure(self, text: str, cause: BaseException | None = None) -> ConnectionClosed:
+        """The error a borrowing thread leaves for the event loop when the connection fails."""
+        error = ConnectionClosed(f"{text} ({self.url})")
+        error.__cause__ = cause
+        return error
+
+    def post_on_lane(self, channel: LinkChannel, frame: bytes) -> bool:
+        """Queue a session's frame on the protocol, from a borrowing thread; ``False``: the event loop must send it."""
+        state = self._state
+        if state is None:
+            self._send_data(frame)
+            return True
+        channel_state = state.channels.get(channel.number)
+        if channel_state is None or self._refusal(frame) is not None:
+            return False
+        state.post(channel_state, msgspec.Raw(frame))
+        self._queue(state.outgoing())
+        return True
+
+    def take_output(self) -> bytes:
+        """What the protocol queued, for a borrowing thread to write."""
+        data = self._protocol.data_to_send()
+        return data[0] if len(data) == 1 else b"".join(data)
+
+    def take_on_lane(self, data: bytes) -> bool:
+        """Act on bytes a borrowing thread read (not the end); ``False``: the link must go back to the event loop.
+
+        Whole data frames are handed out at once; anything else goes through the
+        protocol, as on the event loop: a ping's pong waits in the protocol for
+        the thread to write it. What changes the connection's state (a close, a
+        broken protocol) or ends the link is left for the event loop.
+        """
+        protocol = self._protocol
+        self._on_lane = True
+        try:
+            if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
+                messages = whole_data_frames(data, self._max_message_size, masked=False)
+                if messages is not None:
+                    for _, message in messages:
+                        self._message(message)
+                    return self._deferred_end is None
+            if self._quick:
+                self._boundaries.feed(data)
+            protocol.receive_data(data)
+            self._after_events(protocol.events_received())
+        finally:
+            self._on_lane = False
+        return self._deferred_end is None and protocol.state is State.OPEN
+
+
 class LinkLane:
     """The threads' side of a link's loan; see the module's docstring.
 
@@ -91,7 +252,7 @@ class LinkLane:
         last_used: When a thread last used the link (``time.monotonic()``).
     """
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LendingLink) -> None:
         self._link = link
         self.mutex = threading.Lock()
         self.lent = False
@@ -118,13 +279,14 @@ class LinkLane:
         """Seconds since a thread last used the link; ``inf`` once a thread gave it back."""
         return time.monotonic() - self.last_used if self.lent else float("inf")
 
-    async def take_back(self) -> tuple[bytes, list[bytes], ConnectionClosed | ProtocolError | None, bool]:
+    async def take_back(self) -> tuple[bytes, list[bytes], ConnectionClosed | ProtocolError | None, bool] | None:
         """Take the link back (the event loop); threads waiting on it wake up and go on through the event loop.
 
         Returns:
             The bytes of a write a thread began (to write before anything
             else), the bytes read to act on (``b""``: the end), the
-            connection's failure, and whether bytes came while it was lent.
+            connection's failure, and whether bytes came while it was lent;
+            ``None`` if another task of the event loop took it back meanwhile.
         """
         while True:
             # A thread's lock, held briefly (a frame posted, frames handed out), or a write under way: try again.
@@ -134,6 +296,8 @@ class LinkLane:
                 self.mutex.release()
             await anyio.sleep(_TAKE_BACK_RETRY)
         try:
+            if not self.held:
+                return None
             self.lent = self.held = False
             unwritten, self._unwritten = bytes(self._unwritten), memoryview(b"")
             leftover, self._leftover = self._leftover, []
