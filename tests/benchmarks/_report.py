@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.benchmarks import _fleet_report
+from tests.benchmarks._sync_report import sync_section
 
 ONE_COMMAND = (
     'python3 -m venv .venv && .venv/bin/pip install -q -e ".[test,bench]"'
@@ -381,5 +382,6 @@ def render(results: dict[str, Any], image: str) -> str:
         *_fleet_report.fleet_section(results),
         *_pool_section(results.get("pool")),
         *dropin_section(results.get("dropin")),
+        *sync_section(results.get("sync")),
     ]
     return "\n".join(lines)

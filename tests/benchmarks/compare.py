@@ -448,6 +448,9 @@ def main() -> None:
     dropin = args.out / "benchmarks-dropin.json"  # bench_dropin's section, measured apart
     if dropin.exists():
         results["dropin"] = json.loads(dropin.read_text())
+    blocking = args.out / "benchmarks-sync.json"  # bench_sync's section, measured apart
+    if blocking.exists():
+        results["sync"] = json.loads(blocking.read_text())
     (args.out / "benchmarks.md").write_text(_report.render(results, "img/benchmarks.png"))
     say(f"wrote {', '.join(map(str, written))}")
 

@@ -1,0 +1,199 @@
+"""Steps per second of the *reference*'s blocking client, ``GenericEnvClient(base_url=url).sync()`` (its venv's python).
+
+    python reference_sync_bench_client.py URL --pattern one|sequential|threads --seconds S [--sessions 64]
+
+The same patterns, figures and JSON line as `tests.benchmarks.sync_client` (which see),
+for upstream's client (no ``async_one``):
+
+- ``one``: one sync client, reset, then stepped in a loop;
+- ``sequential``: ``--sessions`` sync clients, each connected and reset first, stepped one
+  after another in one thread, round-robin (TRL's loop);
+- ``threads``: ``--sessions`` threads, each with its own sync client, stepping in a loop.
+
+Prints one JSON line: {"pattern", "sessions", "steps", "seconds", "rate",
+"cpu_us_per_step", "connections"}; ``connections`` (``sequential`` only, else null)
+counts the ESTABLISHED entries of ``/proc/net/tcp`` and ``tcp6`` whose remote port is
+the server's, halfway through the timed span.
+
+Upstream's ``SyncEnvClient`` runs its async client on an event loop of its own, in a
+thread of its own started on first use: each client here has one, and each call is a
+hand-off to it (``asyncio.run_coroutine_threadsafe``). It connects on ``with`` (or
+``connect()``) and closes, and stops its thread, on leaving it (or ``close()``).
+Stdlib and the reference only: the code is `tests.benchmarks.sync_client`'s, repeated,
+as ours cannot be imported beside the reference's ``openenv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+from urllib.parse import urlsplit
+
+from reference_import import import_reference_openenv
+
+import_reference_openenv()
+
+from openenv.core import GenericEnvClient  # noqa: E402
+
+ACTION: dict[str, Any] = {"message": "hello"}
+WARMUP = 200
+THREAD_WARMUP = 20
+SEQUENTIAL_WARMUP_ROUNDS = 3
+BATCH = 64
+
+
+def cpu_time() -> float:
+    """This process's CPU seconds so far, user and system, all threads."""
+    times = os.times()
+    return times.user + times.system
+
+
+def connections(port: int) -> int:
+    """TCP connections in state ESTABLISHED whose remote port is ``port`` (the clients' side of them)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines)  # the header
+                for line in lines:
+                    fields = line.split()
+                    if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                        count += 1
+        except OSError:
+            continue
+    return count
+
+
+def sync_client(url: str) -> Any:
+    """Upstream's blocking client of one session, not connected yet (``with`` connects it)."""
+    return GenericEnvClient(base_url=url).sync()
+
+
+def _figures(
+    pattern: str, sessions: int, steps: int, seconds: float, cpu: float, held: int | None = None
+) -> dict[str, Any]:
+    return {
+        "pattern": pattern,
+        "sessions": sessions,
+        "steps": steps,
+        "seconds": seconds,
+        "rate": steps / seconds,
+        "cpu_us_per_step": 1e6 * cpu / steps,
+        "connections": held,
+    }
+
+
+def one(url: str, seconds: float) -> dict[str, Any]:
+    """One sync client: reset, `WARMUP` steps, then steps for ``seconds``."""
+    with sync_client(url) as client:
+        client.reset()
+        for _ in range(WARMUP):
+            client.step(ACTION)
+        steps = 0
+        start, cpu_start = time.perf_counter(), cpu_time()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            for _ in range(BATCH):
+                client.step(ACTION)
+            steps += BATCH
+        elapsed, cpu = time.perf_counter() - start, cpu_time() - cpu_start
+    return _figures("one", 1, steps, elapsed, cpu)
+
+
+def sequential(url: str, seconds: float, sessions: int) -> dict[str, Any]:
+    """``sessions`` sync clients, connected and reset, stepped round-robin in this thread for ``seconds``."""
+    port = urlsplit(url).port
+    assert port is not None, url
+    with ExitStack() as stack:
+        clients = []
+        for _ in range(sessions):
+            client = stack.enter_context(sync_client(url))
+            client.reset()
+            clients.append(client)
+        for _ in range(SEQUENTIAL_WARMUP_ROUNDS):
+            for client in clients:
+                client.step(ACTION)
+        held: int | None = None
+        paused = paused_cpu = 0.0
+        steps = 0
+        start, cpu_start = time.perf_counter(), cpu_time()
+        deadline, halfway = start + seconds, start + seconds / 2
+        while (now := time.perf_counter()) < deadline:
+            if held is None and now >= halfway:
+                cpu_before = cpu_time()
+                held = connections(port)
+                paused, paused_cpu = time.perf_counter() - now, cpu_time() - cpu_before
+            for client in clients:
+                client.step(ACTION)
+            steps += sessions
+        elapsed, cpu = time.perf_counter() - start - paused, cpu_time() - cpu_start - paused_cpu
+    return _figures("sequential", sessions, steps, elapsed, cpu, held)
+
+
+def threads(url: str, seconds: float, sessions: int) -> dict[str, Any]:
+    """``sessions`` threads, each with its own sync client, stepping for ``seconds``; their total."""
+    ready = threading.Barrier(sessions + 1)
+    finished = threading.Barrier(sessions + 1)
+    go = threading.Event()
+    window: list[float] = []
+    counts = [0] * sessions
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            with sync_client(url) as client:
+                client.reset()
+                for _ in range(THREAD_WARMUP):
+                    client.step(ACTION)
+                ready.wait()
+                go.wait()
+                deadline, steps = window[0], 0
+                while time.perf_counter() < deadline:
+                    client.step(ACTION)
+                    steps += 1
+                counts[index] = steps
+                finished.wait()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            ready.abort()
+            finished.abort()
+            go.set()
+
+    workers = [threading.Thread(target=worker, args=(index,), daemon=True) for index in range(sessions)]
+    for thread in workers:
+        thread.start()
+    try:
+        ready.wait()
+        start, cpu_start = time.perf_counter(), cpu_time()
+        window.append(start + seconds)
+        go.set()
+        finished.wait()
+        elapsed, cpu = time.perf_counter() - start, cpu_time() - cpu_start
+    finally:
+        for thread in workers:
+            thread.join(timeout=60)
+        if errors:
+            raise errors[0]
+    return _figures("threads", sessions, sum(counts), elapsed, cpu)
+
+
+PATTERNS = {
+    "one": lambda url, seconds, sessions: one(url, seconds),
+    "sequential": sequential,
+    "threads": threads,
+}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("url")
+    parser.add_argument("--pattern", choices=list(PATTERNS), required=True)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--sessions", type=int, default=64, help="clients of sequential and threads")
+    args = parser.parse_args()
+    print(json.dumps(PATTERNS[args.pattern](args.url, args.seconds, args.sessions)), flush=True)
