@@ -404,7 +404,7 @@ class LinkLane:
                 if self._reading:
                     self._wait_for_reader(channel, deadline)
                 else:
-                    self._read_once(deadline)
+                    self._read_once(channel, deadline)
         finally:
             self.mutex.release()
 
@@ -416,11 +416,12 @@ class LinkLane:
         finally:
             self._waiters.pop(channel.number, None)
 
-    def _read_once(self, deadline: float | None) -> None:
-        """Wait on the socket (without the lock) and hand out what came; then wake whoever must go on."""
+    def _read_once(self, channel: LinkChannel, deadline: float | None) -> None:
+        """Read for ``channel``'s thread: wait on the socket (without the lock), hand out what came, wake the next."""
         link = self._link
         fd = link.lane_socket()
         self._reading = True
+        leaving = True  # the reading goes to another thread, unless this one reads again for its own frame
         try:
             self.mutex.release()
             try:
@@ -446,14 +447,15 @@ class LinkLane:
                 return
             if not self._writing:
                 self._write_all()  # what the protocol queued in answer (a pong), if anything
+            leaving = bool(channel.frames) or channel.ended is not None or not self.lent
         finally:
             self._reading = False
-            self._wake_waiters()
+            self._wake_waiters(hand_over=leaving)
 
-    def _wake_waiters(self) -> None:
-        """Wake the threads whose frames came (or whose channel ended), and one to read for the rest."""
+    def _wake_waiters(self, *, hand_over: bool = True) -> None:
+        """Wake the threads whose frames came (or whose channel ended); with ``hand_over``, one to read for the rest."""
         channels = self._link.channels
-        reader_needed = True
+        reader_needed = hand_over
         for number, waiter in self._waiters.items():
             channel = channels.get(number)
             if channel is None or channel.frames or channel.ended is not None or not self.lent:
