@@ -144,13 +144,16 @@ def reference_server(python: Path, *options: str, max_sessions: int = 4) -> Iter
         yield Server(server.base_url, server.proc.pid)
 
 
-def run_client(command: Sequence[str], *, timeout: float, reference: bool = False) -> dict[str, object]:
+def run_client(
+    command: Sequence[str], *, timeout: float, reference: bool = False, tree: Path = ROOT
+) -> dict[str, object]:
     """Run a client process to completion; return the JSON object it printed (alone, or on its last line).
 
     ``reference`` runs it as the reference's clients must run: its venv's
-    environment, from a folder holding no ``openenv`` package.
+    environment, from a folder holding no ``openenv`` package. Otherwise it
+    runs ``tree``'s code (this checkout, or another one: an earlier commit's).
     """
-    env, cwd = (reference_env(), REFERENCE_CLIENT.parent) if reference else (our_env(), ROOT)
+    env, cwd = (reference_env(), REFERENCE_CLIENT.parent) if reference else (our_env(tree), tree)
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"client failed: {' '.join(command)}\n{done.stderr[-3000:]}")

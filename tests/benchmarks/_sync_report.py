@@ -10,6 +10,7 @@ _LABELS = {
     "one": "one sync client, steps in a loop",
     "sequential": "64 sync clients stepped one after another in one thread",
     "threads": "64 threads, each with a sync client",
+    "threads_1ms": "the same, `sys.setswitchinterval(0.001)`",
 }
 
 
@@ -46,9 +47,21 @@ def sync_section(results: dict[str, Any] | None) -> list[str]:
         "calling thread, on a connection lent to the process's sync clients; upstream's hands each call to an",
         "event loop in a thread of the client's own.",
         "",
-        "| pattern | openenv steps/s | upstream steps/s | ratio | TCP connections (ours / upstream) "
-        "| client CPU µs/step (ours / upstream) |",
-        "|---|--:|--:|--:|--:|--:|",
+    ]
+    before = meta.get("before")
+    if before:
+        lines += [
+            f"*before*: our client as it was at {before} (every call through the event loop's thread), timed in",
+            "the same runs against the same server (`bench_sync --before`).",
+            "",
+        ]
+    head = "| pattern | openenv steps/s | upstream steps/s | ratio |"
+    rule = "|---|--:|--:|--:|"
+    if before:
+        head, rule = head + " openenv before | ratio before |", rule + "--:|--:|"
+    lines += [
+        head + " TCP connections (ours / upstream) | client CPU µs/step (ours / upstream) |",
+        rule + "--:|--:|",
     ]
     for pattern, label in _LABELS.items():
         row = patterns[pattern]
@@ -58,9 +71,10 @@ def sync_section(results: dict[str, Any] | None) -> list[str]:
         cpu = f"{_rate(row['ours_cpu_us_per_step'])} / {_rate(row['upstream_cpu_us_per_step'])}"
         failed = [side for side in ("ours", "upstream") if row[f"{side}_failed_runs"]]
         note = f" ({' and '.join(failed)} failed in some runs)" if failed else ""
+        was = f" {_rate(row.get('before_rate'))} | {_ratio(row.get('before_over_upstream'))} |" if before else ""
         lines.append(
             f"| {label}{note} | {_rate(row['ours_rate'])} | {_rate(row['upstream_rate'])} "
-            f"| {_ratio(row['ours_over_upstream'])} | {held} | {cpu} |"
+            f"| {_ratio(row['ours_over_upstream'])} |{was} {held} | {cpu} |"
         )
     one, asynchronous = patterns["one"], patterns["async_one"]
     ping = floors["thread_ping_pong"]

@@ -17,8 +17,14 @@ client is a process of its own (`tests.benchmarks.sync_client` for ours,
   another in one thread, round-robin (TRL's loop); with the TCP connections the
   client process holds to the server halfway through;
 - ``threads``: 64 threads, each with its own sync client, stepping in a loop; their total;
+- ``threads_1ms``: the same, with CPython switching threads every millisecond
+  (``sys.setswitchinterval(0.001)``; its default is 5 ms);
 - ``async_one`` (ours only): the async client, one session, against the same server:
   the sync client's ``one`` ÷ this is what blocking costs.
+
+With ``--before TREE`` (a checkout of an earlier commit: ``git worktree add``), our
+client is also timed from that tree's code, the same patterns against the same server,
+in the same runs: the page then shows what a change gained.
 
 Each with the client process's CPU per step (user and system, every thread). And two
 floors, measured in this process, no server:
@@ -62,7 +68,7 @@ from tests.interop.reference_venv import OPENENV_0_10, ReferenceServer, ensure_r
 FACTORY = "tests.envs:MessageEchoEnv"
 MAX_SESSIONS = 1100  # as the other benchmarks' servers: room for far more than the 64 sessions here
 SESSIONS = 64
-PATTERNS = ("one", "sequential", "threads")
+PATTERNS = ("one", "sequential", "threads", "threads_1ms")
 OUR_PATTERNS = (*PATTERNS, "async_one")
 REFERENCE_SYNC_CLIENT = ROOT / "tests" / "interop" / "reference_sync_bench_client.py"
 DOCS = ROOT / "docs"
@@ -89,17 +95,17 @@ def _client_timeout(seconds: float) -> float:
     return 120.0 + 4 * seconds  # 64 sessions to open and close, beside the timed span
 
 
-def _attempt(command: list[str], seconds: float, *, reference: bool) -> dict[str, Any]:
+def _attempt(command: list[str], seconds: float, *, reference: bool, tree: Path = ROOT) -> dict[str, Any]:
     """A client's figures, or ``{"error": ...}`` when it failed or overran its timeout."""
     try:
-        return run_client(command, timeout=_client_timeout(seconds), reference=reference)
+        return run_client(command, timeout=_client_timeout(seconds), reference=reference, tree=tree)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {_client_timeout(seconds):.0f} s"}
     except (RuntimeError, ValueError) as exc:
         return {"error": str(exc)[-2000:]}
 
 
-def our_client(url: str, pattern: str, seconds: float, sessions: int = SESSIONS) -> dict[str, Any]:
+def our_client(url: str, pattern: str, seconds: float, sessions: int = SESSIONS, tree: Path = ROOT) -> dict[str, Any]:
     """Our client, one pattern (`tests.benchmarks.sync_client`, a process of its own).
 
     Args:
@@ -107,12 +113,15 @@ def our_client(url: str, pattern: str, seconds: float, sessions: int = SESSIONS)
         pattern: ``one``, ``sequential``, ``threads`` or ``async_one``.
         seconds: The timed span.
         sessions: Clients of ``sequential`` and ``threads``.
+        tree: Whose ``openenv`` the client runs: this checkout, or an earlier one (``--before``).
 
     Returns:
         The JSON line it printed, or ``{"error": ...}``.
     """
-    command = [sys.executable, "-m", "tests.benchmarks.sync_client", url, "--pattern", pattern]
-    return _attempt([*command, "--seconds", str(seconds), "--sessions", str(sessions)], seconds, reference=False)
+    script = str(ROOT / "tests" / "benchmarks" / "sync_client.py")  # by path: it runs on ``tree``'s openenv
+    command = [sys.executable, script, url, "--pattern", pattern]
+    arguments = [*command, "--seconds", str(seconds), "--sessions", str(sessions)]
+    return _attempt(arguments, seconds, reference=False, tree=tree)
 
 
 def upstream_client(python: Path, url: str, pattern: str, seconds: float, sessions: int = SESSIONS) -> dict[str, Any]:
@@ -259,6 +268,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for pattern in OUR_PATTERNS:
                 figures["ours"][pattern] = our_client(ours.url, pattern, args.seconds, args.sessions)
                 _show("ours", pattern, figures["ours"][pattern])
+            if args.before is not None:
+                figures["before"] = {}
+                for pattern in PATTERNS:
+                    before = our_client(ours.url, pattern, args.seconds, args.sessions, tree=args.before)
+                    figures["before"][pattern] = before
+                    _show("before", pattern, before)
         figures["floors"] = {"thread_ping_pong": thread_ping_pong(args.seconds)}
         figures["floors"]["portal_round_trip"] = portal_round_trip(args.seconds)
         floors = figures["floors"]
@@ -300,6 +315,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         row["ours_over_upstream"] = _median(
             [run["ours"][pattern]["rate"] / run["upstream"][pattern]["rate"] for run in both]
         )
+        befores = [run for run in both if "rate" in run.get("before", {}).get(pattern, {})]
+        if befores:
+            row["before_rate"] = _median([run["before"][pattern]["rate"] for run in befores])
+            row["before_over_upstream"] = _median(
+                [run["before"][pattern]["rate"] / run["upstream"][pattern]["rate"] for run in befores]
+            )
         patterns[pattern] = row
     sync_async = [
         run["ours"]["one"]["rate"] / run["ours"]["async_one"]["rate"]
@@ -366,12 +387,21 @@ def table(medians: dict[str, Any], runs: int) -> list[str]:
     return lines
 
 
+def _commit_of(tree: Path) -> str:
+    """The commit checked out in ``tree`` (short), or the tree's path when it is no git checkout."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or str(tree)
+
+
 def main() -> None:
     """Measure, print the table, and write the JSON when ``--json`` is given."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sessions", type=int, default=SESSIONS, help="clients of sequential and threads")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="also time our client from this checkout (an earlier commit's)"
+    )
     parser.add_argument("--json", type=Path, default=DOCS / "benchmarks-sync.json", help="where the figures go")
     args = parser.parse_args()
     meta: dict[str, Any] = {
@@ -381,6 +411,7 @@ def main() -> None:
         "server_factory": FACTORY,
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "command": " ".join(["python -m tests.benchmarks.bench_sync", *sys.argv[1:]]),
+        "before": None if args.before is None else _commit_of(args.before),
         "machine": _machine.describe(reference_versions(reference=OPENENV_0_10)),
     }
     runs = measure(args)

@@ -1,11 +1,12 @@
 """Steps per second of openenv's blocking client (``EnvClient(url).sync()``), in one of four patterns.
 
-    python -m tests.benchmarks.sync_client URL --pattern one|sequential|threads|async_one --seconds S [--sessions 64]
+    python -m tests.benchmarks.sync_client URL --pattern one|sequential|threads|threads_1ms|async_one --seconds S [--sessions 64]
 
 - ``one``: one sync client, reset, then stepped in a loop;
 - ``sequential``: ``--sessions`` sync clients, each connected and reset first, stepped one
   after another in one thread, round-robin (TRL's loop);
 - ``threads``: ``--sessions`` threads, each with its own sync client, stepping in a loop;
+- ``threads_1ms``: the same, with ``sys.setswitchinterval(0.001)`` (CPython's default is 5 ms);
 - ``async_one``: the async client (``async with EnvClient(url)``, under ``anyio.run``) in a
   loop: what the sync client is measured against.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -243,10 +245,26 @@ async def async_one(url: str, seconds: float) -> dict[str, Any]:
     return _figures("async_one", 1, steps, elapsed, cpu)
 
 
+def threads_1ms(url: str, seconds: float, sessions: int) -> dict[str, Any]:
+    """`threads`, with the interpreter switching threads every millisecond (``sys.setswitchinterval(0.001)``).
+
+    Args:
+        url: The server's URL.
+        seconds: The timed span.
+        sessions: How many threads (one client each).
+
+    Returns:
+        The figures `main` prints.
+    """
+    sys.setswitchinterval(0.001)  # CPython's default is 5 ms
+    return {**threads(url, seconds, sessions), "pattern": "threads_1ms"}
+
+
 PATTERNS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "one": lambda url, seconds, sessions: one(url, seconds),
     "sequential": sequential,
     "threads": threads,
+    "threads_1ms": threads_1ms,
     "async_one": lambda url, seconds, sessions: anyio.run(async_one, url, seconds),
 }
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -182,10 +183,26 @@ def threads(url: str, seconds: float, sessions: int) -> dict[str, Any]:
     return _figures("threads", sessions, sum(counts), elapsed, cpu)
 
 
+def threads_1ms(url: str, seconds: float, sessions: int) -> dict[str, Any]:
+    """`threads`, with the interpreter switching threads every millisecond (``sys.setswitchinterval(0.001)``).
+
+    Args:
+        url: The server's URL.
+        seconds: The timed span.
+        sessions: How many threads (one client each).
+
+    Returns:
+        The figures `main` prints.
+    """
+    sys.setswitchinterval(0.001)  # CPython's default is 5 ms
+    return {**threads(url, seconds, sessions), "pattern": "threads_1ms"}
+
+
 PATTERNS = {
     "one": lambda url, seconds, sessions: one(url, seconds),
     "sequential": sequential,
     "threads": threads,
+    "threads_1ms": threads_1ms,
 }
 
 
