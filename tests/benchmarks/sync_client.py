@@ -1,6 +1,6 @@
-"""Steps per second of openenv's blocking client (``EnvClient(url).sync()``), in one of four patterns.
+"""Steps per second of openenv's blocking client (``EnvClient(url).sync()``), in one of five patterns.
 
-    python -m tests.benchmarks.sync_client URL --pattern one|sequential|threads|threads_1ms|async_one --seconds S [--sessions 64]
+    python -m tests.benchmarks.sync_client URL --pattern PATTERN --seconds S [--sessions 64]
 
 - ``one``: one sync client, reset, then stepped in a loop;
 - ``sequential``: ``--sessions`` sync clients, each connected and reset first, stepped one
