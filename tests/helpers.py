@@ -6,15 +6,16 @@ import heapq
 import itertools
 import math
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
 from openenv import Clock, EnvClient
+from openenv._lane import LaneCalls
 from tests.envs import CountAction, CountObservation, CountState
 from transports.server.runner import current_backend
 
@@ -253,3 +254,30 @@ async def proxied(upstream: Upstream) -> AsyncIterator[CuttingProxy]:
         await task_group.start(proxy.run)
         yield proxy
         task_group.cancel_scope.cancel()
+
+
+@contextmanager
+def loop_calls() -> Iterator[list[Any]]:
+    """The calls of blocking clients that went through the event loop's thread while in the block (one entry each).
+
+    An entry is what the lane left unfinished (`openenv._lane.Unfinished`), or
+    ``"through the loop"`` for a call that never tried the lane.
+    """
+    finished: list[Any] = []
+    original_finish, original_through = LaneCalls.finish, LaneCalls.through_the_loop
+
+    async def finish(self: LaneCalls, *args: Any) -> Any:
+        finished.append(args[1])
+        return await original_finish(self, *args)
+
+    async def through_the_loop(self: LaneCalls, call: Any) -> Any:
+        finished.append("through the loop")
+        return await original_through(self, call)
+
+    LaneCalls.finish = finish  # type: ignore[method-assign]
+    LaneCalls.through_the_loop = through_the_loop  # type: ignore[method-assign]
+    try:
+        yield finished
+    finally:
+        LaneCalls.finish = original_finish  # type: ignore[method-assign]
+        LaneCalls.through_the_loop = original_through  # type: ignore[method-assign]

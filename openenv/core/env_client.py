@@ -26,6 +26,11 @@ from typing import Any, Generic, Self, TypeVar
 
 import openenv
 from openenv._blocking import Holder, call, in_event_loop
+from openenv._client import requests_of
+from openenv._lane import BLOCKING_CALLERS, LaneCalls, Unfinished
+from openenv._limits import USE_CLIENT_DEFAULT
+from openenv._messages import StateReply
+from openenv._requests import Encoder, encode_reset, encode_state, encode_step
 from openenv.core.client_types import StepResult
 
 __all__ = ["EnvClient", "SyncEnvClient"]
@@ -55,6 +60,19 @@ def _payload(result: openenv.StepResult[Any]) -> dict[str, Any]:
     if result.metadata:
         payload["metadata"] = result.metadata
     return payload
+
+
+_ENCODERS: dict[str, Encoder] = {"reset": encode_reset, "step": encode_step, "state": encode_state}
+
+# What a request from plain code goes through; replaced (by a subclass, or a test faking the server), the
+# request takes that way, on the loop thread, rather than the lane.
+_EXCHANGE = ("_send_and_receive", "_reset_async", "_step_async", "_state_async")
+
+
+def _exchanges_as_upstream(client: EnvClient[Any, Any, Any]) -> bool:
+    """Whether ``client``'s requests go as this module sends them (nothing replaced on its class or itself)."""
+    own = vars(client)
+    return all(name not in own and getattr(type(client), name) is getattr(EnvClient, name) for name in _EXCHANGE)
 
 
 def _as_upstream_error(exc: openenv.ServerError) -> RuntimeError:
@@ -138,6 +156,7 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         self._execution_mode: str | None = None
         self._connection = _Connection()
         self._holder: Holder | None = None  # the session's loop thread, in plain code
+        self._lane_calls = LaneCalls()  # plain code's requests made in the calling thread, where they can be
         self._sync_client: SyncEnvClient[ActT, ObsT, StateT] | None = None
         self._child_clients: list[EnvClient[Any, Any, Any]] = []
 
@@ -183,7 +202,45 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         if self._holder is None:
             self._holder = Holder(type(self).__name__, "connected")
             self._holder.open(self, self._connection, _BACKEND)
-        return call(self._holder.portal("call"), work)
+        calls = self._lane_calls
+
+        async def blocking_caller() -> T:
+            BLOCKING_CALLERS.set(True)  # this task's context: a connection it opens may be lent to plain code
+            return await work()
+
+        return call(self._holder.portal("call"), lambda: calls.through_the_loop(blocking_caller))
+
+    def _on_lane(self, kind: str, data: Any) -> dict[str, Any] | None:
+        """``reset``, ``step`` or ``state`` from plain code, in the calling thread (see `openenv._lane`).
+
+        Returns:
+            The reply as `_send_and_receive` returns it; ``None`` when the call
+            must go through the loop thread: not connected yet, a connection
+            with no lane, or a class (or a test) that replaces how requests go.
+        """
+        native, calls, holder = self._connection.native, self._lane_calls, self._holder
+        if native is None or calls.lane is None or holder is None or not _exchanges_as_upstream(self):
+            return None
+        requests = requests_of(native)
+        if requests is None:
+            return None
+        self._claim_execution_mode("sync")
+        encode: Encoder = _ENCODERS[kind]
+        payload = None if kind == "state" else data
+        portal = holder.portal(kind)
+        with calls.lock:
+            try:
+                reply = calls.request(requests, encode, payload, USE_CLIENT_DEFAULT, native.timeout)
+                if type(reply) is Unfinished:
+                    unfinished = reply
+                    reply = call(portal, lambda: calls.finish(requests, unfinished, encode, payload, native.timeout))
+            except openenv.ServerError as exc:
+                raise _as_upstream_error(exc) from exc
+        if kind == "state":
+            if not isinstance(reply, StateReply):
+                raise openenv.ProtocolError(f"expected a state reply, got {type(reply).__name__}")
+            return {"type": "state", "data": reply.data}
+        return {"type": "observation", "data": _payload(requests.results.of_reply(reply))}
 
     def _dispatch(self, work: Callable[[], Awaitable[T]]) -> Any:
         """An awaitable in async code, the result in plain code."""
@@ -208,6 +265,10 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         Args:
             **kwargs: The environment's ``reset`` keywords (``seed``, ``episode_id``, ...).
         """
+        if not in_event_loop():
+            response = self._on_lane("reset", kwargs)
+            if response is not None:
+                return self._parse_result(response.get("data", {}))
         return self._dispatch(lambda: self._reset_async(**kwargs))
 
     def step(self, action: ActT, **kwargs: Any) -> Any:
@@ -217,10 +278,18 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
             action: The action, made into the step's data by `_step_payload`.
             **kwargs: Ignored, as upstream's client ignores them.
         """
+        if not in_event_loop():
+            response = self._on_lane("step", self._step_payload(action))
+            if response is not None:
+                return self._parse_result(response.get("data", {}))
         return self._dispatch(lambda: self._step_async(action, **kwargs))
 
     def state(self) -> Any:
         """The environment's state (an awaitable of it in async code)."""
+        if not in_event_loop():
+            response = self._on_lane("state", None)
+            if response is not None:
+                return self._parse_state(response.get("data", {}))
         return self._dispatch(self._state_async)
 
     def close(self) -> Any:
@@ -296,6 +365,8 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
                 # Upstream's client raises the builtin ConnectionError; code written for it catches that.
                 raise ConnectionError(f"Failed to connect to {self._base_url}: {exc}") from exc
             self._connection.native = native
+            if BLOCKING_CALLERS.get():  # opened from plain code: its reset, step and state may skip the loop thread
+                self._lane_calls.attach(native.transport)
         return self
 
     async def _connected(self) -> openenv.EnvClient[Any, Any, Any]:
@@ -432,7 +503,11 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
         Args:
             **kwargs: The environment's ``reset`` keywords.
         """
-        return self._async._run_sync(lambda: self._async._reset_async(**kwargs))
+        client = self._async
+        response = client._on_lane("reset", kwargs)
+        if response is not None:
+            return client._parse_result(response.get("data", {}))
+        return client._run_sync(lambda: client._reset_async(**kwargs))
 
     def step(self, action: ActT, **kwargs: Any) -> StepResult[ObsT]:
         """Take one action; its result.
@@ -441,11 +516,19 @@ class SyncEnvClient(Generic[ActT, ObsT, StateT]):
             action: The action.
             **kwargs: Ignored, as upstream's client ignores them.
         """
-        return self._async._run_sync(lambda: self._async._step_async(action, **kwargs))
+        client = self._async
+        response = client._on_lane("step", client._step_payload(action))
+        if response is not None:
+            return client._parse_result(response.get("data", {}))
+        return client._run_sync(lambda: client._step_async(action, **kwargs))
 
     def state(self) -> StateT:
         """The environment's state."""
-        return self._async._run_sync(self._async._state_async)
+        client = self._async
+        response = client._on_lane("state", None)
+        if response is not None:
+            return client._parse_state(response.get("data", {}))
+        return client._run_sync(client._state_async)
 
     def close(self) -> None:
         """Close the session and those `new_session` made."""

@@ -11,8 +11,8 @@ async client would show.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar, TypeVar, cast
 
 import anyio
@@ -21,9 +21,8 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 import openenv
-from openenv._lane import LaneCalls
 from tests.envs import AsyncCounterEnv, CountAction, CountObservation, MessageAction, MessageEchoEnv
-from tests.helpers import CounterClient, all_tasks_blocked, proxied, wait_until
+from tests.helpers import CounterClient, all_tasks_blocked, loop_calls, proxied, wait_until
 from tests.serving import factory_path
 from transports.websocket import WebSocketTransport
 from transports.websocket._link_lane import LinkLane
@@ -44,23 +43,6 @@ class _StepsUntilReleased(AsyncCounterEnv):
         if action.by == 0:
             await type(self).released.wait()
         return await super().step(action)
-
-
-@contextmanager
-def loop_calls() -> Iterator[list[Any]]:
-    """The requests a blocking client finished through the event loop, while in the block (one entry each)."""
-    finished: list[Any] = []
-    original = LaneCalls.finish
-
-    async def finish(self: LaneCalls, *args: Any) -> Any:
-        finished.append(args[1])
-        return await original(self, *args)
-
-    LaneCalls.finish = finish  # type: ignore[method-assign]
-    try:
-        yield finished
-    finally:
-        LaneCalls.finish = original  # type: ignore[method-assign]
 
 
 async def in_thread(function: Callable[[], _T]) -> _T:

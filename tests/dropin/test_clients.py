@@ -22,6 +22,7 @@ from grid_env.server import app as grid_apps
 
 import openenv
 from openenv.core import GenericAction, GenericEnvClient, StepResult
+from tests.helpers import loop_calls
 
 pytestmark = pytest.mark.anyio
 
@@ -65,6 +66,31 @@ async def test_the_packages_client_in_plain_code() -> None:
             result, state = await anyio.to_thread.run_sync(walk, server.url)
     assert (result.observation.position, result.reward) == ([2, 0], -0.1)
     assert state.step_count == 1
+
+
+async def test_plain_code_s_requests_are_made_in_the_calling_thread() -> None:
+    # After the first call (which connects, through the loop thread), on the connection lent to plain code.
+    def walk(url: str) -> list[int]:
+        with GridEnv(base_url=url).sync() as env, GenericEnvClient(base_url=url) as generic:
+            env.reset()
+            generic.reset()
+            with loop_calls() as finished:
+                for _ in range(3):
+                    env.step(GridAction(direction="up"))
+                with pytest.raises(RuntimeError, match="EXECUTION_ERROR") as caught:
+                    generic.step({"direction": "raise"})  # plain code too: the client outside its sync view
+                assert isinstance(caught.value.__cause__, openenv.ExecutionError)
+                assert generic.step({"direction": "left"}).observation["position"] == [-1, 0]
+                position = env.state().position
+            assert finished == []
+            native = env.async_client._connection.native
+            assert native is not None
+            assert native.transport.lent
+            return position
+
+    with anyio.fail_after(LIMIT):
+        async with grid_server() as server:
+            assert await anyio.to_thread.run_sync(walk, server.url) == [0, 3]
 
 
 async def test_a_sync_view_and_new_sessions() -> None:
