@@ -33,7 +33,7 @@ from ._exceptions import (
     ValidationError,
 )
 from ._generics import bind_alias_type_attributes, bind_type_attributes
-from ._lane import LaneCalls, Unfinished
+from ._lane import LaneCalls
 from ._limits import DEFAULT_REPLY_TIMEOUT, USE_CLIENT_DEFAULT, UseClientDefault
 from ._mcp_types import CallToolAction, CallToolObservation, ListToolsAction, ListToolsObservation, Tool
 from ._messages import MCPMessage, ObservationReply, StateReply
@@ -1049,14 +1049,10 @@ class SyncEnvClient(BlockingFacade, Generic[ActT, ObsT, StateT]):
     ) -> tuple[RequestChannel[ActT, ObsT, StateT], Any]:
         """Make a request on the lane, finishing on the event loop what it cannot; the channel and the reply."""
         portal = self._holder.portal(name)
-        calls, client = self._calls, self.client
-        with calls.lock:
-            requests = client._requests_or_raise()
-            reply = calls.request(requests, encode, payload, timeout, client.timeout)
-            if type(reply) is Unfinished:
-                unfinished = reply
-                reply = call(portal, lambda: calls.finish(requests, unfinished, encode, payload, client.timeout))
-            return requests, reply
+        client = self.client
+        requests = client._requests_or_raise()
+        reply = self._calls.make(lambda work: call(portal, work), requests, encode, payload, timeout, client.timeout)
+        return requests, reply
 
     def _through_the_loop(self, name: str, method: Callable[[], Awaitable[_T]]) -> _T:
         """Run one of the client's coroutine methods on the event loop, as the facade's one call at a time."""

@@ -202,6 +202,28 @@ class LaneCalls:
             if reply is not None:
                 return reply
 
+    def make(
+        self,
+        on_the_loop: Callable[[Callable[[], Awaitable[Any]]], Any],
+        requests: RequestChannel[Any, Any, Any],
+        encode: Encoder,
+        payload: Any,
+        timeout: float | UseClientDefault | None,
+        default_timeout: float | None,
+    ) -> Any:
+        """Make a request from the calling thread, one call of the facade at a time; its reply.
+
+        On the lane (`request`); what the lane leaves unfinished, through the
+        event loop (`finish`, run by ``on_the_loop``: the facade's portal). It
+        raises what `request` raises, or what the async client's request does.
+        """
+        with self.lock:
+            reply = self.request(requests, encode, payload, timeout, default_timeout)
+            if type(reply) is Unfinished:
+                unfinished = reply
+                reply = on_the_loop(lambda: self.finish(requests, unfinished, encode, payload, default_timeout))
+            return reply
+
     async def finish(
         self,
         requests: RequestChannel[Any, Any, Any],

@@ -27,7 +27,7 @@ from typing import Any, Generic, Self, TypeVar
 import openenv
 from openenv._blocking import Holder, call, in_event_loop
 from openenv._client import requests_of
-from openenv._lane import BLOCKING_CALLERS, LaneCalls, Unfinished
+from openenv._lane import BLOCKING_CALLERS, LaneCalls
 from openenv._limits import USE_CLIENT_DEFAULT
 from openenv._messages import StateReply
 from openenv._requests import Encoder, encode_reset, encode_state, encode_step
@@ -228,14 +228,12 @@ class EnvClient(ABC, Generic[ActT, ObsT, StateT]):
         encode: Encoder = _ENCODERS[kind]
         payload = None if kind == "state" else data
         portal = holder.portal(kind)
-        with calls.lock:
-            try:
-                reply = calls.request(requests, encode, payload, USE_CLIENT_DEFAULT, native.timeout)
-                if type(reply) is Unfinished:
-                    unfinished = reply
-                    reply = call(portal, lambda: calls.finish(requests, unfinished, encode, payload, native.timeout))
-            except openenv.ServerError as exc:
-                raise _as_upstream_error(exc) from exc
+        try:
+            reply = calls.make(
+                lambda work: call(portal, work), requests, encode, payload, USE_CLIENT_DEFAULT, native.timeout
+            )
+        except openenv.ServerError as exc:
+            raise _as_upstream_error(exc) from exc
         if kind == "state":
             if not isinstance(reply, StateReply):
                 raise openenv.ProtocolError(f"expected a state reply, got {type(reply).__name__}")

@@ -51,6 +51,25 @@ async def in_thread(function: Callable[[], _T]) -> _T:
         return await anyio.to_thread.run_sync(function)
 
 
+def run_threads(worker: Callable[[int], None], count: int) -> list[BaseException]:
+    """Run ``worker(0)`` to ``worker(count - 1)``, each in a thread of its own, to their ends; what they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(number: int) -> None:
+        try:
+            worker(number)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(number,)) for number in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    return errors
+
+
 def transport_of(env: openenv.SyncEnvClient[Any, Any, Any]) -> WebSocketTransport:
     transport = env.client.transport
     assert isinstance(transport, WebSocketTransport)
@@ -99,30 +118,17 @@ async def test_64_sync_clients_stepped_in_one_thread_ride_one_connection(backend
 async def test_sync_clients_in_many_threads_share_a_connection_and_get_their_own_replies(backend: str) -> None:
     async with openenv.serve(factory_path(MessageEchoEnv)) as server, proxied(server) as proxy:
         url = f"ws://127.0.0.1:{proxy.port}"
-        errors: list[BaseException] = []
+        ready = threading.Barrier(16)
 
-        def worker(number: int, ready: threading.Barrier) -> None:
-            try:
-                with openenv.EnvClient(url).sync(backend=backend) as env:
-                    env.reset()
-                    ready.wait(timeout=30)  # every thread steps at once
-                    for i in range(40):
-                        message = f"{number}-{i}"
-                        assert env.step(MessageAction(message=message)).observation["echoed_message"] == message
-            except BaseException as exc:
-                errors.append(exc)
+        def worker(number: int) -> None:
+            with openenv.EnvClient(url).sync(backend=backend) as env:
+                env.reset()
+                ready.wait(timeout=30)  # every thread steps at once
+                for i in range(40):
+                    message = f"{number}-{i}"
+                    assert env.step(MessageAction(message=message)).observation["echoed_message"] == message
 
-        def run() -> None:
-            ready = threading.Barrier(16)
-            threads = [threading.Thread(target=worker, args=(n, ready)) for n in range(16)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(timeout=60)
-            assert not any(thread.is_alive() for thread in threads)
-
-        await in_thread(run)
-        assert errors == []
+        assert await in_thread(lambda: run_threads(worker, 16)) == []
         assert proxy.connections == 1
 
 
@@ -130,28 +136,15 @@ async def test_sync_clients_in_many_threads_share_a_connection_and_get_their_own
 async def test_sync_clients_connecting_while_others_step_lose_no_reply(backend: str) -> None:
     # Each connect takes the link back from the stepping threads, on the event loop, at once with the others.
     async with openenv.serve(factory_path(MessageEchoEnv), max_sessions=64) as server:
-        errors: list[BaseException] = []
 
         def worker(number: int) -> None:
-            try:
-                with openenv.EnvClient(server.url).sync(backend=backend) as env:
-                    for i in range(30):
-                        message = f"{number}-{i}"
-                        result = env.step(MessageAction(message=message), timeout=20)
-                        assert result.observation["echoed_message"] == message
-            except BaseException as exc:
-                errors.append(exc)
+            with openenv.EnvClient(server.url).sync(backend=backend) as env:
+                for i in range(30):
+                    message = f"{number}-{i}"
+                    result = env.step(MessageAction(message=message), timeout=20)
+                    assert result.observation["echoed_message"] == message
 
-        def run() -> None:
-            threads = [threading.Thread(target=worker, args=(n,)) for n in range(48)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(timeout=60)
-            assert not any(thread.is_alive() for thread in threads)
-
-        await in_thread(run)
-        assert errors == []
+        assert await in_thread(lambda: run_threads(worker, 48)) == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
