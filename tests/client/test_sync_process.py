@@ -272,11 +272,11 @@ async def test_ctrl_c_during_a_step_on_the_lane_leaves_the_client_usable(backend
     async with openenv.serve(_WaitsOnStepByZero) as server:
         process = _start(_STEP_INTERRUPTED_THEN_ANOTHER, server.url, backend)
         try:
-            assert await anyio.to_thread.run_sync(_read_line, process) == "stepping"
-            with anyio.fail_after(_PROCESS_WAIT):
+            with anyio.fail_after(_PROCESS_WAIT):  # a line that never comes fails the test (its reader is let go)
+                assert await anyio.to_thread.run_sync(_read_line, process, abandon_on_cancel=True) == "stepping"
                 await _WaitsOnStepByZero.stepping.wait()  # the client's thread now waits on the socket
-            process.send_signal(signal.SIGINT)
-            assert await anyio.to_thread.run_sync(_read_line, process) == "interrupted"
+                process.send_signal(signal.SIGINT)
+                assert await anyio.to_thread.run_sync(_read_line, process, abandon_on_cancel=True) == "interrupted"
             _WaitsOnStepByZero.released.set()  # a late reply: the next step must not take it for its own
             returncode, stdout, stderr = await anyio.to_thread.run_sync(_finish, process)
         finally:
