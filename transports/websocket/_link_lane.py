@@ -52,8 +52,9 @@ from transports.websocket._socket_reader import SocketReader
 __all__ = ["LendingLink", "LinkLane", "SessionLane"]
 
 _READ_SIZE = 64 * 1024
-_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP
-_WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP
+_CAN_POLL = hasattr(select, "poll")  # not on Windows: no lane there, every call goes through the event loop
+_READABLE = select.POLLIN | select.POLLERR | select.POLLHUP if _CAN_POLL else 0
+_WRITABLE = select.POLLOUT | select.POLLERR | select.POLLHUP if _CAN_POLL else 0
 _TAKE_BACK_RETRY = 0.001  # seconds the event loop sleeps between tries of the lane's lock
 
 
@@ -130,7 +131,7 @@ class LendingLink(LinkWriter):
     @property
     def lane(self) -> LinkLane | None:
         """What lends the link to blocking callers' threads; ``None`` for a link never lent (TLS: no plain socket)."""
-        return self._lane if self._socket is not None else None
+        return self._lane if self._socket is not None and _CAN_POLL else None
 
     def lend(self) -> bool:
         """Lend the link to its blocking callers' threads, if nothing else uses it now; whether it is lent."""
