@@ -7,9 +7,9 @@ Not a test: run it by hand.
 Each client drives the echo of its own side, a plain ``def step`` (action
 ``{"message": str}``): ours is ``openenv serve tests.envs:MessageEchoEnv`` (uvicorn,
 asyncio), upstream's is ``tests/interop/reference_server.py`` in its venv. Every
-client is a process of its own (`tests.benchmarks.sync_client` for ours,
-``tests/interop/reference_sync_bench_client.py`` for upstream's
-``GenericEnvClient(base_url=url).sync()``), in four patterns, each stepped for
+client is a process of its own (``tests/interop/sync_bench_client.py``, ours with our
+python, upstream's ``GenericEnvClient(base_url=url).sync()`` with the reference venv's),
+in four patterns, each stepped for
 ``--seconds`` after a warm-up:
 
 - ``one``: one sync client, reset, then stepped in a loop;
@@ -70,7 +70,7 @@ MAX_SESSIONS = 1100  # as the other benchmarks' servers: room for far more than 
 SESSIONS = 64
 PATTERNS = ("one", "sequential", "threads", "threads_1ms")
 OUR_PATTERNS = (*PATTERNS, "async_one")
-REFERENCE_SYNC_CLIENT = ROOT / "tests" / "interop" / "reference_sync_bench_client.py"
+SYNC_CLIENT = ROOT / "tests" / "interop" / "sync_bench_client.py"  # run by path: it uses whichever openenv it finds
 DOCS = ROOT / "docs"
 FLOOR_WARMUP = 1_000
 FLOOR_BATCH = 256
@@ -106,7 +106,7 @@ def _attempt(command: list[str], seconds: float, *, reference: bool, tree: Path 
 
 
 def our_client(url: str, pattern: str, seconds: float, sessions: int = SESSIONS, tree: Path = ROOT) -> dict[str, Any]:
-    """Our client, one pattern (`tests.benchmarks.sync_client`, a process of its own).
+    """Our client, one pattern (``sync_bench_client.py --client ours``, a process of its own).
 
     Args:
         url: The server's URL.
@@ -118,14 +118,13 @@ def our_client(url: str, pattern: str, seconds: float, sessions: int = SESSIONS,
     Returns:
         The JSON line it printed, or ``{"error": ...}``.
     """
-    script = str(ROOT / "tests" / "benchmarks" / "sync_client.py")  # by path: it runs on ``tree``'s openenv
-    command = [sys.executable, script, url, "--pattern", pattern]
+    command = [sys.executable, str(SYNC_CLIENT), url, "--client", "ours", "--pattern", pattern]
     arguments = [*command, "--seconds", str(seconds), "--sessions", str(sessions)]
     return _attempt(arguments, seconds, reference=False, tree=tree)
 
 
 def upstream_client(python: Path, url: str, pattern: str, seconds: float, sessions: int = SESSIONS) -> dict[str, Any]:
-    """Upstream's ``GenericEnvClient(...).sync()``, one pattern (``reference_sync_bench_client.py``).
+    """Upstream's ``GenericEnvClient(...).sync()``, one pattern (``sync_bench_client.py --client upstream``).
 
     Args:
         python: The reference venv's interpreter.
@@ -137,7 +136,7 @@ def upstream_client(python: Path, url: str, pattern: str, seconds: float, sessio
     Returns:
         The JSON line it printed, or ``{"error": ...}``.
     """
-    command = [str(python), str(REFERENCE_SYNC_CLIENT), url, "--pattern", pattern]
+    command = [str(python), str(SYNC_CLIENT), url, "--client", "upstream", "--pattern", pattern]
     return _attempt([*command, "--seconds", str(seconds), "--sessions", str(sessions)], seconds, reference=True)
 
 
@@ -153,6 +152,22 @@ def _round_trips(round_trip: Callable[[], object], seconds: float) -> float:
             round_trip()
         calls += FLOOR_BATCH
     return calls / (time.perf_counter() - start)
+
+
+def _ping_pong(
+    answering: Callable[[], object],
+    round_trip: Callable[[], object],
+    stop_answering: Callable[[], object],
+    seconds: float,
+) -> float:
+    """Round trips per second of ``round_trip`` while ``answering`` runs in a thread of its own (then stopped)."""
+    thread = threading.Thread(target=answering, daemon=True)
+    thread.start()
+    try:
+        return _round_trips(round_trip, seconds)
+    finally:
+        stop_answering()
+        thread.join(timeout=10)
 
 
 def _event_ping_pong(seconds: float) -> float:
@@ -171,14 +186,11 @@ def _event_ping_pong(seconds: float) -> float:
         answer.wait()
         answer.clear()
 
-    thread = threading.Thread(target=answering, daemon=True)
-    thread.start()
-    try:
-        return _round_trips(round_trip, seconds)
-    finally:
+    def stop_answering() -> None:
         stop.set()
         ask.set()
-        thread.join(timeout=10)
+
+    return _ping_pong(answering, round_trip, stop_answering, seconds)
 
 
 def _queue_ping_pong(seconds: float) -> float:
@@ -193,13 +205,7 @@ def _queue_ping_pong(seconds: float) -> float:
         asks.put(True)
         answers.get()
 
-    thread = threading.Thread(target=answering, daemon=True)
-    thread.start()
-    try:
-        return _round_trips(round_trip, seconds)
-    finally:
-        asks.put(False)
-        thread.join(timeout=10)
+    return _ping_pong(answering, round_trip, lambda: asks.put(False), seconds)
 
 
 def thread_ping_pong(seconds: float) -> dict[str, Any]:

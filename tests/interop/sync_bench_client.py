@@ -1,14 +1,20 @@
-"""Steps per second of openenv's blocking client (``EnvClient(url).sync()``), in one of five patterns.
+"""Steps per second of a blocking client, openenv's or upstream's, in one of five patterns.
 
-    python -m tests.benchmarks.sync_client URL --pattern PATTERN --seconds S [--sessions 64]
+    python tests/interop/sync_bench_client.py URL --client ours|upstream --pattern PATTERN --seconds S [--sessions 64]
+
+``--client ours`` is ``EnvClient(url).sync()`` (run it with our python, this checkout's
+folder, or an earlier one's, on ``PYTHONPATH``); ``--client upstream`` is
+``GenericEnvClient(base_url=url).sync()`` (run it with a reference venv's python, which
+imports its own ``openenv`` first: `reference_import`). The script is run by path, so
+that either ``openenv`` is the one imported; it needs nothing else of this tree.
 
 - ``one``: one sync client, reset, then stepped in a loop;
 - ``sequential``: ``--sessions`` sync clients, each connected and reset first, stepped one
   after another in one thread, round-robin (TRL's loop);
 - ``threads``: ``--sessions`` threads, each with its own sync client, stepping in a loop;
 - ``threads_1ms``: the same, with ``sys.setswitchinterval(0.001)`` (CPython's default is 5 ms);
-- ``async_one``: the async client (``async with EnvClient(url)``, under ``anyio.run``) in a
-  loop: what the sync client is measured against.
+- ``async_one`` (ours only): the async client (``async with EnvClient(url)``, under
+  ``anyio.run``) in a loop: what the sync client is measured against.
 
 Prints one JSON line: {"pattern", "sessions", "steps", "seconds", "rate", "cpu_us_per_step",
 "connections"}. ``cpu_us_per_step`` is this process's CPU time (user and system, every
@@ -17,8 +23,10 @@ only (else null), is how many TCP connections to the server's port this process 
 halfway through the timed span (ESTABLISHED entries of ``/proc/net/tcp`` and ``tcp6``
 whose remote port is the server's: run it while no other process talks to that server).
 
-`tests/interop/reference_sync_bench_client.py` is the same script for upstream's
-``GenericEnvClient(base_url=url).sync()``; `tests.benchmarks.bench_sync` runs both.
+Upstream's ``SyncEnvClient`` runs its async client on an event loop of its own, in a
+thread of its own started on first use: each client has one, and each call is a
+hand-off to it (``asyncio.run_coroutine_threadsafe``). `tests.benchmarks.bench_sync`
+runs both sides.
 """
 
 from __future__ import annotations
@@ -33,10 +41,6 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 from urllib.parse import urlsplit
-
-import anyio
-
-from openenv import EnvClient, SyncEnvClient
 
 ACTION: dict[str, Any] = {"message": "hello"}
 WARMUP = 200
@@ -73,10 +77,23 @@ def connections(port: int) -> int:
     return count
 
 
-def sync_client(url: str) -> SyncEnvClient[Any, Any, Any]:
+def ours(url: str) -> Any:
     """Our blocking client of one session, without types (plain dicts), not connected yet (``with`` connects it)."""
+    from openenv import EnvClient
+
     client: EnvClient[Any, Any, Any] = EnvClient(url)
     return client.sync()
+
+
+def upstream(url: str) -> Any:
+    """Upstream's blocking client of one session, not connected yet (``with`` connects it)."""
+    from openenv.core import GenericEnvClient
+
+    return GenericEnvClient(base_url=url).sync()
+
+
+sync_client: Callable[[str], Any] = ours
+"""The client the patterns make: `ours` or `upstream`, as ``--client`` says."""
 
 
 def _figures(
@@ -135,7 +152,7 @@ def sequential(url: str, seconds: float, sessions: int) -> dict[str, Any]:
     port = urlsplit(url).port
     assert port is not None, url
     with ExitStack() as stack:
-        clients: list[SyncEnvClient[Any, Any, Any]] = []
+        clients: list[Any] = []
         for _ in range(sessions):
             client = stack.enter_context(sync_client(url))
             client.reset()
@@ -229,6 +246,8 @@ async def async_one(url: str, seconds: float) -> dict[str, Any]:
     Returns:
         The figures `main` prints.
     """
+    from openenv import EnvClient
+
     client: EnvClient[Any, Any, Any] = EnvClient(url)
     async with client:
         await client.reset()
@@ -265,18 +284,34 @@ PATTERNS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "sequential": sequential,
     "threads": threads,
     "threads_1ms": threads_1ms,
-    "async_one": lambda url, seconds, sessions: anyio.run(async_one, url, seconds),
+    "async_one": lambda url, seconds, sessions: _run_async(async_one, url, seconds),
 }
 
 
+def _run_async(function: Callable[[str, float], Any], url: str, seconds: float) -> dict[str, Any]:
+    import anyio
+
+    figures: dict[str, Any] = anyio.run(function, url, seconds)
+    return figures
+
+
 def main() -> None:
-    """Run one pattern against the URL and print its figures as one JSON line."""
+    """Run one pattern of one side's client against the URL and print its figures as one JSON line."""
+    global sync_client
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("url")
+    parser.add_argument("--client", choices=["ours", "upstream"], required=True)
     parser.add_argument("--pattern", choices=list(PATTERNS), required=True)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sessions", type=int, default=64, help="clients of sequential and threads")
     args = parser.parse_args()
+    if args.client == "upstream":
+        if args.pattern == "async_one":
+            parser.error("async_one times our async client only")
+        from reference_import import import_reference_openenv  # beside this script
+
+        import_reference_openenv()
+        sync_client = upstream
     print(json.dumps(PATTERNS[args.pattern](args.url, args.seconds, args.sessions)), flush=True)
 
 
