@@ -150,15 +150,15 @@ class LaneCalls:
         self.lock = threading.Lock()
         self.lane: BlockingLane | None = None
 
+    @staticmethod
     def request(
-        self,
+        lane: BlockingLane,
         requests: RequestChannel[Any, Any, Any],
         encode: Encoder,
         payload: Any,
-        timeout: float | UseClientDefault | None,
-        default_timeout: float | None,
+        timeout: float | None,
     ) -> Any:
-        """Make a request on the lane (call with `lock` held): its reply, or what is left for the event loop.
+        """Make a request on ``lane`` (call with `lock` held): its reply, or what is left for the event loop.
 
         Returns:
             The reply (an error frame is raised), or an `Unfinished`.
@@ -171,12 +171,7 @@ class LaneCalls:
             EncodingError: The request cannot be encoded.
             ClientStateError: The client is closed.
         """
-        lane = self.lane
-        if isinstance(timeout, UseClientDefault):
-            timeout = default_timeout
         codec, frame, request_id = requests.prepare(encode, payload)
-        if lane is None or (timeout is not None and timeout <= 0):
-            return Unfinished(codec, request_id, None, timeout, sent=False)
         deadline = None if timeout is None else time.monotonic() + timeout
         unanswered = requests.unanswered
         unanswered.append(request_id)  # first: a send cut short (Ctrl-C) may still go out, and get its reply
@@ -217,8 +212,15 @@ class LaneCalls:
         event loop (`finish`, run by ``on_the_loop``: the facade's portal). It
         raises what `request` raises, or what the async client's request does.
         """
+        if isinstance(timeout, UseClientDefault):
+            timeout = default_timeout
         with self.lock:
-            reply = self.request(requests, encode, payload, timeout, default_timeout)
+            lane = self.lane
+            if lane is None or (timeout is not None and timeout <= 0):  # a timeout of 0 gives up on the loop at once
+                return on_the_loop(
+                    lambda: self.through_the_loop(lambda: requests.request(encode, payload, timeout, default_timeout))
+                )
+            reply = self.request(lane, requests, encode, payload, timeout)
             if type(reply) is Unfinished:
                 unfinished = reply
                 reply = on_the_loop(lambda: self.finish(requests, unfinished, encode, payload, default_timeout))

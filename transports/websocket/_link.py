@@ -541,20 +541,27 @@ class Link(LendingLink):
             self._break(self._closed_error("the connection was lost without a WebSocket closing handshake"))
             return
         self._last_received = self._clock.now()
+        events = self._parse(data)
+        if events is None:
+            return
+        self._unsent += protocol.data_to_send()
+        if self._unsent:  # pongs, a close echo
+            await self._write_controls()
+        self._after_events(events)
+
+    def _parse(self, data: bytes) -> list[Event] | None:
+        """Act on bytes read: hand out whole data frames at once (``None``), else the protocol's events from them."""
+        protocol = self._protocol
         if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
             messages = whole_data_frames(data, self._max_message_size, masked=False)
             if messages is not None:  # nothing but whole data frames: the protocol has nothing to do
                 for _, message in messages:
                     self._message(message)
-                return
+                return None
         if self._quick:
             self._boundaries.feed(data)
         protocol.receive_data(data)
-        events = protocol.events_received()
-        self._unsent += protocol.data_to_send()
-        if self._unsent:  # pongs, a close echo
-            await self._write_controls()
-        self._after_events(events)
+        return protocol.events_received()
 
     async def _write_controls(self) -> None:
         """Write the protocol's answers (pongs, a close echo) now, unless a writer has the lock (and writes them)."""

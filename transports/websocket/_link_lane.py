@@ -46,7 +46,7 @@ from openenv import ConnectionClosed, ProtocolError
 from openenv._lane import BlockingLane, Sent
 from transports.link._client import LinkChannel
 from transports.websocket._link_write import LinkWriter
-from transports.websocket._quick_frames import FrameBoundaries, whole_data_frames
+from transports.websocket._quick_frames import FrameBoundaries
 from transports.websocket._socket_reader import SocketReader
 
 __all__ = ["LendingLink", "LinkLane", "SessionLane"]
@@ -109,6 +109,9 @@ class LendingLink(LinkWriter):
     async def _took(self, data: bytes) -> None:
         raise NotImplementedError
 
+    def _parse(self, data: bytes) -> list[Event] | None:
+        raise NotImplementedError
+
     def _message(self, message: bytes) -> None:
         raise NotImplementedError
 
@@ -122,11 +125,6 @@ class LendingLink(LinkWriter):
     def channels(self) -> dict[int, LinkChannel]:
         """The sessions on the link, by channel number."""
         return self._channels
-
-    @property
-    def max_message_size(self) -> int | None:
-        """The largest message taken from the server."""
-        return self._max_message_size
 
     @property
     def lane(self) -> LinkLane | None:
@@ -221,22 +219,14 @@ class LendingLink(LinkWriter):
         the thread to write it. What changes the connection's state (a close, a
         broken protocol) or ends the link is left for the event loop.
         """
-        protocol = self._protocol
         self._on_lane = True
         try:
-            if self._quick and not self._fragmented and self._boundaries.at_boundary and protocol.state is State.OPEN:
-                messages = whole_data_frames(data, self._max_message_size, masked=False)
-                if messages is not None:
-                    for _, message in messages:
-                        self._message(message)
-                    return self._deferred_end is None
-            if self._quick:
-                self._boundaries.feed(data)
-            protocol.receive_data(data)
-            self._after_events(protocol.events_received())
+            events = self._parse(data)
+            if events is not None:
+                self._after_events(events)
         finally:
             self._on_lane = False
-        return self._deferred_end is None and protocol.state is State.OPEN
+        return self._deferred_end is None and self._protocol.state is State.OPEN
 
 
 class LinkLane:
